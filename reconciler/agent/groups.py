@@ -1,0 +1,113 @@
+"""Non-blocking primitives on a run's process group.
+
+A run's wrapper leads its own process group (pgid == wrapper pid), and every
+process the run starts stays in it unless it moves itself out (setsid, a
+daemon). Stopping a run is therefore a few calls the controller spreads over
+its ticks, never a blocking sleep:
+
+    signal_group(identity, SIGTERM)          # ask everyone, wrapper survives it
+    ... stopGracePeriod later, on a timer ...
+    kill_group_except_wrapper(identity)      # wrapper then records 137 in `exit`
+    ... when group_pids(identity) == [identity.pid] for a while ...
+    signal_group(identity, SIGKILL)          # last resort: no exit record then
+"""
+
+from __future__ import annotations
+
+import os
+
+import psutil
+
+from reconciler.agent.identity import ProcessIdentity, same_process
+
+
+def _group_is_ours(identity: ProcessIdentity) -> bool:
+    # The kernel never hands out a pid that is still some group's pgid, so if
+    # the leader's pid now belongs to another process, our group has emptied
+    # and the pid was reused. If the leader is gone, the members that remain
+    # are ours (barring a full pid wrap-around whose new leader also died).
+    try:
+        psutil.Process(identity.pid)
+    except psutil.NoSuchProcess:
+        return True
+    return same_process(identity) is not None
+
+
+def _members(identity: ProcessIdentity) -> list[psutil.Process]:
+    pgid = identity.pid
+    try:
+        os.killpg(pgid, 0)  # one syscall answers the common "all gone" case
+    except ProcessLookupError:
+        return []
+    except PermissionError:
+        pass  # someone else's processes are in it; let the scan decide
+    if not _group_is_ours(identity):
+        return []
+    members = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) != pgid:  # a syscall, cheaper than reading /proc
+                continue
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                members.append(proc)
+        except (ProcessLookupError, psutil.NoSuchProcess):
+            continue
+    return members
+
+
+def group_pids(identity: ProcessIdentity) -> list[int]:
+    """Pids of the run's live (non-zombie) group members, wrapper included.
+
+    Scans the process table (about a syscall per process on the machine).
+    Processes that left the group (setsid, double-forking daemons) are not
+    seen: they escape the run, as they would under any process supervisor.
+    """
+    return [proc.pid for proc in _members(identity)]
+
+
+def group_alive(identity: ProcessIdentity) -> bool:
+    """True while any non-zombie process remains in the run's process group."""
+    return bool(_members(identity))
+
+
+def signal_group(identity: ProcessIdentity, sig: int) -> bool:
+    """killpg(sig) to the run's group if it is still alive and still ours.
+
+    Returns whether a signal was sent. The wrapper catches TERM, INT and HUP
+    (it must live to record the status); the run's own processes get the
+    default action unless they changed it. SIGKILL here also kills the
+    wrapper, so no exit code gets recorded: prefer kill_group_except_wrapper.
+    """
+    if not _members(identity):
+        return False
+    try:
+        os.killpg(identity.pid, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def kill_group_except_wrapper(identity: ProcessIdentity) -> int:
+    """SIGKILL every live member of the run's group except the wrapper.
+
+    The wrapper then reaps its child and records 137 (128 + SIGKILL) in
+    `exit`. Returns how many processes were signalled. One pass, no waiting:
+    a process forked after the scan survives it, so call again while
+    group_pids(identity) holds more than the wrapper. If only the wrapper
+    remains, alive and childless, for a while (it should exit within
+    milliseconds), the caller may signal_group(identity, SIGKILL).
+    """
+    killed = 0
+    for proc in _members(identity):
+        if proc.pid == identity.pid:
+            continue
+        try:
+            proc.kill()  # psutil refuses if the pid was reused since the scan
+            killed += 1
+        except psutil.NoSuchProcess:
+            continue
+    return killed
+
+
+__all__ = ["group_alive", "group_pids", "kill_group_except_wrapper", "signal_group"]

@@ -1,0 +1,49 @@
+"""Recognising a process again: (pid, start time), never the pid alone.
+
+Pids are reused (pid_max is often 32768), and an agent that adopts runs after
+a restart must not mistake a stranger for its run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import psutil
+
+# psutil derives create_time from clock ticks (1/100 s) plus the boot time, so
+# two readings of the same process agree exactly; the tolerance only absorbs
+# float rounding. See is_alive for the one way this can still go wrong.
+START_TIME_TOLERANCE = 0.01
+
+
+@dataclass(frozen=True)
+class ProcessIdentity:
+    pid: int
+    start_time: float  # psutil.Process.create_time(), seconds since the epoch
+
+
+def same_process(identity: ProcessIdentity) -> psutil.Process | None:
+    """The psutil handle when `identity` still names a process (zombies included)."""
+    try:
+        proc = psutil.Process(identity.pid)
+        if abs(proc.create_time() - identity.start_time) <= START_TIME_TOLERANCE:
+            return proc
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        pass
+    return None
+
+
+def is_alive(identity: ProcessIdentity) -> bool:
+    """True when the process exists, is not a zombie and has the same start time.
+
+    Caveat: psutil's create_time is wall-clock based (boot time from
+    /proc/stat is derived from the current clock), so a clock step (NTP)
+    between spawn and check shifts it and a live run then looks dead.
+    """
+    proc = same_process(identity)
+    if proc is None:
+        return False
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False

@@ -1,0 +1,188 @@
+"""Starting runs and learning how they ended: spawn, exit record, reaping.
+
+The process-group primitives (signal_group, group_alive, ...) live in
+`groups.py` and the identity in `identity.py`; both are re-exported here so
+callers need one import.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shutil
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from reconciler.agent.groups import (
+    group_alive,
+    group_pids,
+    kill_group_except_wrapper,
+    signal_group,
+)
+from reconciler.agent.identity import ProcessIdentity, is_alive, same_process
+from reconciler.agent.wrapper import wrapper_argv
+
+
+@dataclass(frozen=True)
+class ExitRecord:
+    exit_code: int | None
+    signal: int | None  # set when exit_code > 128 (shell convention: 128 + signal)
+
+
+class StartFailed(Exception):
+    """The run could not be started (no such program, no such working dir...).
+
+    Nothing was spawned; the message is one human sentence for status.message.
+    """
+
+
+# Runs we spawned ourselves, by pid. Keeping the Popen objects means we reap
+# through Popen.poll (so subprocess never reaps behind our back from its
+# internal `_active` list, and no "still running" ResourceWarning is raised).
+_children: dict[int, tuple[ProcessIdentity, subprocess.Popen]] = {}
+_children_lock = threading.Lock()
+
+
+def _resolve(program: str, *, path_env: str, cwd: str) -> str:
+    """Absolute path of an executable, as execvp would find it from `cwd`."""
+    if "/" in program:
+        candidate = os.path.join(cwd, program)
+        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return os.path.abspath(candidate)
+        raise StartFailed(f"{program!r} does not exist or is not executable")
+    # Relative PATH entries are relative to the run's cwd, not to ours.
+    search = os.pathsep.join(os.path.join(cwd, p) for p in path_env.split(os.pathsep))
+    found = shutil.which(program, path=search)
+    if found is None:
+        raise StartFailed(f"executable {program!r} not found in PATH")
+    return os.path.abspath(found)
+
+
+def _open_private(path: pathlib.Path) -> int:
+    # O_APPEND: the agent may append a line (e.g. "job timed out") to stderr
+    # while the run still writes to it; neither overwrites the other.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
+    os.fchmod(fd, 0o600)  # the file may have existed with wider permissions
+    return fd
+
+
+def spawn_run(
+    *,
+    argv: list[str] | None = None,
+    shell: str | None = None,
+    env: dict[str, str],
+    cwd: str,
+    run_dir: pathlib.Path,
+) -> ProcessIdentity:
+    """Start a run under the sh wrapper in a new session; return the wrapper's identity.
+
+    Exactly one of `argv` (exec'd as is, no shell interpretation) or `shell`
+    (run by `/bin/sh -c`). `env` is merged over os.environ. stdout and stderr
+    go to run_dir/stdout and run_dir/stderr (0600, run_dir 0700); the wrapper
+    writes the exit code to run_dir/exit. The wrapper leads its own process
+    group: pgid == pid. Raises StartFailed, without spawning anything, when the
+    program or the working directory is missing.
+    """
+    if (argv is None) == (shell is None):
+        raise ValueError("exactly one of argv and shell must be given")
+    if argv is not None and not argv:
+        raise ValueError("argv must not be empty")
+    if not os.path.isdir(cwd):
+        raise StartFailed(f"working directory {cwd!r} does not exist")
+    merged = {**os.environ, **env}
+    if argv is not None:
+        program = _resolve(argv[0], path_env=merged.get("PATH", os.defpath), cwd=cwd)
+        command = [program, *argv[1:]]
+    else:
+        command = ["/bin/sh", "-c", shell]
+
+    run_dir = pathlib.Path(run_dir)
+    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(run_dir, 0o700)  # mkdir's mode is masked by umask and skipped if it existed
+    for stale in ("exit", "exit.tmp"):  # a leftover record would end the new run at once
+        (run_dir / stale).unlink(missing_ok=True)
+
+    out = _open_private(run_dir / "stdout")
+    err = _open_private(run_dir / "stderr")
+    try:
+        popen = subprocess.Popen(
+            wrapper_argv(run_dir.resolve(), command),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            cwd=cwd,
+            env=merged,
+            start_new_session=True,  # own session and group: signal the whole run at once
+            close_fds=True,
+        )
+    except OSError as exc:  # e.g. cwd vanished or is not searchable
+        raise StartFailed(f"cannot start run: {exc}") from exc
+    finally:
+        os.close(out)
+        os.close(err)
+
+    try:
+        start_time = psutil.Process(popen.pid).create_time()  # a zombie still answers
+    except psutil.NoSuchProcess:  # only if someone else reaped it already
+        start_time = time.time()  # any value will do: is_alive is False either way
+    identity = ProcessIdentity(pid=popen.pid, start_time=start_time)
+    with _children_lock:
+        _children[popen.pid] = (identity, popen)
+    return identity
+
+
+def read_exit(run_dir: pathlib.Path) -> ExitRecord | None:
+    """The exit record the wrapper left, or None while there is none (yet)."""
+    try:
+        text = (pathlib.Path(run_dir) / "exit").read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        code = int(text)
+    except ValueError:
+        return None  # cannot happen with the atomic rename; treat as unknown
+    return ExitRecord(exit_code=code, signal=code - 128 if code > 128 else None)
+
+
+def reap(identity: ProcessIdentity) -> int | None:
+    """Collect the wrapper if it is our child and has exited, so no zombie stays.
+
+    Non-blocking. Returns the wrapper's status like Popen.returncode (-N when
+    killed by signal N) when it was collected now, else None. Adopted runs are
+    not our children: their zombies are the (new) parent's business.
+    """
+    with _children_lock:
+        entry = _children.get(identity.pid)
+    if entry is not None and entry[0] == identity:
+        code = entry[1].poll()
+        if code is not None:
+            with _children_lock:
+                _children.pop(identity.pid, None)
+        return code
+    proc = same_process(identity)  # never waitpid a pid that was reused
+    if proc is None:
+        return None
+    try:
+        pid, status = os.waitpid(identity.pid, os.WNOHANG)
+    except ChildProcessError:
+        return None
+    return os.waitstatus_to_exitcode(status) if pid else None
+
+
+__all__ = [
+    "ExitRecord",
+    "ProcessIdentity",
+    "StartFailed",
+    "group_alive",
+    "group_pids",
+    "is_alive",
+    "kill_group_except_wrapper",
+    "read_exit",
+    "reap",
+    "signal_group",
+    "spawn_run",
+]

@@ -1,0 +1,1 @@
+"""API models per kind, semantic validation and schema generation."""

@@ -1,0 +1,190 @@
+"""The Job kind (API.md 1.1): what to run, when it may start, where, and how to retry it."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .meta import API_VERSION, Name, ObjectMeta, Strict, Time
+from .quantity import CPU, Duration, Size, parse_cpu, parse_size
+from .status import JobStatus
+
+Outcome = Literal["Succeeded", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost"]
+OUTCOMES: tuple[str, ...] = ("Succeeded", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost")
+DependencyOutcome = Literal["Succeeded", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost", "Finished"]
+
+DEFAULT_RUN_TIMEOUT = 3600.0  # whole-job timeout of a run job when none is given
+
+
+class Artifact(Strict):
+    url: str = Field(description="file:// or http(s):// address of a zip unpacked into a fresh working dir per run.")
+    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="Expected digest; a mismatch fails the run with reason ArtifactInvalid.")
+
+    @field_validator("url")
+    @classmethod
+    def _scheme(cls, url: str) -> str:
+        if not url.startswith(("file://", "http://", "https://")):
+            raise ValueError("must start with file://, http:// or https://")
+        return url
+
+
+class Dependency(Strict):
+    job: Name = Field(description="Name of the job depended on.")
+    outcomes: list[DependencyOutcome] = Field(
+        default_factory=lambda: ["Succeeded"], min_length=1,
+        description="Terminal outcomes of that job that satisfy this edge; Finished means any.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _shorthand(cls, value: Any) -> Any:
+        # `- prepare-data` means {job: prepare-data, outcomes: [Succeeded]}
+        return {"job": value} if isinstance(value, str) else value
+
+    def satisfied_by(self, outcome: str) -> bool:
+        return "Finished" in self.outcomes or outcome in self.outcomes
+
+
+class Probe(Strict):
+    command: list[str] = Field(min_length=1, description="argv of the probe, run directly (no shell); exit 0 satisfies.")
+    timeout: Duration = Field(default="5s", description="Longest one probe may run.")
+    interval: Duration = Field(default="2s", description="Time between evaluations (jittered 90-110%).")
+    output_limit: Size = Field(default="4Ki", description="Bytes of probe output kept as the diagnostic.")
+    fatal_on_error: bool = Field(default=False, description="A failing probe ends the job Aborted/WaitProbeFailed instead of waiting.")
+
+
+class WaitCondition(Strict):
+    """Exactly one of until, delay, path, probe."""
+
+    until: Time | None = Field(default=None, description="Wait until this RFC 3339 time.")
+    delay: Duration | None = Field(default=None, description="Wait this long after the job was accepted.")
+    path: str | None = Field(default=None, description="Wait until this path exists.")
+    type: Literal["file", "dir"] | None = Field(default=None, description="With path: require a file or a directory.")
+    probe: Probe | None = Field(default=None, description="Wait until this command exits 0.")
+    interval: Duration | None = Field(default=None, description="Poll interval for path (default 1s).")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> "WaitCondition":
+        given = [k for k in ("until", "delay", "path", "probe") if getattr(self, k) is not None]
+        if len(given) != 1:
+            raise ValueError("a wait condition needs exactly one of until, delay, path, probe")
+        if self.type is not None and self.path is None:
+            raise ValueError("type applies only to a path condition")
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(k for k in ("until", "delay", "path", "probe") if getattr(self, k) is not None)
+
+
+class WaitFor(Strict):
+    mode: Literal["all", "any"] = Field(default="all", description="all: every condition; any: one of them.")
+    conditions: list[WaitCondition] = Field(default_factory=list)
+    abort_at: Time | None = Field(default=None, description="Past this time a still-waiting job ends Aborted/WaitAbortDeadline.")
+    abort_after: Duration | None = Field(default=None, description="Like abortAt, measured from acceptance.")
+
+    @model_validator(mode="after")
+    def _one_deadline(self) -> "WaitFor":
+        if self.abort_at is not None and self.abort_after is not None:
+            raise ValueError("give abortAt or abortAfter, not both")
+        return self
+
+
+class Placement(Strict):
+    node_name: Name | None = Field(default=None, description="Pin the job to this node.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Only nodes carrying all these labels.")
+
+
+class Resources(Strict):
+    cpu: CPU | None = Field(default=None, description="Defaults: run 1, service 2.")
+    memory: Size | None = Field(default=None, description="Defaults: run 512Mi, service 1Gi.")
+
+
+class Backoff(Strict):
+    policy: Literal["constant", "linear", "exponential"] = Field(default="exponential")
+    delay: Duration = Field(default="1s", description="Base delay before the first retry.")
+    factor: float = Field(default=2.0, ge=1.0, description="Growth factor of exponential backoff.")
+    max_delay: Duration = Field(default="5m", description="Cap on the delay before jitter.")
+    jitter: Duration = Field(default="0s", description="Full width of the symmetric random spread around the delay.")
+
+
+class Retry(Strict):
+    limit: int = Field(default=0, ge=0, le=1000, description="Retries after the first run; attempts = limit + 1.")
+    on_exit_codes: list[int] = Field(default_factory=list, description="Retryable exit codes; empty = every non-zero code.")
+    on_timeout: bool = Field(default=False, description="Is a run timeout retryable.")
+    on_lost: bool = Field(default=True, description="Is a lost run (node or agent gone) retried.")
+    backoff: Backoff = Field(default_factory=Backoff)
+
+    @field_validator("on_exit_codes")
+    @classmethod
+    def _codes(cls, codes: list[int]) -> list[int]:
+        for code in codes:
+            if code == 0:
+                raise ValueError("must not contain 0: a zero exit is success, never retried")
+            if not 1 <= code <= 255:
+                raise ValueError(f"exit code {code} is outside 1..255")
+        return sorted(set(codes))
+
+
+class JobSpec(Strict):
+    command: list[str] | None = Field(default=None, min_length=1, description="argv, run directly (no shell).")
+    shell: str | None = Field(default=None, min_length=1, description="One string run by /bin/sh -c; exactly one of command/shell.")
+    working_dir: str | None = Field(default=None, description="Relative paths resolve against the manifest file's folder.")
+    env: dict[str, str] = Field(default_factory=dict)
+    type: Literal["run", "service"] = Field(default="run", description="run: one-shot; service: long-running, restarted.")
+    port: int | None = Field(default=None, ge=1, le=65535, description="Service only: where it listens.")
+    artifact: Artifact | None = None
+    depends_on: list[Dependency] = Field(default_factory=list)
+    wait_for: WaitFor | None = Field(default=None, description="Gates the first run only.")
+    pool: Name | None = Field(default=None, description="Named Pool charged while a run is active.")
+    slots: int = Field(default=1, ge=1, description="Slots charged against the pool and the global limit.")
+    priority: int = Field(default=0, description="Higher is admitted first among jobs competing in one scope.")
+    placement: Placement = Field(default_factory=Placement)
+    resources: Resources = Field(default_factory=Resources)
+    retry: Retry = Field(default_factory=Retry)
+    timeout: Duration | None = Field(default=None, description="Whole job from acceptance; default 1h for run, none for service.")
+    run_timeout: Duration | None = Field(default=None, description="One run.")
+    stop_grace_period: Duration = Field(default="10s", description="SIGTERM to the process group, then SIGKILL after this.")
+    suspend: bool = Field(default=False, description="Pause: no new run is admitted; an active run is stopped.")
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for key in env:
+            if not key or "=" in key or "\0" in key:
+                raise ValueError(f"invalid environment variable name {key!r}")
+        return env
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "JobSpec":
+        if (self.command is None) == (self.shell is None):
+            raise ValueError("exactly one of command or shell is required")
+        if self.port is not None and self.type != "service":
+            raise ValueError("port is only allowed on a service job (type: service)")
+        if self.pool == "global":
+            raise ValueError("pool: global is the store-wide limit every job is charged against; name another pool")
+        seen: dict[str, list[str]] = {}
+        for dep in self.depends_on:
+            if dep.job in seen and sorted(seen[dep.job]) != sorted(dep.outcomes):
+                raise ValueError(f"dependsOn names job {dep.job!r} twice with different outcomes")
+            seen[dep.job] = list(dep.outcomes)
+        service = self.type == "service"
+        if self.resources.cpu is None:
+            self.resources.cpu = parse_cpu(2 if service else 1)
+        if self.resources.memory is None:
+            self.resources.memory = parse_size("1Gi" if service else "512Mi")
+        if self.timeout is None and not service:
+            self.timeout = DEFAULT_RUN_TIMEOUT
+        # identical duplicate edges say the same thing twice; keep one
+        unique = {dep.job: dep for dep in self.depends_on}
+        self.depends_on = list(unique.values())
+        return self
+
+
+class Job(Strict):
+    api_version: Literal["reconciler.dev/v1alpha1"] = API_VERSION
+    kind: Literal["Job"] = "Job"
+    metadata: ObjectMeta
+    spec: JobSpec
+    status: JobStatus | None = None

@@ -1,0 +1,108 @@
+"""What every resource shares: the strict base model, names, labels and object metadata."""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
+from pydantic.alias_generators import to_camel
+
+API_VERSION = "reconciler.dev/v1alpha1"
+GROUP = "reconciler.dev"
+
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+_LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+class Strict(BaseModel):
+    """Every API model: camelCase on the wire, unknown fields refused at any depth."""
+
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_default=True
+    )
+
+
+def check_name(value: str) -> str:
+    """DNS-1123 label; names become file paths later, so this is also a security check."""
+    if len(value) > 63 or not _NAME.fullmatch(value):
+        raise ValueError(
+            f"invalid name {value!r}: must be a DNS-1123 label (lower-case letters, digits and '-', "
+            "starting and ending with a letter or digit, at most 63 characters)"
+        )
+    return value
+
+
+Name = Annotated[str, AfterValidator(check_name)]
+
+
+def check_label_key(key: str) -> str:
+    prefix, _, name = key.rpartition("/")
+    if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
+        raise ValueError(f"invalid label key {key!r}: the prefix must be a DNS subdomain")
+    if len(name) > 63 or not _LABEL_NAME.fullmatch(name):
+        raise ValueError(f"invalid label key {key!r}: at most 63 of [A-Za-z0-9-_.], alphanumeric at both ends")
+    return key
+
+
+def check_label_value(value: str) -> str:
+    if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
+        raise ValueError(f"invalid label value {value!r}: at most 63 of [A-Za-z0-9-_.], alphanumeric at both ends")
+    return value
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def format_time(value: datetime) -> str:
+    """RFC 3339 UTC with milliseconds, as API.md asks of machine output."""
+    return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _aware(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("must carry a time zone, e.g. 2026-12-01T03:00:00Z")
+    return value.astimezone(timezone.utc)
+
+
+Time = Annotated[datetime, AfterValidator(_aware), PlainSerializer(format_time, return_type=str)]
+
+
+class ObjectMeta(Strict):
+    name: Name = Field(description="DNS-1123 label naming the object; unique per kind.")
+    labels: dict[str, str] = Field(default_factory=dict, description="Key/value pairs for selectors (-l).")
+    annotations: dict[str, str] = Field(default_factory=dict, description="Free-form notes, not used for selection.")
+    uid: str | None = Field(default=None, description="Set by the system.")
+    generation: int | None = Field(default=None, description="Set by the system; bumped on every spec change.")
+    resource_version: str | None = Field(
+        default=None,
+        description="Set by the system. When a manifest carries one, apply succeeds only if it is still current.",
+    )
+    creation_timestamp: Time | None = Field(default=None, description="Set by the system.")
+    deletion_timestamp: Time | None = Field(default=None, description="Set by the system.")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
+        for key, value in labels.items():
+            check_label_key(key)
+            check_label_value(value)
+        return labels
+
+
+class Condition(Strict):
+    """A Kubernetes condition."""
+
+    type: str
+    status: str = Field(description='"True", "False" or "Unknown".')
+    reason: str | None = None
+    message: str | None = None
+    last_transition_time: Time | None = None
+
+
+def dump(model: BaseModel) -> dict[str, Any]:
+    """The wire form: camelCase, JSON types, defaults included (they are part of the spec)."""
+    return model.model_dump(mode="json", by_alias=True, exclude_none=True)

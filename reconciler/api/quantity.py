@@ -1,0 +1,113 @@
+"""Durations (`500ms`, `1h30m`, `2d`), sizes (`512Mi`) and CPU quantities (`500m`), parsed
+into plain numbers and written back in one canonical spelling so that specs compare exactly."""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated
+
+from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
+
+_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+_SIZE_UNITS = {
+    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+}
+_SIZE = re.compile(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T|)")
+_CPU = re.compile(r"(\d+(?:\.\d+)?)(m?)")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a duration string such as `1h30m` or `250ms`; bare numbers are refused
+    because `timeout: 30` is ambiguous."""
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ValueError("must be a duration string such as 500ms, 30s, 5m, 1h30m or 2d")
+    text = value.strip()
+    pos, total = 0, 0.0
+    for match in _DURATION_PART.finditer(text):
+        if match.start() != pos:
+            break
+        total += float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+        pos = match.end()
+    if not text or pos != len(text):
+        raise ValueError(f"invalid duration {value!r}: use forms like 500ms, 30s, 5m, 1h30m, 2d")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """The canonical spelling: largest units first, e.g. 5400 -> `1h30m`."""
+    ms = round(seconds * 1000)
+    if ms == 0:
+        return "0s"
+    parts = []
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1)):
+        count, ms = divmod(ms, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
+def parse_size(value: object) -> int:
+    if isinstance(value, bool):
+        raise ValueError("must be a size such as 512Mi or 1Gi")
+    if isinstance(value, int):
+        if value < 0:
+            raise ValueError("must not be negative")
+        return value
+    match = _SIZE.fullmatch(str(value).strip()) if isinstance(value, str) else None
+    if not match:
+        raise ValueError(f"invalid size {value!r}: use forms like 4096, 4Ki, 512Mi, 1Gi")
+    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+
+
+def format_size(size: int) -> str:
+    for unit in ("Ti", "Gi", "Mi", "Ki"):
+        if size and size % _SIZE_UNITS[unit] == 0:
+            return f"{size // _SIZE_UNITS[unit]}{unit}"
+    return str(size)
+
+
+def parse_cpu(value: object) -> float:
+    if isinstance(value, bool):
+        raise ValueError("must be a CPU quantity such as 1, 0.5 or 500m")
+    if isinstance(value, (int, float)):
+        number = float(value)
+    else:
+        match = _CPU.fullmatch(str(value).strip())
+        if not match:
+            raise ValueError(f"invalid CPU quantity {value!r}: use forms like 1, 0.5 or 500m")
+        number = float(match.group(1)) / (1000 if match.group(2) else 1)
+    if number < 0 or not math.isfinite(number):
+        raise ValueError("must be a finite, non-negative CPU quantity")
+    return number
+
+
+def format_cpu(cpu: float) -> str:
+    if cpu == int(cpu):
+        return str(int(cpu))
+    return f"{round(cpu * 1000)}m"
+
+
+_STR_SCHEMA = {"type": "string"}
+_INT_OR_STR_SCHEMA = {"x-kubernetes-int-or-string": True, "anyOf": [{"type": "integer"}, {"type": "string"}]}
+
+Duration = Annotated[
+    float,
+    BeforeValidator(parse_duration),
+    PlainSerializer(format_duration, return_type=str),
+    WithJsonSchema({"type": "string", "pattern": r"^(\d+(\.\d+)?(ms|s|m|h|d))+$"}),
+]
+Size = Annotated[
+    int,
+    BeforeValidator(parse_size),
+    PlainSerializer(format_size, return_type=str),
+    WithJsonSchema(_INT_OR_STR_SCHEMA),
+]
+CPU = Annotated[
+    float,
+    BeforeValidator(parse_cpu),
+    PlainSerializer(format_cpu, return_type=str),
+    WithJsonSchema(_INT_OR_STR_SCHEMA),
+]

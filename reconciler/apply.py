@@ -1,0 +1,140 @@
+"""apply / diff / prune: bring the store's desired state in line with a set of manifests.
+
+Everything happens in one write transaction: read what is stored, validate the whole set
+against it, then write. Any problem raises before commit, so the store is left as it was."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .api.kinds import KINDS, KindInfo
+from .api.meta import dump, format_time, utcnow
+from .api.status import ACTIVE_PHASES, LIVE_PHASES
+from .api.validation import validate_apply
+from .errors import Conflict, InvalidInput
+from .manifests import Manifest
+from .selectors import Requirement, matches
+from .store import Store, StoredObject
+from .store import repository as repo
+from .store.engine import Tx
+
+SYSTEM_PREFIX = "reconciler.dev/"
+MANAGED_BY = "reconciler.dev/managed-by"  # marks objects that `apply --prune` may delete
+
+
+@dataclass
+class Change:
+    kind: KindInfo
+    name: str
+    action: str  # created | configured | unchanged | pruned
+    before: dict[str, Any] | None = field(default=None, repr=False)
+    after: dict[str, Any] | None = field(default=None, repr=False)
+
+
+def initial_job_status(accepted_at: str | None = None) -> dict[str, Any]:
+    return {"phase": "Waiting", "revision": 1, "acceptedAt": accepted_at or format_time(utcnow())}
+
+
+def _user_annotations(annotations: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in annotations.items() if not k.startswith(SYSTEM_PREFIX)}
+
+
+def _system_annotations(annotations: dict[str, str]) -> dict[str, str]:
+    return {k: v for k, v in annotations.items() if k.startswith(SYSTEM_PREFIX)}
+
+
+def apply_manifests(
+    store: Store,
+    manifests: list[Manifest],
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    prune: bool = False,
+    selector: list[Requirement] | None = None,
+) -> list[Change]:
+    with store.write() as tx:
+        changes = _apply(tx, manifests, force=force, prune=prune, selector=selector)
+        if dry_run:
+            tx.session.rollback()
+    return changes
+
+
+def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selector) -> list[Change]:
+    session = tx.session
+    stored = {
+        (info.kind, obj.name): obj
+        for info in KINDS.values()
+        for obj in repo.list_objects(session, kind=info.kind)
+    }
+    problems = validate_apply(
+        manifests,
+        {name: o.spec for (kind, name), o in stored.items() if kind == "Job"},
+        {name: o.spec for (kind, name), o in stored.items() if kind == "Pool"},
+    )
+    if problems:
+        raise InvalidInput(problems[0] if len(problems) == 1 else f"{len(problems)} problems in the manifests", problems)
+
+    changes: list[Change] = []
+    for m in manifests:
+        current = stored.get((m.kind.kind, m.name))
+        changes.append(_apply_one(tx, m, current, force=force))
+    if prune:
+        applied = {(m.kind.kind, m.name) for m in manifests}
+        for key, obj in sorted(stored.items()):
+            if key in applied or MANAGED_BY not in obj.annotations:
+                continue
+            if selector and not matches(selector, obj.labels):
+                continue
+            delete_object(tx, obj)
+            changes.append(Change(KINDS[obj.kind], obj.name, "pruned", before=obj.manifest()))
+    return changes
+
+
+def _apply_one(tx: Tx, m: Manifest, current: StoredObject | None, *, force: bool) -> Change:
+    document = dump(m.obj)
+    spec = document.get("spec", {})
+    meta = m.obj.metadata
+    annotations = {**_user_annotations(meta.annotations), MANAGED_BY: "apply"}
+    if current is None:
+        status = initial_job_status() if m.kind.kind == "Job" else None
+        obj = repo.create(tx, kind=m.kind.kind, name=m.name, spec=spec, labels=meta.labels,
+                          annotations=annotations, status=status)
+        repo.record_event(tx, obj, "Created", f"{m.kind.kind.lower()} created by apply")
+        return Change(m.kind, m.name, "created", after=obj.manifest())
+
+    if meta.resource_version is not None and meta.resource_version != str(current.resource_version):
+        raise Conflict(f"{m.where('metadata', 'resourceVersion')}: {meta.resource_version} is stale "
+                       f"(the stored object is at {current.resource_version})")
+    annotations.update(_system_annotations(current.annotations))
+    annotations[MANAGED_BY] = "apply"
+    spec_changed = repo.canonical(spec) != current.spec_text
+    if not spec_changed and meta.labels == current.labels and annotations == current.annotations:
+        return Change(m.kind, m.name, "unchanged", before=current.manifest(), after=current.manifest())
+    phase = (current.status or {}).get("phase")
+    if spec_changed and m.kind.kind == "Job" and phase in ACTIVE_PHASES and not force:
+        raise Conflict(f"{m.where('spec')}: job {m.name!r} is {phase}; its spec cannot change while a revision "
+                       "is under way (wait for it, cancel it, or apply --force to stop it and start the new revision)")
+    obj = repo.update_object(tx, current, spec=spec, labels=meta.labels, annotations=annotations)
+    repo.record_event(tx, obj, "Configured",
+                      f"spec changed (generation {obj.generation})" if spec_changed else "labels or annotations changed")
+    return Change(m.kind, m.name, "configured", before=current.manifest(), after=obj.manifest())
+
+
+def delete_object(tx: Tx, obj: StoredObject) -> str:
+    """Delete now, or, for a job whose process may be alive, mark it for deletion so the
+    controller stops the process tree first (like a Kubernetes finalizer). Returns what happened."""
+    if obj.kind == "Pool":
+        users = [o.name for o in repo.list_objects(tx.session, kind="Job") if o.spec.get("pool") == obj.name]
+        if users:
+            raise Conflict(f'pool "{obj.name}" is used by job(s) {", ".join(users[:5])}; delete or move them first')
+    phase = (obj.status or {}).get("phase")
+    if obj.kind == "Job" and phase in LIVE_PHASES:
+        if obj.deleted_at is None:
+            updated = repo.update_object(tx, obj, deleted_at=time.time())
+            repo.record_event(tx, updated, "Deleting", "deletion requested; stopping the running process tree")
+        return "deleting"
+    repo.remove(tx, obj)
+    repo.record_event(tx, obj, "Deleted", f"{obj.kind.lower()} deleted")
+    return "deleted"

@@ -1,0 +1,1 @@
+"""The command line: typer verbs, rendering in render.py, no business logic."""

@@ -1,0 +1,59 @@
+"""The `reconciler` console script: global options, verb registration, exit codes."""
+
+from __future__ import annotations
+
+import sys
+from typing import Optional
+
+import typer
+
+from ..errors import ReconcilerError
+from .context import Context
+from . import resources
+
+app = typer.Typer(
+    name="reconciler", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
+    help="A Kubernetes-style declarative job reconciler.", context_settings={"help_option_names": ["-h", "--help"]},
+)
+
+
+@app.callback()
+def _global(
+    ctx: typer.Context,
+    store: Optional[str] = typer.Option(None, "--store", envvar="RECONCILER_STORE",
+                                        help="sqlite:///PATH (default under the user's state dir) or postgresql://..."),
+    server: Optional[str] = typer.Option(None, "--server", envvar="RECONCILER_SERVER",
+                                         help="Talk to a running `reconciler serve` instead of the store."),
+) -> None:
+    ctx.obj = Context(store, server)
+
+
+for verb in (resources.apply, resources.diff, resources.get, resources.describe, resources.delete):
+    app.command()(verb)
+
+
+def _register_optional() -> None:
+    """Verb groups that live in their own modules."""
+    from . import explain, control, runner  # noqa: F401
+
+    for module in (explain, control, runner):
+        module.register(app)
+
+
+def main() -> None:
+    try:
+        _register_optional()
+        app(standalone_mode=True)
+    except ReconcilerError as exc:
+        for line in getattr(exc, "problems", None) or [str(exc)]:
+            print(f"error: {line}" if not line.startswith("error") else line, file=sys.stderr)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # a store that cannot be reached, a broken disk: one line, not a traceback
+        from sqlalchemy.exc import SQLAlchemyError
+
+        if isinstance(exc, (SQLAlchemyError, OSError)):
+            print(f"error: {exc.__class__.__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
+            sys.exit(1)
+        raise

@@ -1,0 +1,58 @@
+"""Table columns per kind, normal and wide (-o wide), like kubectl's printer columns."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..store import StoredObject
+from .render import age, attempts, job_state
+
+
+def _ready(obj: StoredObject) -> str:
+    conditions = (obj.status or {}).get("conditions", [])
+    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
+    state = "Ready" if ready and ready.get("status") == "True" else ("NotReady" if ready else "Unknown")
+    return state + (",SchedulingDisabled" if obj.spec.get("unschedulable") else "")
+
+
+def job_row(o: StoredObject, wide: bool) -> list[Any]:
+    s = o.status or {}
+    row = [o.name, job_state(o), o.spec.get("pool") or "", s.get("nodeName") or "", attempts(s), age(o.created_at)]
+    if wide:
+        deps = ",".join(d["job"] for d in o.spec.get("dependsOn", []))
+        row += [s.get("revision", 1), o.spec.get("priority", 0), o.spec.get("slots", 1), s.get("reason") or "", deps]
+    return row
+
+
+def pool_row(o: StoredObject, wide: bool) -> list[Any]:
+    s = o.status or {}
+    row = [o.name, o.spec.get("slots", "unlimited"), s.get("used", 0), s.get("queued", 0), age(o.created_at)]
+    return row + ([o.spec.get("maxBypass", 3)] if wide else [])
+
+
+def node_row(o: StoredObject, wide: bool) -> list[Any]:
+    s = o.status or {}
+    cap = o.spec.get("capacity", {}).get("slots") or s.get("cpuCount") or ""
+    row = [o.name, _ready(o), cap, s.get("allocated", {}).get("slots", 0), age(o.created_at)]
+    if wide:
+        row += [age(s.get("heartbeatAt")) if s.get("heartbeatAt") else "", ",".join(f"{k}={v}" for k, v in o.labels.items())]
+    return row
+
+
+def notifier_row(o: StoredObject, wide: bool) -> list[Any]:
+    target = o.spec.get("url") or " ".join(o.spec.get("command") or [])
+    return [o.name, target, ",".join(o.spec.get("events", [])), age(o.created_at)]
+
+
+def service_row(o: StoredObject, wide: bool) -> list[Any]:
+    s = o.status or {}
+    return [o.name, job_state(o), s.get("nodeName") or "", o.spec.get("port") or "", age(o.created_at)]
+
+
+COLUMNS = {
+    "Job": (["NAME", "STATUS", "POOL", "NODE", "ATTEMPTS", "AGE"], ["REVISION", "PRIORITY", "SLOTS", "REASON", "DEPENDS-ON"], job_row),
+    "Pool": (["NAME", "SLOTS", "USED", "QUEUED", "AGE"], ["MAX-BYPASS"], pool_row),
+    "Node": (["NAME", "STATUS", "SLOTS", "ALLOCATED", "AGE"], ["HEARTBEAT", "LABELS"], node_row),
+    "Notifier": (["NAME", "TARGET", "EVENTS", "AGE"], [], notifier_row),
+    "Service": (["NAME", "STATUS", "NODE", "PORT", "AGE"], [], service_row),
+}

@@ -1,0 +1,29 @@
+"""What every verb shares: the store it talks to, chosen by the global options."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+import typer
+
+
+@dataclass
+class Context:
+    store_url: str | None
+    server: str | None
+
+    @cached_property
+    def store(self):
+        from ..store import Store  # imported lazily: `--help` must not pay for SQLAlchemy
+
+        return Store(self.store_url)
+
+
+def ctx_of(ctx: typer.Context) -> Context:
+    return ctx.obj
+
+
+def err(message: str) -> None:
+    """Diagnostics go to stderr, data to stdout, never mixed."""
+    typer.echo(message, err=True)

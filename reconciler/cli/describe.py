@@ -1,0 +1,103 @@
+"""`describe`: everything about one object as readable sections."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..store import Store, StoredObject
+from .render import age, dump_yaml, job_state, table
+
+
+def _section(title: str, body: str) -> str:
+    indented = "\n".join("  " + line if line else line for line in body.splitlines())
+    return f"{title}:\n{indented}" if body.strip() else f"{title}:  <none>"
+
+
+def _kv(pairs: list[tuple[str, Any]]) -> str:
+    width = max(len(k) for k, _ in pairs) + 2
+    return "\n".join(f"{(k + ':').ljust(width)}{'<none>' if v is None or v == '' else v}" for k, v in pairs)
+
+
+def describe_object(obj: StoredObject, events: list, store: Store) -> str:
+    status = obj.status or {}
+    head = [
+        ("Name", obj.name), ("Kind", obj.kind),
+        ("Labels", ",".join(f"{k}={v}" for k, v in obj.labels.items()) or None),
+        ("Annotations", ",".join(f"{k}={v}" for k, v in obj.annotations.items()) or None),
+        ("UID", obj.uid), ("Generation", obj.generation), ("Resource Version", obj.resource_version),
+        ("Created", f"{obj.manifest()['metadata']['creationTimestamp']} ({age(obj.created_at)} ago)"),
+    ]
+    if obj.deleted_at:
+        head.append(("Deletion Requested", age(obj.deleted_at) + " ago"))
+    parts = [_kv(head)]
+    if obj.kind == "Job":
+        parts += _job_sections(obj, status)
+    else:
+        parts.append(_section("Spec", dump_yaml(obj.spec)))
+        if status:
+            parts.append(_section("Status", dump_yaml(status)))
+    rows = [[age(e.time), e.type, e.reason, e.message] for e in events]
+    parts.append(_section("Events", table(["AGE", "TYPE", "REASON", "MESSAGE"], rows) if rows else ""))
+    return "\n".join(parts)
+
+
+def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
+    spec = obj.spec
+    command = spec.get("command")
+    summary = [
+        ("Command", " ".join(command) if command else None), ("Shell", spec.get("shell")),
+        ("Working Dir", spec.get("workingDir")), ("Type", spec.get("type")),
+        ("Pool", spec.get("pool") or "(global only)"), ("Slots", spec.get("slots")), ("Priority", spec.get("priority")),
+        ("Retry", _retry(spec.get("retry", {}))), ("Timeout", spec.get("timeout") or "none"),
+        ("Run Timeout", spec.get("runTimeout") or "none"), ("Suspend", spec.get("suspend")),
+    ]
+    placement = spec.get("placement", {})
+    if placement.get("nodeName") or placement.get("nodeSelector"):
+        summary.append(("Placement", dump_yaml(placement).strip().replace("\n", "; ")))
+    state = [
+        ("Status", job_state(obj)), ("Phase", status.get("phase")), ("Outcome", status.get("outcome")),
+        ("Reason", status.get("reason")), ("Message", status.get("message")),
+        ("Revision", status.get("revision")), ("Observed Generation", status.get("observedGeneration")),
+        ("Accepted", status.get("acceptedAt")), ("Eligible", status.get("eligibleAt")),
+        ("Node", status.get("nodeName")), ("Next Run", status.get("nextRunAt")),
+        ("Started", status.get("startTime")), ("Completed", status.get("completionTime")),
+    ]
+    if adm := status.get("admission"):
+        state.append(("Admission", f"pool={adm.get('pool') or 'global'} slots={adm.get('slots')} at {adm.get('admittedAt')}"))
+    deps = [[d["job"], ",".join(d.get("outcomes", []))] for d in spec.get("dependsOn", [])]
+    receipts = {r["job"]: r for r in status.get("dependencies", [])}
+    dep_rows = [row + [_receipt(receipts.get(row[0]))] for row in deps]
+    waits = [[w["type"], "yes" if w["satisfied"] else "no", w.get("lastCheckedAt") or "", w.get("message") or ""]
+             for w in status.get("waits", [])]
+    runs = [[r["number"], r["revision"], r.get("node") or "", r.get("pid") or "", r.get("startedAt") or "",
+             r.get("finishedAt") or "", _fmt_code(r), r.get("outcome") or "running", r.get("reason") or ""]
+            for r in status.get("runs", [])]
+    conditions = [[c["type"], c["status"], c.get("reason") or "", c.get("message") or ""] for c in status.get("conditions", [])]
+    return [
+        _kv(summary), _kv(state),
+        _section("Dependencies", table(["JOB", "NEEDS", "RECEIPT"], dep_rows) if dep_rows else ""),
+        _section("Waits", table(["TYPE", "SATISFIED", "LAST CHECKED", "MESSAGE"], waits) if waits else ""),
+        _section("Runs", table(["RUN", "REV", "NODE", "PID", "STARTED", "FINISHED", "EXIT", "OUTCOME", "REASON"], runs) if runs else ""),
+        _section("Conditions", table(["TYPE", "STATUS", "REASON", "MESSAGE"], conditions) if conditions else ""),
+    ]
+
+
+def _retry(retry: dict[str, Any]) -> str:
+    backoff = retry.get("backoff", {})
+    codes = ",".join(map(str, retry.get("onExitCodes", []))) or "any non-zero"
+    return (f"limit={retry.get('limit', 0)} onExitCodes={codes} onTimeout={retry.get('onTimeout', False)} "
+            f"onLost={retry.get('onLost', True)} backoff={backoff.get('policy')}/{backoff.get('delay')}"
+            f"x{backoff.get('factor')}<= {backoff.get('maxDelay')}±{backoff.get('jitter')}")
+
+
+def _receipt(receipt: dict[str, Any] | None) -> str:
+    if receipt is None:
+        return "pending"
+    verdict = "satisfied" if receipt.get("satisfied") else "unsatisfiable"
+    return f"{verdict}: {receipt.get('outcome')} at revision {receipt.get('revision')} ({receipt.get('observedAt')})"
+
+
+def _fmt_code(run: dict[str, Any]) -> str:
+    if run.get("signal"):
+        return f"{run.get('exitCode')} (signal {run['signal']})"
+    return "" if run.get("exitCode") is None else str(run["exitCode"])

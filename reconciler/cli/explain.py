@@ -1,0 +1,5 @@
+"""Placeholder module, filled in by its issue."""
+
+
+def register(app) -> None:
+    pass

@@ -1,0 +1,136 @@
+"""The one place that owns database engines: SQLite (embedded default) or PostgreSQL.
+
+Write transactions are serialized store-wide (SQLite `BEGIN IMMEDIATE`; PostgreSQL a row
+lock on the change sequence), which makes every compare-and-swap and every admission
+decision a plain read-then-write without lost updates."""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+from sqlalchemy import create_engine, event, text
+from sqlalchemy.engine import Engine
+from sqlmodel import Session
+
+from .migrations import current_version, migrate
+
+BUSY_TIMEOUT_MS = 30_000
+
+
+def state_home() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "reconciler"
+
+
+def default_store_url() -> str:
+    return os.environ.get("RECONCILER_STORE") or f"sqlite:///{state_home() / 'state.db'}"
+
+
+def _owner_only_file(path: Path) -> None:
+    """Create the database folder 0700 and file 0600 before SQLite opens it (its -wal and
+    -shm files copy the file's mode)."""
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+
+
+class Tx:
+    """One write transaction; `rv()` allocates its resourceVersion once, on first use."""
+
+    def __init__(self, session: Session, store: "Store"):
+        self.session = session
+        self.store = store
+        self._rv: int | None = None
+
+    def rv(self) -> int:
+        if self._rv is None:
+            row = self.session.execute(text("UPDATE meta SET value = value + 1 WHERE key = 'seq' RETURNING value"))
+            self._rv = int(row.scalar_one())
+        return self._rv
+
+    @property
+    def changed(self) -> bool:
+        return self._rv is not None
+
+
+class Store:
+    def __init__(self, url: str | None = None):
+        self.url = url or default_store_url()
+        self.is_sqlite = self.url.startswith("sqlite")
+        if self.is_sqlite:
+            self.path = Path(self.url.split("///", 1)[1]) if "///" in self.url else None
+            if self.path is not None:
+                _owner_only_file(self.path)
+            self._read = self._sqlite_engine(write=False)
+            self._write = self._sqlite_engine(write=True)
+        elif self.url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
+            self.path = None
+            pg_url = "postgresql+psycopg://" + self.url.split("://", 1)[1]
+            self._read = self._write = create_engine(pg_url, pool_pre_ping=True, pool_size=5)
+        else:
+            raise ValueError(f"unsupported store URL {self.url!r}: use sqlite:///PATH or postgresql://...")
+        self._migrate()
+
+    def _sqlite_engine(self, *, write: bool) -> Engine:
+        engine = create_engine(self.url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):  # pragma: no branch - trivial
+            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn):
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+
+        return engine
+
+    @property
+    def state_dir(self) -> Path:
+        """Where run logs and exit files live: beside a SQLite file, else the user's state dir."""
+        return self.path.parent if self.path is not None else state_home()
+
+    def _migrate(self) -> None:
+        with self._write.begin() as conn:
+            if not self.is_sqlite:
+                # one migrator at a time across processes
+                conn.execute(text("SELECT pg_advisory_xact_lock(727274)"))
+            migrate(conn, current_version(conn))
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with Session(self._read, expire_on_commit=False) as session:
+            yield session
+
+    @contextmanager
+    def write(self) -> Iterator[Tx]:
+        with Session(self._write, expire_on_commit=False) as session:
+            if not self.is_sqlite:
+                session.execute(text("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE"))
+            tx = Tx(session, self)
+            try:
+                yield tx
+                if tx.changed and not self.is_sqlite:
+                    session.execute(text("SELECT pg_notify('reconciler', :rv)"), {"rv": str(tx.rv())})
+                session.commit()
+            except BaseException:
+                session.rollback()
+                raise
+
+    def change_seq(self) -> int:
+        """The cheap "did anything change" probe other processes poll."""
+        with self._read.connect() as conn:
+            return int(conn.execute(text("SELECT value FROM meta WHERE key = 'seq'")).scalar_one())
+
+    def dispose(self) -> None:
+        self._read.dispose()
+        if self._write is not self._read:
+            self._write.dispose()

@@ -1,0 +1,61 @@
+"""Fixtures for the agent tests: real processes, conditions awaited with deadlines."""
+
+from __future__ import annotations
+
+import pathlib
+import signal
+import sys
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
+try:  # until the project is installed (pip install -e .), import it from the checkout
+    import reconciler.agent  # noqa: F401
+except ImportError:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from reconciler.agent.process import (  # noqa: E402
+    ProcessIdentity,
+    group_alive,
+    reap,
+    signal_group,
+    spawn_run,
+)
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01) -> T:
+    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+        time.sleep(interval)
+
+
+@pytest.fixture
+def spawn(tmp_path: pathlib.Path):
+    """spawn_run with defaults (cwd = tmp_path, run_dir = tmp_path/run-N); kills leftovers."""
+    started: list[ProcessIdentity] = []
+
+    def _spawn(*, argv=None, shell=None, env=None, cwd=None, run_dir=None):
+        run_dir = run_dir or tmp_path / f"run-{len(started) + 1}"
+        identity = spawn_run(
+            argv=argv, shell=shell, env=env or {}, cwd=str(cwd or tmp_path), run_dir=run_dir
+        )
+        started.append(identity)
+        return identity, run_dir
+
+    yield _spawn
+    for identity in started:
+        signal_group(identity, signal.SIGKILL)
+    for identity in started:
+        wait_until(lambda: not group_alive(identity), timeout=10)
+        reap(identity)  # collect our zombie, if it is ours

@@ -1,0 +1,152 @@
+"""spawn_run, read_exit, identity and reaping, with real processes."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import stat
+
+import psutil
+import pytest
+
+from reconciler.agent.process import (
+    ExitRecord,
+    ProcessIdentity,
+    StartFailed,
+    is_alive,
+    read_exit,
+    reap,
+    spawn_run,
+)
+
+from .conftest import wait_until
+
+
+def finished(run_dir: pathlib.Path) -> ExitRecord:
+    return wait_until(lambda: read_exit(run_dir))
+
+
+def test_argv_run_records_exit_zero_and_captures_stdout(spawn):
+    _, run_dir = spawn(argv=["printf", "%s\n", "hello"])
+    assert finished(run_dir) == ExitRecord(exit_code=0, signal=None)
+    assert (run_dir / "stdout").read_text() == "hello\n"
+    assert (run_dir / "stderr").read_text() == ""
+
+
+def test_argv_run_records_nonzero_exit_and_captures_stderr(spawn):
+    _, run_dir = spawn(argv=["sh", "-c", "echo out; echo err >&2; exit 3"])
+    assert finished(run_dir) == ExitRecord(exit_code=3, signal=None)
+    assert (run_dir / "stdout").read_text() == "out\n"
+    assert (run_dir / "stderr").read_text() == "err\n"
+
+
+def test_shell_run_is_interpreted_by_sh(spawn):
+    _, run_dir = spawn(shell="echo abc | tr a x; exit 7")
+    assert finished(run_dir) == ExitRecord(exit_code=7, signal=None)
+    assert (run_dir / "stdout").read_text() == "xbc\n"
+
+
+def test_argv_is_not_interpreted_by_a_shell(spawn):
+    _, run_dir = spawn(argv=["echo", "$HOME;ls"])
+    assert finished(run_dir).exit_code == 0
+    assert (run_dir / "stdout").read_text() == "$HOME;ls\n"
+    # no word splitting, no globbing, no redirection
+    _, run_dir = spawn(argv=["printf", "[%s]\n", "a b", "*", ">x"])
+    assert finished(run_dir).exit_code == 0
+    assert (run_dir / "stdout").read_text() == "[a b]\n[*]\n[>x]\n"
+
+
+def test_argv_runs_the_program_not_a_shell_builtin(spawn):
+    # dash's builtin echo expands backslash escapes; /bin/echo does not
+    _, run_dir = spawn(argv=["echo", "a\\tb"])
+    assert finished(run_dir).exit_code == 0
+    assert (run_dir / "stdout").read_text() == "a\\tb\n"
+
+
+def test_env_is_merged_over_the_environment_and_stdin_is_empty(spawn):
+    _, run_dir = spawn(shell='echo "$RECONCILER_T1:${PATH:+has-path}"; cat', env={"RECONCILER_T1": "x"})
+    assert finished(run_dir).exit_code == 0
+    assert (run_dir / "stdout").read_text() == "x:has-path\n"
+
+
+def test_relative_program_resolves_against_the_run_cwd(spawn, tmp_path):
+    work = tmp_path / "work"
+    work.mkdir()
+    script = work / "hello.sh"
+    script.write_text("#!/bin/sh\npwd\n")
+    script.chmod(0o755)
+    _, run_dir = spawn(argv=["./hello.sh"], cwd=work)
+    assert finished(run_dir).exit_code == 0
+    assert (run_dir / "stdout").read_text() == f"{work}\n"
+
+
+def test_start_failed_for_missing_program_or_cwd(tmp_path):
+    run_dir = tmp_path / "run"
+    with pytest.raises(StartFailed, match="no-such-program-xyz"):
+        spawn_run(argv=["no-such-program-xyz"], env={}, cwd=str(tmp_path), run_dir=run_dir)
+    with pytest.raises(StartFailed, match="does not exist"):
+        spawn_run(argv=["true"], env={}, cwd=str(tmp_path / "absent"), run_dir=run_dir)
+    with pytest.raises(StartFailed, match="does not exist"):
+        spawn_run(shell="true", env={}, cwd=str(tmp_path / "absent"), run_dir=run_dir)
+    plain = tmp_path / "not-executable"
+    plain.write_text("echo hi\n")
+    with pytest.raises(StartFailed):
+        spawn_run(argv=[str(plain)], env={}, cwd=str(tmp_path), run_dir=run_dir)
+    with pytest.raises(StartFailed):  # PATH comes from the merged env
+        spawn_run(argv=["true"], env={"PATH": str(tmp_path)}, cwd=str(tmp_path), run_dir=run_dir)
+    assert not run_dir.exists()  # nothing was spawned or created
+
+
+def test_exactly_one_of_argv_and_shell(tmp_path):
+    for kwargs in ({}, {"argv": ["true"], "shell": "true"}, {"argv": []}):
+        with pytest.raises(ValueError):
+            spawn_run(env={}, cwd=str(tmp_path), run_dir=tmp_path / "run", **kwargs)
+
+
+def test_files_and_run_dir_are_owner_only(spawn, tmp_path):
+    _, run_dir = spawn(argv=["true"], run_dir=tmp_path / "a" / "b" / "run")
+    finished(run_dir)
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700
+    for name in ("stdout", "stderr", "exit"):
+        assert stat.S_IMODE((run_dir / name).stat().st_mode) == 0o600, name
+    assert not (run_dir / "exit.tmp").exists()
+
+
+def test_respawn_in_the_same_dir_does_not_see_the_old_exit(spawn, tmp_path):
+    run_dir = tmp_path / "run"
+    _, _ = spawn(argv=["sh", "-c", "exit 4"], run_dir=run_dir)
+    assert finished(run_dir).exit_code == 4
+    (run_dir / "stdout").chmod(0o644)
+    os.mkfifo(tmp_path / "gate")  # keeps the second run waiting until teardown
+    spawn(argv=["sh", "-c", "read x < ./gate; exit 6"], run_dir=run_dir)
+    assert read_exit(run_dir) is None
+    assert stat.S_IMODE((run_dir / "stdout").stat().st_mode) == 0o600
+
+
+def test_identity_is_the_group_leading_wrapper(spawn, tmp_path):
+    os.mkfifo(tmp_path / "gate")
+    identity, run_dir = spawn(argv=["sh", "-c", "read x < ./gate; exit 5"])
+    assert os.getpgid(identity.pid) == identity.pid
+    assert os.getsid(identity.pid) == identity.pid
+    assert is_alive(identity)
+    assert reap(identity) is None  # still running: nothing to collect
+    (tmp_path / "gate").write_text("go\n")
+    assert finished(run_dir) == ExitRecord(exit_code=5, signal=None)
+    wait_until(lambda: not is_alive(identity))  # a zombie is not alive
+    assert wait_until(lambda: reap(identity)) == 5
+    assert not psutil.pid_exists(identity.pid) or not is_alive(identity)
+
+
+def test_is_alive_requires_the_same_start_time():
+    me = psutil.Process()
+    assert is_alive(ProcessIdentity(pid=me.pid, start_time=me.create_time()))
+    assert not is_alive(ProcessIdentity(pid=me.pid, start_time=me.create_time() - 5))
+    assert not is_alive(ProcessIdentity(pid=me.pid, start_time=me.create_time() + 0.5))
+
+
+def test_exit_record_decodes_signals(tmp_path):
+    (tmp_path / "exit").write_text("137\n")
+    assert read_exit(tmp_path) == ExitRecord(exit_code=137, signal=9)
+    (tmp_path / "exit").write_text("128\n")
+    assert read_exit(tmp_path) == ExitRecord(exit_code=128, signal=None)
+    assert read_exit(tmp_path / "absent") is None
