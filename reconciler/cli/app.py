@@ -40,10 +40,33 @@ def _register_optional() -> None:
         module.register(app)
 
 
+GLOBAL_OPTIONS = ("--store", "--server")
+
+
+def hoist_global_options(argv: list[str]) -> list[str]:
+    """Accept `--store URL` anywhere on the line, as kubectl does with its global flags."""
+    front, rest, i = [], [], 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest += argv[i:]
+            break
+        if arg in GLOBAL_OPTIONS and i + 1 < len(argv):
+            front += argv[i:i + 2]
+            i += 2
+            continue
+        if arg.split("=", 1)[0] in GLOBAL_OPTIONS and "=" in arg:
+            front.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
 def main() -> None:
     try:
         _register_optional()
-        app(standalone_mode=True)
+        app(args=hoist_global_options(sys.argv[1:]), prog_name="reconciler", standalone_mode=True)
     except ReconcilerError as exc:
         for line in getattr(exc, "problems", None) or [str(exc)]:
             print(f"error: {line}" if not line.startswith("error") else line, file=sys.stderr)

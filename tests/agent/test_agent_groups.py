@@ -35,13 +35,14 @@ def test_sigterm_ignoring_run_survives_term_and_dies_by_kill(spawn, tmp_path):
         shell='trap "echo > got_term" TERM; (trap "" TERM; exec sleep 60) & '
         'while :; do wait $!; [ -e got_term ] && break; done; wait $!'
     )
-    members = wait_until(lambda: len(group_pids(identity)) == 4 and group_pids(identity))
+    # wrapper, the user's sh, and sleep (the subshell exec'd it)
+    members = wait_until(lambda: len(group_pids(identity)) == 3 and group_pids(identity))
     assert signal_group(identity, signal.SIGTERM)
     wait_until(lambda: (tmp_path / "got_term").exists())
     assert set(group_pids(identity)) == set(members)  # nobody died of TERM
     assert read_exit(run_dir) is None
 
-    assert kill_group_except_wrapper(identity) == 3  # both shells and sleep, not the wrapper
+    assert kill_group_except_wrapper(identity) == 2  # the user's sh and sleep, not the wrapper
     assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(exit_code=137, signal=9)
     wait_until(lambda: not group_alive(identity))
     assert all(gone(pid) for pid in members)

@@ -1,0 +1,39 @@
+"""Fixtures: a fresh SQLite store per test, and a fresh PostgreSQL database per test."""
+
+from __future__ import annotations
+
+import os
+import uuid
+
+import pytest
+
+PG_ADMIN_URL = os.environ.get("RECONCILER_TEST_PG", "postgresql://postgres@127.0.0.1:5432/test")
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'state' / 'state.db'}"
+
+
+@pytest.fixture
+def pg_url():
+    """A new, empty database on the local PostgreSQL server, dropped afterwards."""
+    psycopg = pytest.importorskip("psycopg")
+    name = f"reconciler_test_{uuid.uuid4().hex[:12]}"
+    try:
+        admin = psycopg.connect(PG_ADMIN_URL, autocommit=True)
+    except psycopg.OperationalError as exc:  # pragma: no cover - CI starts the server
+        pytest.fail(f"PostgreSQL is not reachable at {PG_ADMIN_URL}: {exc}")
+    admin.execute(f'CREATE DATABASE "{name}"')
+    base = PG_ADMIN_URL.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    admin.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def store_url(request, tmp_path) -> str:
+    """Both store back ends: tests using this run twice."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'state' / 'state.db'}"
+    return request.getfixturevalue("pg_url")
