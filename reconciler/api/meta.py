@@ -62,6 +62,15 @@ def format_time(value: datetime) -> str:
     return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def to_epoch(text: str) -> float:
+    """Seconds since the epoch from an RFC 3339 time as written in status."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def from_epoch(epoch: float) -> str:
+    return format_time(datetime.fromtimestamp(epoch, timezone.utc))
+
+
 def _aware(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("must carry a time zone, e.g. 2026-12-01T03:00:00Z")

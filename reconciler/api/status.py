@@ -25,6 +25,7 @@ class RunRecord(Strict):
     revision: int
     node: str | None = None
     pid: int | None = None
+    process_start_time: float | None = Field(default=None, description="The run wrapper's start time: with pid, its identity.")
     started_at: Time | None = None
     finished_at: Time | None = None
     exit_code: int | None = None
@@ -62,6 +63,8 @@ class JobStatus(Strict):
     eligible_at: Time | None = Field(default=None, description="When dependencies and waits were satisfied: the queue position.")
     bypass_count: int = Field(default=0, description="How often a younger job passed this one in its queue.")
     admission: Admission | None = None
+    stop: dict | None = Field(default=None, description="While Stopping: why, when asked, when SIGKILL follows.")
+    rerun_token: str | None = Field(default=None, description="The last `rerun` request honoured.")
     node_name: str | None = None
     next_run_at: Time | None = None
     start_time: Time | None = None

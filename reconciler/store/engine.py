@@ -60,6 +60,7 @@ class Store:
     def __init__(self, url: str | None = None):
         self.url = url or default_store_url()
         self.is_sqlite = self.url.startswith("sqlite")
+        self.own_writes: set[int] = set()  # resourceVersions this process wrote: watchers skip them
         if self.is_sqlite:
             self.path = Path(self.url.split("///", 1)[1]) if "///" in self.url else None
             if self.path is not None:
@@ -121,6 +122,8 @@ class Store:
                 if tx.changed and not self.is_sqlite:
                     session.execute(text("SELECT pg_notify('reconciler', :rv)"), {"rv": str(tx.rv())})
                 session.commit()
+                if tx.changed:
+                    self.own_writes.add(tx.rv())
             except BaseException:
                 session.rollback()
                 raise

@@ -19,6 +19,7 @@ class ObjectRow(SQLModel, table=True):
     annotations: str = Field(sa_column=Column(Text, nullable=False))
     spec: str = Field(sa_column=Column(Text, nullable=False))
     status: str | None = Field(default=None, sa_column=Column(Text))
+    phase: str | None = Field(default=None, index=True)  # copied from status so the controller finds open jobs fast
     created_at: float
     deleted_at: float | None = None
 
@@ -45,3 +46,37 @@ class MetaRow(SQLModel, table=True):
     __tablename__ = "meta"
     key: str = Field(primary_key=True)
     value: int
+
+
+class AdmissionRow(SQLModel, table=True):
+    """Slots held by an admitted job, against the global limit, its pool and its node.
+    Present from admission until the run's processes are proven gone."""
+
+    __tablename__ = "admissions"
+    job_uid: str = Field(primary_key=True)
+    job_name: str
+    pool: str | None = Field(default=None, index=True)
+    slots: int
+    node: str | None = Field(default=None, index=True)
+    run_number: int
+    admitted_at: float
+    owner: str | None = None  # the agent that claimed the spawn (host:pid:start), so no run starts twice
+
+
+class QueueRow(SQLModel, table=True):
+    """Eligible jobs waiting for admission, ordered by (rank = -priority, eligible_at, uid)."""
+
+    __tablename__ = "queue"
+    __table_args__ = (
+        Index("ix_queue_global", "rank", "eligible_at", "job_uid"),
+        Index("ix_queue_pool", "pool", "rank", "eligible_at", "job_uid"),
+    )
+    job_uid: str = Field(primary_key=True)
+    job_name: str
+    pool: str | None = None
+    slots: int
+    rank: int
+    eligible_at: float
+    bypass_count: int = 0
+    node_name: str | None = None  # placement constraints, so a head's fit can be judged from here
+    node_selector: str = "{}"

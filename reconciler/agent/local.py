@@ -1,0 +1,77 @@
+"""The node agent as the controller hosts it: starts runs on this machine, finds them again
+after a restart, stops their process groups, and reports exits through one watcher."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Callable
+
+import psutil
+
+from ..api.job import JobSpec
+from .identity import ProcessIdentity, is_alive
+from .process import ExitRecord, group_alive, kill_group_except_wrapper, read_exit, signal_group, spawn_run
+from .watcher import ExitWatcher
+from .wrapper import WRAPPER_NAME
+
+
+class LocalAgent:
+    def __init__(self, node: str, state_dir: Path, on_exit: Callable[[str], None]):
+        self.node = node
+        self.runs_dir = Path(state_dir) / "runs"
+        self.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._on_exit = on_exit
+        self._watcher = ExitWatcher()
+        self._watched: set[ProcessIdentity] = set()
+
+    def run_dir(self, job: str, uid: str, number: int) -> Path:
+        # job names are DNS-1123 labels and uids are ours: safe as path parts
+        return self.runs_dir / job / uid / str(number)
+
+    def start(self, job: str, uid: str, number: int, spec: JobSpec, revision: int) -> ProcessIdentity:
+        """Spawn run `number`; raises process.StartFailed when it cannot start."""
+        env = {**spec.env, "RECONCILER_JOB": job, "RECONCILER_RUN": str(number), "RECONCILER_REVISION": str(revision)}
+        identity = spawn_run(argv=spec.command, shell=spec.shell, env=env, cwd=spec.working_dir or os.getcwd(),
+                             run_dir=self.run_dir(job, uid, number), fsync_exit=False)
+        self.watch(job, identity)
+        return identity
+
+    def watch(self, job: str, identity: ProcessIdentity) -> None:
+        if identity not in self._watched:
+            self._watched.add(identity)
+            self._watcher.watch(identity, lambda ident: (self._watched.discard(ident), self._on_exit(job)))
+
+    def find(self, run_dir: Path) -> ProcessIdentity | None:
+        """A live wrapper started for `run_dir` (after a crash between spawn and record).
+        The wrapper's argv names its run dir, so a stranger is never mistaken for it."""
+        target = str(run_dir.resolve())
+        for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
+            cmd = proc.info.get("cmdline") or []
+            if len(cmd) > 4 and cmd[3] == WRAPPER_NAME and cmd[4] == target:
+                return ProcessIdentity(proc.info["pid"], proc.info["create_time"])
+        return None
+
+    @staticmethod
+    def exit_of(run_dir: Path) -> ExitRecord | None:
+        return read_exit(run_dir)
+
+    @staticmethod
+    def alive(identity: ProcessIdentity) -> bool:
+        return is_alive(identity) or group_alive(identity)
+
+    @staticmethod
+    def terminate(identity: ProcessIdentity) -> None:
+        signal_group(identity, signal.SIGTERM)
+
+    @staticmethod
+    def kill(identity: ProcessIdentity, *, wrapper_too: bool = False) -> None:
+        """SIGKILL the run's group but the wrapper, which then records the status. Only a
+        wrapper that stayed alive long after its command died (`wrapper_too`) is killed too."""
+        if kill_group_except_wrapper(identity) == 0 and wrapper_too:
+            signal_group(identity, signal.SIGKILL)
+
+    def close(self) -> None:
+        self._watcher.close()
+

@@ -1,0 +1,337 @@
+"""The job reconciler: observe -> decide -> act -> write status once, per step.
+
+`JobReconciler(key)` reads one job, takes the step its phase calls for, and either goes on
+to the next step at once (AGAIN) or returns when it wants to be called again. Steps that
+concern a live process (Starting, Running, Stopping) are in runs.py."""
+
+from __future__ import annotations
+
+import random
+from collections import defaultdict
+from typing import Callable
+
+from ..api.job import JobSpec
+from ..api.meta import from_epoch, to_epoch
+from ..errors import Conflict
+from ..store import Store
+from ..store import repository as repo
+from ..store import scheduling as sched
+from . import admission, deadlines, dependencies, waits
+from .context import AGAIN, RERUN_ANNOTATION, Ctx, commit
+from .placement import NodeView, place
+
+SAFETY_POLL = 30.0  # a queued or waiting job looks again at least this often, whatever wakes it
+WAIT_STATUS_REFRESH = 30.0  # unchanged wait results are written back at most this often
+MAX_STEPS = 12
+
+
+class JobReconciler:
+    def __init__(self, store: Store, agent, *, clock, wake: Callable[[str], None], owner: str,
+                 rand: random.Random | None = None, strategy: str = "spread"):
+        from .runs import RunSteps
+
+        self.store = store
+        self.agent = agent
+        self.clock = clock
+        self.rand = rand or random.Random()
+        self.wake = wake
+        self.owner = owner
+        self.strategy = strategy
+        self.dependents: defaultdict[str, set[str]] = defaultdict(set)
+        self._specs: dict[str, JobSpec] = {}
+        self.runs = RunSteps(self)
+
+    # -- the entry point -------------------------------------------------------------
+    def __call__(self, key: tuple[str, str]) -> float | None:
+        name = key[1]
+        for _ in range(MAX_STEPS):
+            with self.store.read() as session:
+                obj = repo.get(session, kind="Job", name=name)
+            if obj is None:
+                self._wake_dependents(name)
+                return None
+            ctx = Ctx(obj, self.spec_of(obj), self.clock.now())
+            try:
+                result = self.step(ctx)
+            except Conflict:
+                continue  # someone wrote the job meanwhile: observe again
+            self.after_commit(ctx)
+            if result != AGAIN:
+                return result
+        return 0.0
+
+    def spec_of(self, obj) -> JobSpec:
+        spec = self._specs.get(obj.spec_text)
+        if spec is None:
+            if len(self._specs) > 20_000:
+                self._specs.clear()
+            spec = self._specs[obj.spec_text] = JobSpec.model_validate(obj.spec)
+        for dep in spec.depends_on:
+            self.dependents[dep.job].add(obj.name)
+        return spec
+
+    def step(self, ctx: Ctx) -> float | None:
+        if ctx.phase in ("Starting", "Running", "Stopping"):
+            return self.runs.step(ctx)
+        if ctx.obj.deleted_at is not None:
+            return self.finalize_delete(ctx)
+        if self.revision_due(ctx):
+            return self.start_revision(ctx)
+        if ctx.phase == "Completed":
+            self._wake_dependents(ctx.name)
+            return None
+        if ctx.cancel_requested():
+            return self.complete(ctx, "Cancelled", "Cancelled", "cancelled by request")
+        if deadlines.passed(self.job_deadline(ctx), ctx.now):
+            return self.complete(ctx, "TimedOut", "DeadlineExceeded", f"the job exceeded its timeout of {ctx.spec.timeout:g}s")
+        if ctx.spec.suspend:
+            if ctx.phase == "Suspended":
+                return None
+            ctx.move("Suspended", "Suspended", "suspended: no new run is admitted")
+            ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
+            return self.write(ctx, None)
+        if ctx.phase == "Suspended":
+            return self.resume(ctx)
+        return {"Waiting": self.waiting, "Queued": self.queued, "Backoff": self.backoff}[ctx.phase](ctx)
+
+    # -- writing -----------------------------------------------------------------------
+    def write(self, ctx: Ctx, result: float | None) -> float | None:
+        with self.store.write() as tx:
+            ctx.obj = commit(tx, ctx)
+        return result
+
+    def after_commit(self, ctx: Ctx) -> None:
+        for name in ctx.wake:
+            self.wake(name)
+        if ctx.wake_pools:
+            with self.store.read() as session:
+                for pool in ctx.wake_pools:
+                    for name in sched.first_in_line(session, pool, 4):
+                        self.wake(name)
+
+    def _wake_dependents(self, name: str) -> None:
+        for dependent in list(self.dependents.get(name, ())):
+            self.wake(dependent)
+
+    def job_deadline(self, ctx: Ctx) -> float | None:
+        return deadlines.job_deadline(ctx.spec, to_epoch(ctx.status["acceptedAt"])) if ctx.status.get("acceptedAt") else None
+
+    # -- endings -------------------------------------------------------------------------
+    def complete(self, ctx: Ctx, outcome: str, reason: str, message: str) -> None:
+        ctx.move("Completed", reason, message, outcome=outcome)
+        ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
+        self.write(ctx, None)
+        self._wake_dependents(ctx.name)
+        return None
+
+    def finalize_delete(self, ctx: Ctx) -> None:
+        with self.store.write() as tx:
+            sched.dequeue(tx, ctx.uid)
+            if sched.release(tx, ctx.uid) is not None:
+                ctx.wake_pools.update({ctx.spec.pool, None})
+            repo.remove(tx, ctx.obj)
+            repo.record_event(tx, ctx.obj, "Deleted", "job deleted")
+        self._wake_dependents(ctx.name)
+        return None
+
+    # -- revisions -----------------------------------------------------------------------
+    def revision_due(self, ctx: Ctx) -> bool:
+        status = ctx.status
+        if status.get("observedGeneration") not in (None, ctx.obj.generation):
+            return True
+        if ctx.phase != "Completed":
+            return False
+        token = ctx.obj.annotations.get(RERUN_ANNOTATION)
+        if token is not None and token != status.get("rerunToken"):
+            return True
+        return self._dependency_rerun(ctx)
+
+    def _dependency_rerun(self, ctx: Ctx) -> bool:
+        """A completed job that consumed an older revision of a dependency runs again."""
+        receipts = {r["job"]: r for r in ctx.status.get("dependencies", []) if r.get("revision") is not None}
+        if not receipts:
+            return False
+        states = self.dep_states(list(receipts))
+        return any(s is not None and s.revision > receipts[n]["revision"] for n, s in states.items())
+
+    def start_revision(self, ctx: Ctx) -> float:
+        status = ctx.status
+        ran = bool(ctx.runs_this_revision()) or ctx.phase == "Completed"
+        if ran:
+            status["revision"] = ctx.revision + 1
+            status["acceptedAt"] = ctx.now_text
+            for key in ("eligibleAt", "startTime", "completionTime", "nextRunAt", "admission", "nodeName", "stop"):
+                status.pop(key, None)
+            status.update(dependencies=[], waits=[], bypassCount=0,
+                          conditions=[c for c in status.get("conditions", []) if c["type"] not in ("Completed", "Succeeded")])
+        status["observedGeneration"] = ctx.obj.generation
+        status["rerunToken"] = ctx.obj.annotations.get(RERUN_ANNOTATION)
+        message = f"revision {ctx.revision} accepted" if ran else "spec changed before any run; re-evaluating"
+        ctx.move("Waiting", "NewRevision" if ran else "SpecChanged", message)
+        ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
+        self.write(ctx, None)
+        self._wake_dependents(ctx.name)  # they may have consumed the old revision
+        return AGAIN
+
+    def resume(self, ctx: Ctx) -> float:
+        if ctx.status.get("eligibleAt"):
+            ctx.move("Queued", "Resumed", "resumed; back in the queue at its old position")
+            self._enqueue(ctx)
+        else:
+            ctx.move("Waiting", "Resumed", "resumed")
+        self.write(ctx, None)
+        return AGAIN
+
+    # -- Waiting -------------------------------------------------------------------------
+    def dep_states(self, names: list[str]) -> dict[str, dependencies.DepState | None]:
+        with self.store.read() as session:
+            found = {o.name: o for o in repo.list_objects(session, kind="Job", names=names)}
+        out: dict[str, dependencies.DepState | None] = {}
+        for name in names:
+            o = found.get(name)
+            s = (o.status or {}) if o else {}
+            out[name] = None if o is None else dependencies.DepState(o.uid, int(s.get("revision", 1)),
+                                                                       s.get("phase", "Waiting"), s.get("outcome"))
+        return out
+
+    def waiting(self, ctx: Ctx) -> float | None:
+        spec, status = ctx.spec, ctx.status
+        verdict = dependencies.evaluate(spec.depends_on, self.dep_states([d.job for d in spec.depends_on]),
+                                        status.get("dependencies", []), ctx.now_text)
+        status["dependencies"] = verdict.receipts
+        if verdict.broken is not None:
+            message = dependencies.describe_broken(verdict.broken, spec.depends_on)
+            return self.complete(ctx, "Aborted", "DependencyUnsatisfied", message)
+        accepted = to_epoch(status["acceptedAt"])
+        checks = waits.evaluate(spec.wait_for, accepted_at=accepted, now=ctx.now, previous=status.get("waits"),
+                                probe=lambda cond: self._probe(cond, spec))
+        self._record_waits(ctx, checks)
+        if any(c.fatal for c in checks):
+            failed = next(c for c in checks if c.fatal)
+            return self.complete(ctx, "Aborted", "WaitProbeFailed", failed.message)
+        ready = verdict.satisfied and waits.gate(spec.wait_for, checks)
+        abort_at = deadlines.wait_abort_deadline(spec, accepted)
+        if not ready and deadlines.passed(abort_at, ctx.now):
+            return self.complete(ctx, "Aborted", "WaitAbortDeadline", "the wait conditions were not met before the abort deadline")
+        if ready:
+            status.setdefault("eligibleAt", ctx.now_text)
+            ctx.move("Queued", "Eligible", "dependencies and waits are satisfied")
+            self._enqueue(ctx)
+            self.write(ctx, None)
+            return AGAIN
+        reason, message = ("WaitingForDependencies", "waiting for " + ", ".join(verdict.pending)) if verdict.pending else \
+            ("WaitingForConditions", "; ".join(c.message for c in checks if not c.satisfied))
+        status.update(reason=reason, message=message)
+        if ctx.changed():
+            self.write(ctx, None)
+        recheck = [ctx.now + c.recheck_in for c in checks if c.recheck_in is not None]
+        due = deadlines.soonest(ctx.now, *recheck, abort_at, self.job_deadline(ctx))
+        jitter = 0.9 + 0.2 * self.rand.random()
+        return min(SAFETY_POLL, due if due is not None else SAFETY_POLL) * (jitter if recheck else 1.0)
+
+    def _probe(self, cond, spec: JobSpec) -> tuple[bool, str]:
+        from ..agent.probe import run_probe
+
+        return run_probe(cond, cwd=spec.working_dir)
+
+    def _record_waits(self, ctx: Ctx, checks: list[waits.Check]) -> None:
+        """Write each evaluation, but an unchanged result only every WAIT_STATUS_REFRESH s."""
+        previous = ctx.status.get("waits", [])
+        fresh = [{"type": c.type, "satisfied": c.satisfied, "message": c.message} for c in checks]
+        same = len(previous) == len(fresh) and all(
+            p.get("satisfied") == f["satisfied"] and p.get("message") == f["message"] for p, f in zip(previous, fresh))
+        last = min((to_epoch(p["lastCheckedAt"]) for p in previous if p.get("lastCheckedAt")), default=0.0)
+        if same and ctx.now - last < WAIT_STATUS_REFRESH:
+            return
+        ctx.status["waits"] = [{**f, "lastCheckedAt": ctx.now_text} for f in fresh]
+
+    def _enqueue(self, ctx: Ctx) -> None:
+        ctx.ops.append(self._enqueue_op(ctx))
+
+    @staticmethod
+    def _enqueue_op(ctx: Ctx) -> Callable:
+        spec, status = ctx.spec, ctx.status
+        eligible = to_epoch(status.get("eligibleAt") or ctx.now_text)
+        return (lambda tx: sched.enqueue(
+            tx, uid=ctx.uid, name=ctx.name, pool=spec.pool, slots=spec.slots, priority=spec.priority,
+            eligible_at=eligible, bypass_count=int(status.get("bypassCount", 0)),
+            node_name=spec.placement.node_name, node_selector=spec.placement.node_selector))
+
+    # -- Backoff -------------------------------------------------------------------------
+    def backoff(self, ctx: Ctx) -> float | None:
+        at = to_epoch(ctx.status["nextRunAt"]) if ctx.status.get("nextRunAt") else ctx.now
+        if ctx.now < at:
+            return deadlines.soonest(ctx.now, at, self.job_deadline(ctx))
+        ctx.status.pop("nextRunAt", None)
+        ctx.move("Queued", "BackoffElapsed", "backoff elapsed; queued at its old position")
+        self._enqueue(ctx)
+        self.write(ctx, None)
+        return AGAIN
+
+    # -- Queued: admission and placement, one short transaction ---------------------------
+    def queued(self, ctx: Ctx) -> float | None:
+        spec, status = ctx.spec, ctx.status
+        with self.store.write() as tx:
+            self._enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
+            me = sched.queued(tx.session, ctx.uid)
+            nodes = [NodeView(n.name, n.ready, n.unschedulable, n.capacity, n.allocated, n.labels)
+                     for n in sched.node_facts(tx.session, ctx.now)]
+            scopes = self._scopes(tx.session, me, nodes)
+            decision = admission.decide(_request(me), scopes)
+            placed = place(nodes, slots=spec.slots, node_name=spec.placement.node_name,
+                           selector=spec.placement.node_selector, strategy=self.strategy,
+                           turn=sched.round_robin_turn(tx) if self.strategy == "round-robin" else 0) \
+                if decision.admit else None
+            if decision.admit and placed.node is not None:
+                number = max((r["number"] for r in status.get("runs", [])), default=0) + 1
+                admitted_at = sched.admit(tx, uid=ctx.uid, name=ctx.name, pool=spec.pool, slots=spec.slots,
+                                          node=placed.node, run_number=number)
+                for passed in decision.bypassed:
+                    sched.count_bypass(tx, passed.uid)
+                status["admission"] = {"pool": spec.pool, "slots": spec.slots, "admittedAt": from_epoch(admitted_at)}
+                status["nodeName"] = placed.node
+                status["bypassCount"] = me.bypass_count
+                ctx.move("Starting", "Admitted", f"run {number}: {spec.slots} slot(s) granted"
+                         + (f" in pool {spec.pool}" if spec.pool else ""))
+                ctx.note("Scheduled", placed.message)
+                ctx.obj = commit(tx, ctx)
+                return AGAIN
+            reason, message = ("Unschedulable", placed.message) if decision.admit else (decision.reason, decision.message)
+            if (status.get("reason"), status.get("message")) != (reason, message):
+                status.update(reason=reason, message=message)
+                if reason == "Unschedulable":
+                    ctx.note("FailedScheduling", message, warning=True)
+                ctx.obj = commit(tx, ctx)
+        for scope in scopes:  # a head that fits must not wait for a timer
+            if scope.head is not None and scope.head_fits and scope.head.uid != ctx.uid:
+                self.wake(scope.head.name)
+        return deadlines.soonest(ctx.now, ctx.now + SAFETY_POLL, self.job_deadline(ctx))
+
+    def _scopes(self, session, me: sched.QueueEntry, nodes: list[NodeView]) -> list[admission.Scope]:
+        scopes = []
+        facts_cache: dict[str, sched.PoolFacts] = {}
+
+        def facts(pool: str) -> sched.PoolFacts:
+            if pool not in facts_cache:
+                facts_cache[pool] = sched.pool_facts(session, pool)
+            return facts_cache[pool]
+
+        def fits_now(entry: sched.QueueEntry) -> bool:
+            own = [facts("global")] + ([facts(entry.pool)] if entry.pool else [])
+            room = all(f.capacity is None or entry.slots <= f.capacity - f.used for f in own)
+            return room and place(nodes, slots=entry.slots, node_name=entry.node_name,
+                                  selector=entry.node_selector).node is not None
+
+        for scope_name in ["global"] + ([me.pool] if me.pool else []):
+            f = facts(scope_name)
+            if f.capacity is None:
+                continue
+            head = sched.head(session, me.pool, scope_is_pool=scope_name != "global")
+            scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head),
+                                          head is not None and head.uid != me.uid and fits_now(head)))
+        return scopes
+
+
+def _request(entry: sched.QueueEntry | None) -> admission.Request | None:
+    return None if entry is None else admission.Request(entry.uid, entry.name, entry.slots, entry.bypass_count)
+

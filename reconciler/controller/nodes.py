@@ -1,0 +1,42 @@
+"""The local node: registered on first start (named after the host), kept Ready by heartbeats."""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+
+from ..api.meta import from_epoch
+from ..store import Store
+from ..store import repository as repo
+from ..store import scheduling as sched
+
+HEARTBEAT_INTERVAL = 10.0
+
+
+def local_node_name() -> str:
+    """The host name as a DNS-1123 label."""
+    name = re.sub(r"[^a-z0-9-]+", "-", socket.gethostname().split(".")[0].lower()).strip("-")[:63].strip("-")
+    return name or "localhost"
+
+
+def heartbeat(store: Store, node: str, owner: str, now: float) -> None:
+    """Register the node if it is new, then record it Ready with its allocation."""
+    with store.write() as tx:
+        obj = repo.get(tx.session, kind="Node", name=node)
+        if obj is None:
+            obj = repo.create(tx, kind="Node", name=node, spec={"capacity": {}, "unschedulable": False},
+                              labels={"reconciler.dev/hostname": socket.gethostname()[:63]},
+                              annotations={"reconciler.dev/managed-by": "agent"})
+            repo.record_event(tx, obj, "Registered", f"node {node} registered by its agent")
+        allocated = next((f.allocated for f in sched.node_facts(tx.session, now) if f.name == node), 0)
+        stamp = from_epoch(now)
+        previous = obj.status or {}
+        ready = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
+        since = ready.get("lastTransitionTime") if ready.get("status") == "True" else stamp
+        status = {
+            "conditions": [{"type": "Ready", "status": "True", "reason": "AgentHeartbeat",
+                            "message": "the node's agent is posting heartbeats", "lastTransitionTime": since}],
+            "heartbeatAt": stamp, "allocated": {"slots": allocated}, "cpuCount": os.cpu_count() or 1, "agent": owner,
+        }
+        repo.update_object(tx, obj, status=status)

@@ -1,0 +1,66 @@
+"""Placement over nodes (API.md section 2, Placement). Pure: candidates are Ready,
+schedulable nodes matching nodeName/nodeSelector with room; a strategy picks one."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+STRATEGIES = ("spread", "binpack", "round-robin")
+
+
+@dataclass(frozen=True)
+class NodeView:
+    name: str
+    ready: bool
+    unschedulable: bool
+    capacity: int
+    allocated: int
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.allocated
+
+
+@dataclass(frozen=True)
+class Placement:
+    node: str | None
+    message: str = ""
+
+
+def _why_not(node: NodeView, node_name: str | None, selector: dict[str, str], slots: int) -> str | None:
+    if node_name is not None and node.name != node_name:
+        return "didn't match nodeName"
+    if any(node.labels.get(k) != v for k, v in selector.items()):
+        return "didn't match nodeSelector"
+    if not node.ready:
+        return "not ready"
+    if node.unschedulable:
+        return "unschedulable (cordoned)"
+    if node.free < slots:
+        return "insufficient slots"
+    return None
+
+
+def place(nodes: list[NodeView], *, slots: int, node_name: str | None, selector: dict[str, str],
+          strategy: str = "spread", turn: int = 0) -> Placement:
+    """`turn` is the store-wide round-robin counter."""
+    reasons: Counter[str] = Counter()
+    candidates = []
+    for node in sorted(nodes, key=lambda n: n.name):
+        why = _why_not(node, node_name, selector, slots)
+        if why is None:
+            candidates.append(node)
+        else:
+            reasons[why] += 1
+    if not candidates:
+        detail = ", ".join(f"{count} {why}" for why, count in sorted(reasons.items()))
+        return Placement(None, f"0/{len(nodes)} nodes are available" + (f": {detail}" if detail else ""))
+    if strategy == "binpack":
+        chosen = min(candidates, key=lambda n: (n.free, n.name))
+    elif strategy == "round-robin":
+        chosen = candidates[turn % len(candidates)]
+    else:  # spread: the most free share of capacity
+        chosen = max(candidates, key=lambda n: (n.free / n.capacity if n.capacity else 0, n.free, [-ord(c) for c in n.name]))
+    return Placement(chosen.name, f"placed on {chosen.name} ({strategy})")

@@ -1,0 +1,78 @@
+"""What happens after a run ends (API.md section 2, Retries), in the fixed order:
+cancellation or job timeout; success; non-retryable outcome; retry limit; otherwise Backoff."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..api.job import Backoff, Retry
+
+
+@dataclass(frozen=True)
+class RunEnd:
+    outcome: str  # Succeeded | Failed | TimedOut | Cancelled | StartFailed | Lost
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True)
+class AfterRun:
+    retry: bool
+    outcome: str | None = None  # the job's outcome when not retrying
+    reason: str | None = None
+    message: str = ""
+    delay: float = 0.0  # before the next attempt, when retrying
+
+
+def backoff_delay(backoff: Backoff, retry_number: int, rand: Callable[[], float]) -> float:
+    """Delay before retry `retry_number` (1 = first retry): capped, then +- jitter/2."""
+    n = max(1, retry_number)
+    if backoff.policy == "constant":
+        base = backoff.delay
+    elif backoff.policy == "linear":
+        base = backoff.delay * n
+    else:
+        base = backoff.delay * backoff.factor ** (n - 1)
+    capped = min(base, backoff.max_delay)
+    return max(0.0, capped + (rand() - 0.5) * backoff.jitter)
+
+
+def _retryable(retry: Retry, run: RunEnd) -> tuple[bool, str, str]:
+    """(retryable, job outcome if not, reason if not)."""
+    if run.outcome == "Failed":
+        ok = not retry.on_exit_codes or run.exit_code in retry.on_exit_codes
+        return ok, "Failed", "NonRetryableExitCode"
+    if run.outcome == "TimedOut":
+        return retry.on_timeout, "TimedOut", "RunTimeout"
+    if run.outcome == "Lost":
+        return retry.on_lost, "Lost", "NodeLost"
+    if run.outcome == "StartFailed":
+        return False, "Failed", "StartFailed"
+    return False, run.outcome, run.outcome
+
+
+def after_run(
+    retry: Retry,
+    run: RunEnd,
+    *,
+    attempts: int,
+    cancelled: bool,
+    deadline_passed: bool,
+    rand: Callable[[], float],
+) -> AfterRun:
+    """`attempts` counts runs of this revision including the one that just ended."""
+    if cancelled:
+        return AfterRun(False, "Cancelled", "Cancelled", "the job was cancelled")
+    if deadline_passed:
+        return AfterRun(False, "TimedOut", "DeadlineExceeded", "the job exceeded its timeout")
+    if run.outcome == "Succeeded":
+        return AfterRun(False, "Succeeded", None, "the run exited 0")
+    ok, outcome, reason = _retryable(retry, run)
+    detail = f"run {attempts} ended {run.outcome}" + (f" with exit code {run.exit_code}" if run.exit_code is not None else "")
+    if not ok:
+        return AfterRun(False, outcome, reason, f"{detail}; not retryable")
+    if attempts > retry.limit:
+        reason = "BackoffLimitExceeded" if run.outcome == "Failed" else reason
+        return AfterRun(False, outcome, reason, f"{detail}; retry limit {retry.limit} reached")
+    delay = backoff_delay(retry.backoff, attempts, rand)
+    return AfterRun(True, delay=delay, message=f"{detail}; retry {attempts} of {retry.limit} in {delay:.3g}s")

@@ -1,0 +1,138 @@
+"""The controller runtime: a work queue with deduplication, per-key exclusivity, timers and
+per-key exponential backoff on errors, served by a few worker threads (controller-runtime's
+shape). Reconcilers only say what to do with one key and when to be called again."""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import random
+import threading
+import time
+from collections import deque
+from typing import Callable, Hashable
+
+log = logging.getLogger("reconciler.runtime")
+
+Reconcile = Callable[[Hashable], "float | None"]  # returns seconds until it wants to run again
+
+ERROR_BASE, ERROR_MAX = 0.005, 30.0
+
+
+class WorkQueue:
+    """A key is queued at most once; a key being processed is never handed out again until
+    `done`, and if it was added meanwhile it is queued again then (no lost wake-ups)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._ready: deque[Hashable] = deque()
+        self._queued: set[Hashable] = set()
+        self._processing: set[Hashable] = set()
+        self._dirty: set[Hashable] = set()
+        self._timers: list[tuple[float, int, Hashable]] = []
+        self._due: dict[Hashable, float] = {}  # earliest pending timer per key
+        self._seq = 0
+        self._closed = False
+
+    def add(self, key: Hashable) -> None:
+        with self._cond:
+            self._add_locked(key)
+
+    def _add_locked(self, key: Hashable) -> None:
+        if key in self._processing:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._ready.append(key)
+            self._cond.notify()
+
+    def add_after(self, key: Hashable, delay: float) -> None:
+        if delay <= 0:
+            self.add(key)
+            return
+        at = time.monotonic() + delay
+        with self._cond:
+            if self._due.get(key, float("inf")) <= at:
+                return  # an earlier timer for this key will wake it anyway
+            self._due[key] = at
+            self._seq += 1
+            heapq.heappush(self._timers, (at, self._seq, key))
+            self._cond.notify()
+
+    def get(self) -> Hashable | None:
+        """Next key to process, blocking; None once closed."""
+        with self._cond:
+            while True:
+                if self._closed:
+                    return None
+                now = time.monotonic()
+                while self._timers and self._timers[0][0] <= now:
+                    at, _, key = heapq.heappop(self._timers)
+                    if self._due.get(key) == at:
+                        del self._due[key]
+                        self._add_locked(key)
+                if self._ready:
+                    key = self._ready.popleft()
+                    self._queued.discard(key)
+                    self._processing.add(key)
+                    return key
+                timeout = self._timers[0][0] - now if self._timers else None
+                self._cond.wait(timeout)
+
+    def done(self, key: Hashable) -> None:
+        with self._cond:
+            self._processing.discard(key)
+            if key in self._dirty:
+                self._dirty.discard(key)
+                self._add_locked(key)
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def idle(self) -> bool:
+        with self._cond:
+            return not self._ready and not self._processing
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._ready)
+
+
+class Runner:
+    """Workers pulling keys from one queue and routing them to a reconciler by key kind."""
+
+    def __init__(self, queue: WorkQueue, route: Callable[[Hashable], Reconcile], workers: int = 4):
+        self.queue = queue
+        self._route = route
+        self._failures: dict[Hashable, int] = {}
+        self._threads = [threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True) for i in range(workers)]
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self.queue.close()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _work(self) -> None:
+        while (key := self.queue.get()) is not None:
+            try:
+                again = self._route(key)(key)
+            except Exception as exc:  # the runner, not reconcilers, owns retrying on errors
+                failures = self._failures.get(key, 0) + 1
+                self._failures[key] = failures
+                delay = min(ERROR_MAX, ERROR_BASE * 2 ** failures) * (0.5 + random.random())
+                level = logging.WARNING if failures > 3 else logging.DEBUG
+                log.log(level, "reconcile %s failed (%s: %s); retrying in %.3fs", key, type(exc).__name__, exc, delay,
+                        exc_info=failures > 3)
+                self.queue.done(key)
+                self.queue.add_after(key, delay)
+                continue
+            self._failures.pop(key, None)
+            self.queue.done(key)
+            if again is not None:
+                self.queue.add_after(key, again)

@@ -1,0 +1,191 @@
+"""Queue, admissions and node allocation: the facts admission and placement decide on, and
+the rows that record their decisions. Called inside one write transaction per decision."""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from dataclasses import dataclass
+
+from sqlalchemy import delete, func, select, update
+from sqlmodel import Session
+
+from .engine import Tx
+from .tables import AdmissionRow, EventRow, ObjectRow, QueueRow
+
+NODE_READY_WINDOW = 40.0  # seconds without a heartbeat before a node is NotReady
+
+
+@dataclass(frozen=True)
+class QueueEntry:
+    uid: str
+    name: str
+    pool: str | None
+    slots: int
+    rank: int
+    eligible_at: float
+    bypass_count: int
+    node_name: str | None
+    node_selector: dict[str, str]
+
+    @classmethod
+    def from_row(cls, row: QueueRow) -> "QueueEntry":
+        return cls(row.job_uid, row.job_name, row.pool, row.slots, row.rank, row.eligible_at, row.bypass_count,
+                   row.node_name, json.loads(row.node_selector))
+
+
+@dataclass(frozen=True)
+class PoolFacts:
+    name: str
+    capacity: int | None
+    max_bypass: int
+    used: int
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    name: str
+    labels: dict[str, str]
+    unschedulable: bool
+    capacity: int
+    allocated: int
+    ready: bool
+
+
+def enqueue(tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, priority: int, eligible_at: float,
+            bypass_count: int, node_name: str | None, node_selector: dict[str, str]) -> None:
+    """Idempotent: a job already queued keeps its row (and its bypass count)."""
+    if tx.session.get(QueueRow, uid) is None:
+        tx.session.add(QueueRow(job_uid=uid, job_name=name, pool=pool, slots=slots, rank=-priority,
+                                eligible_at=eligible_at, bypass_count=bypass_count, node_name=node_name,
+                                node_selector=json.dumps(node_selector, sort_keys=True)))
+
+
+def dequeue(tx: Tx, uid: str) -> None:
+    tx.session.execute(delete(QueueRow).where(QueueRow.job_uid == uid))
+
+
+def queued(session: Session, uid: str) -> QueueEntry | None:
+    row = session.get(QueueRow, uid)
+    return QueueEntry.from_row(row) if row else None
+
+
+def head(session: Session, pool: str | None, *, scope_is_pool: bool) -> QueueEntry | None:
+    """First in line in one scope: the named pool's queue, or every queued job (global)."""
+    query = select(QueueRow)
+    if scope_is_pool:
+        query = query.where(QueueRow.pool == pool)
+    row = session.scalars(query.order_by(QueueRow.rank, QueueRow.eligible_at, QueueRow.job_uid).limit(1)).first()
+    return QueueEntry.from_row(row) if row else None
+
+
+def first_in_line(session: Session, pool: str | None, limit: int) -> list[str]:
+    """Names of the first `limit` queued jobs of a scope: who to wake when slots free up."""
+    query = select(QueueRow.job_name)
+    if pool is not None:
+        query = query.where(QueueRow.pool == pool)
+    return list(session.scalars(query.order_by(QueueRow.rank, QueueRow.eligible_at, QueueRow.job_uid).limit(limit)))
+
+
+def count_bypass(tx: Tx, uid: str) -> None:
+    tx.session.execute(update(QueueRow).where(QueueRow.job_uid == uid).values(bypass_count=QueueRow.bypass_count + 1))
+
+
+def pool_facts(session: Session, name: str) -> PoolFacts:
+    row = session.get(ObjectRow, ("Pool", name))
+    spec = json.loads(row.spec) if row else {}
+    slots = spec.get("slots", "unlimited")
+    used_q = select(func.coalesce(func.sum(AdmissionRow.slots), 0))
+    if name != "global":
+        used_q = used_q.where(AdmissionRow.pool == name)
+    return PoolFacts(name, None if slots == "unlimited" else int(slots), int(spec.get("maxBypass", 3)),
+                     int(session.scalar(used_q)))
+
+
+def node_facts(session: Session, now: float | None = None) -> list[NodeFacts]:
+    now = time.time() if now is None else now
+    allocated = dict(session.execute(
+        select(AdmissionRow.node, func.sum(AdmissionRow.slots)).group_by(AdmissionRow.node)).all())
+    facts = []
+    for row in session.scalars(select(ObjectRow).where(ObjectRow.kind == "Node")):
+        spec, status = json.loads(row.spec), json.loads(row.status or "{}")
+        capacity = spec.get("capacity", {}).get("slots")
+        if capacity is None:
+            capacity = status.get("cpuCount") or 1
+        beat = status.get("heartbeatAt")
+        fresh = beat is not None and now - datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp() < NODE_READY_WINDOW
+        facts.append(NodeFacts(row.name, json.loads(row.labels), bool(spec.get("unschedulable")), int(capacity),
+                               int(allocated.get(row.name, 0)), fresh))
+    return facts
+
+
+def admit(tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, node: str, run_number: int) -> float:
+    now = time.time()
+    tx.session.add(AdmissionRow(job_uid=uid, job_name=name, pool=pool, slots=slots, node=node,
+                                run_number=run_number, admitted_at=now))
+    dequeue(tx, uid)
+    return now
+
+
+def admission(session: Session, uid: str) -> AdmissionRow | None:
+    return session.get(AdmissionRow, uid)
+
+
+def claim_spawn(tx: Tx, uid: str, owner: str, *, take_over_from: str | None = None) -> bool:
+    """Compare-and-swap the right to start this admission's run: no run starts twice."""
+    result = tx.session.execute(
+        update(AdmissionRow)
+        .where(AdmissionRow.job_uid == uid,
+               (AdmissionRow.owner.is_(None) if take_over_from is None else AdmissionRow.owner == take_over_from))
+        .values(owner=owner))
+    return result.rowcount == 1
+
+
+def release(tx: Tx, uid: str) -> AdmissionRow | None:
+    """Free the slots; returns what was held so the caller can wake who waits for them."""
+    row = tx.session.get(AdmissionRow, uid)
+    if row is not None:
+        tx.session.delete(row)
+    return row
+
+
+def round_robin_turn(tx: Tx) -> int:
+    """A store-wide counter for the round-robin placement strategy."""
+    from sqlalchemy import text
+
+    row = tx.session.execute(text("UPDATE meta SET value = value + 1 WHERE key = 'rr' RETURNING value")).first()
+    if row is None:
+        tx.session.execute(text("INSERT INTO meta (key, value) VALUES ('rr', 0)"))
+        return 0
+    return int(row[0])
+
+
+def changed_since(session: Session, rv: int) -> list[tuple[str, str, int]]:
+    """(kind, name, resourceVersion) of objects written or deleted after `rv`: what a
+    watcher must look at (deletions are seen through their events)."""
+    written = session.execute(
+        select(ObjectRow.kind, ObjectRow.name, ObjectRow.resource_version).where(ObjectRow.resource_version > rv))
+    deleted = session.execute(select(EventRow.kind, EventRow.name, EventRow.resource_version).where(
+        EventRow.resource_version > rv, EventRow.reason == "Deleted"))
+    return [tuple(r) for r in written] + [tuple(r) for r in deleted]
+
+
+def open_job_names(session: Session) -> list[str]:
+    """Jobs that are not Completed (or were never reconciled): the controller's start-up work."""
+    return list(session.scalars(select(ObjectRow.name).where(
+        ObjectRow.kind == "Job", (ObjectRow.phase.is_(None)) | (ObjectRow.phase != "Completed"))))
+
+
+def job_names_needing_revision(session: Session) -> list[str]:
+    """Completed jobs whose spec changed since they were reconciled."""
+    rows = session.execute(select(ObjectRow.name, ObjectRow.generation, ObjectRow.status).where(
+        ObjectRow.kind == "Job", ObjectRow.phase == "Completed"))
+    return [name for name, generation, status in rows
+            if json.loads(status or "{}").get("observedGeneration") != generation]
+
+
+def dependency_graph(session: Session) -> dict[str, list[str]]:
+    """job -> the jobs it depends on, for waking dependents when a job completes."""
+    return {name: [d["job"] for d in json.loads(spec).get("dependsOn", [])]
+            for name, spec in session.execute(select(ObjectRow.name, ObjectRow.spec).where(ObjectRow.kind == "Job"))}
