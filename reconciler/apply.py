@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .api.kinds import KINDS, KindInfo
+from .api.job import execution_hash
 from .api.meta import dump, format_time, utcnow
 from .api.status import ACTIVE_PHASES, LIVE_PHASES
 from .api.validation import validate_apply
@@ -113,7 +114,8 @@ def _apply_one(tx: Tx, m: Manifest, current: StoredObject | None, *, force: bool
     if not spec_changed and meta.labels == current.labels and annotations == current.annotations:
         return Change(m.kind, m.name, "unchanged", before=current.manifest(), after=current.manifest())
     phase = (current.status or {}).get("phase")
-    if spec_changed and m.kind.kind == "Job" and phase in ACTIVE_PHASES and not force:
+    if spec_changed and m.kind.kind == "Job" and phase in ACTIVE_PHASES and not force \
+            and execution_hash(spec) != execution_hash(current.spec):
         raise Conflict(f"{m.where('spec')}: job {m.name!r} is {phase}; its spec cannot change while a revision "
                        "is under way (wait for it, cancel it, or apply --force to stop it and start the new revision)")
     obj = repo.update_object(tx, current, spec=spec, labels=meta.labels, annotations=annotations)

@@ -188,3 +188,13 @@ class Job(Strict):
     metadata: ObjectMeta
     spec: JobSpec
     status: JobStatus | None = None
+
+
+def execution_hash(spec: dict[str, Any]) -> str:
+    """What a run depends on: the spec without `suspend`, which pauses a job but is not a
+    new version of it (so toggling it never starts a new revision)."""
+    import hashlib
+    import json
+
+    body = json.dumps({k: v for k, v in spec.items() if k != "suspend"}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha1(body.encode()).hexdigest()[:16]

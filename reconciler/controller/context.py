@@ -6,7 +6,7 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from ..api.job import JobSpec
+from ..api.job import JobSpec, execution_hash
 from ..api.meta import from_epoch
 from ..store import StoredObject
 from ..store import repository as repo
@@ -17,6 +17,7 @@ AGAIN = -1.0  # a step's result meaning: take the next step now, without a queue
 
 CANCEL_ANNOTATION = "reconciler.dev/cancel-revision"  # value: the revision to cancel
 RERUN_ANNOTATION = "reconciler.dev/rerun"  # value: a token; a new token asks for a new revision
+DOWNSTREAM_SUFFIX = ";downstream"  # on the rerun token: dependents run again after it too
 
 
 @dataclass
@@ -72,6 +73,13 @@ class Ctx:
     def cancel_requested(self) -> bool:
         return self.obj.annotations.get(CANCEL_ANNOTATION) == str(self.revision)
 
+    def spec_changed(self) -> bool:
+        """A new spec version since the last observation (suspend alone does not count)."""
+        observed = self.status.get("observedGeneration")
+        if observed is None or observed == self.obj.generation:
+            return False
+        return self.status.get("specHash") != execution_hash(self.obj.spec)
+
     def changed(self) -> bool:
         return self.status != (self.obj.status or {})
 
@@ -81,7 +89,8 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     append its events, all in the caller's one transaction."""
     for op in ctx.ops:
         op(tx)
-    ctx.status["observedGeneration"] = ctx.status.get("observedGeneration") or ctx.obj.generation
+    ctx.status["observedGeneration"] = ctx.obj.generation
+    ctx.status["specHash"] = execution_hash(ctx.obj.spec)
     obj = repo.update_object(tx, ctx.obj, status=ctx.status)
     for event in ctx.events:
         repo.record_event(tx, obj, event.reason, event.message, warning=event.warning)

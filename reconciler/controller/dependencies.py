@@ -16,6 +16,7 @@ class DepState:
     revision: int
     phase: str
     outcome: str | None
+    propagates: bool = True  # does this revision make dependents that consumed an older one run again
 
 
 @dataclass

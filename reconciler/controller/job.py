@@ -17,7 +17,7 @@ from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
 from . import admission, deadlines, dependencies, waits
-from .context import AGAIN, RERUN_ANNOTATION, Ctx, commit
+from .context import AGAIN, DOWNSTREAM_SUFFIX, RERUN_ANNOTATION, Ctx, commit
 from .placement import NodeView, place
 
 SAFETY_POLL = 30.0  # a queued or waiting job looks again at least this often, whatever wakes it
@@ -137,7 +137,7 @@ class JobReconciler:
     # -- revisions -----------------------------------------------------------------------
     def revision_due(self, ctx: Ctx) -> bool:
         status = ctx.status
-        if status.get("observedGeneration") not in (None, ctx.obj.generation):
+        if ctx.spec_changed():
             return True
         if ctx.phase != "Completed":
             return False
@@ -152,7 +152,7 @@ class JobReconciler:
         if not receipts:
             return False
         states = self.dep_states(list(receipts))
-        return any(s is not None and s.revision > receipts[n]["revision"] for n, s in states.items())
+        return any(s is not None and s.propagates and s.revision > receipts[n]["revision"] for n, s in states.items())
 
     def start_revision(self, ctx: Ctx) -> float:
         status = ctx.status
@@ -164,8 +164,11 @@ class JobReconciler:
                 status.pop(key, None)
             status.update(dependencies=[], waits=[], bypassCount=0,
                           conditions=[c for c in status.get("conditions", []) if c["type"] not in ("Completed", "Succeeded")])
-        status["observedGeneration"] = ctx.obj.generation
-        status["rerunToken"] = ctx.obj.annotations.get(RERUN_ANNOTATION)
+        token = ctx.obj.annotations.get(RERUN_ANNOTATION)
+        rerun = token is not None and token != status.get("rerunToken")
+        # dependents that consumed the old revision follow, unless this is a plain `rerun`
+        status["propagate"] = not rerun or token.endswith(DOWNSTREAM_SUFFIX)
+        status["rerunToken"] = token
         message = f"revision {ctx.revision} accepted" if ran else "spec changed before any run; re-evaluating"
         ctx.move("Waiting", "NewRevision" if ran else "SpecChanged", message)
         ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
@@ -190,8 +193,8 @@ class JobReconciler:
         for name in names:
             o = found.get(name)
             s = (o.status or {}) if o else {}
-            out[name] = None if o is None else dependencies.DepState(o.uid, int(s.get("revision", 1)),
-                                                                       s.get("phase", "Waiting"), s.get("outcome"))
+            out[name] = None if o is None else dependencies.DepState(
+                o.uid, int(s.get("revision", 1)), s.get("phase", "Waiting"), s.get("outcome"), s.get("propagate", True))
         return out
 
     def waiting(self, ctx: Ctx) -> float | None:

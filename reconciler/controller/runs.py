@@ -18,7 +18,7 @@ from ..agent.process import StartFailed
 from ..api.meta import from_epoch, to_epoch
 from ..store import repository as repo
 from ..store import scheduling as sched
-from . import deadlines
+from . import deadlines, faults
 from .context import AGAIN, Ctx, commit
 from .retry import RunEnd, after_run
 
@@ -66,7 +66,7 @@ class RunSteps:
             return "DeadlineExceeded", f"the job exceeded its timeout of {ctx.spec.timeout:g}s"
         if ctx.spec.suspend:
             return "Suspended", "suspended"
-        if ctx.status.get("observedGeneration") not in (None, ctx.obj.generation):
+        if ctx.spec_changed():
             return "SpecChanged", "the spec changed (apply --force)"
         return None
 
@@ -92,8 +92,10 @@ class RunSteps:
                 return self.after_stop(ctx, stop[0], stop[1], run=None)
             if not self._claim(ctx, held):
                 return OTHER_AGENT_POLL
+            faults.point("after-admission")
             try:
                 identity = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
+                faults.point("after-spawn")
             except StartFailed as exc:
                 run = self._new_run(ctx, number, None)
                 return self.finish(ctx, run, RunEnd("StartFailed"), exit_code=None, reason="StartFailed", message=str(exc))
@@ -151,6 +153,7 @@ class RunSteps:
         return ProcessIdentity(int(run["pid"]), float(run["processStartTime"]))
 
     def _ended(self, ctx: Ctx, run: dict, exited) -> float | None:
+        faults.point("before-exit-record")
         if exited is None:
             return self.finish(ctx, run, RunEnd("Lost"), exit_code=None, reason="ProcessLost",
                                message=f"run {run['number']} ended without recording an exit status")
@@ -256,4 +259,5 @@ class RunSteps:
         ctx.status["nextRunAt"] = from_epoch(ctx.now + decision.delay)
         ctx.move("Backoff", "BackoffScheduled", decision.message)
         self.jobs.write(ctx, None)
+        faults.point("during-backoff")
         return AGAIN if decision.delay <= 0 else decision.delay

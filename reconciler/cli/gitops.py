@@ -1,0 +1,31 @@
+"""`controller --watch DIR`: apply and prune a folder on start and on every change."""
+
+from __future__ import annotations
+
+import threading
+
+from ..errors import ReconcilerError
+from .context import err
+
+
+def sync(store, folder: str) -> None:
+    from ..apply import apply_manifests
+    from ..manifests import load
+
+    try:
+        changes = apply_manifests(store, load([folder], recursive=True), prune=True)
+    except ReconcilerError as exc:  # a bad commit must not stop the controller: report, keep the last good state
+        for line in getattr(exc, "problems", None) or [str(exc)]:
+            err(f"watch: {line}")
+        return
+    for c in changes:
+        if c.action != "unchanged":
+            err(f"watch: {c.kind.qualified}/{c.name} {c.action}")
+
+
+def watch_folder(store, folder: str, stop: threading.Event) -> None:
+    from watchfiles import watch
+
+    sync(store, folder)
+    for _ in watch(folder, stop_event=stop, recursive=True, debounce=200):
+        sync(store, folder)

@@ -1,0 +1,97 @@
+"""Imperative controls (cancel, suspend, resume, rerun, run) and `wait` conditions. Each is
+a small compare-and-swap on the job's spec or annotations; the controller does the rest."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+from .api.meta import dump
+from .apply import initial_job_status
+from .controller.context import CANCEL_ANNOTATION, DOWNSTREAM_SUFFIX, RERUN_ANNOTATION
+from .errors import Conflict, InvalidInput, NotFound
+from .store import Store, StoredObject
+from .store import repository as repo
+from .store.engine import Tx
+
+
+def _job(tx: Tx, name: str) -> StoredObject:
+    obj = repo.get(tx.session, kind="Job", name=name)
+    if obj is None:
+        raise NotFound(f'jobs "{name}" not found')
+    return obj
+
+
+def cancel(store: Store, name: str) -> str:
+    with store.write() as tx:
+        obj = _job(tx, name)
+        status = obj.status or {}
+        if status.get("phase") == "Completed":
+            return f"already completed ({status.get('outcome')})"
+        revision = str(status.get("revision", 1))
+        if obj.annotations.get(CANCEL_ANNOTATION) != revision:
+            obj = repo.update_object(tx, obj, annotations={**obj.annotations, CANCEL_ANNOTATION: revision})
+            repo.record_event(tx, obj, "CancelRequested", f"cancellation of revision {revision} requested")
+    return "cancel requested"
+
+
+def set_suspend(store: Store, name: str, suspend: bool) -> str:
+    with store.write() as tx:
+        obj = _job(tx, name)
+        if bool(obj.spec.get("suspend")) == suspend:
+            return "unchanged"
+        obj = repo.update_object(tx, obj, spec={**obj.spec, "suspend": suspend})
+        repo.record_event(tx, obj, "SuspendRequested" if suspend else "ResumeRequested",
+                          "suspend requested" if suspend else "resume requested")
+    return "suspended" if suspend else "resumed"
+
+
+def rerun(store: Store, name: str, *, downstream: bool) -> str:
+    with store.write() as tx:
+        obj = _job(tx, name)
+        if (obj.status or {}).get("phase") != "Completed":
+            raise Conflict(f'job "{name}" is {(obj.status or {}).get("phase", "Waiting")}; only a completed job can be rerun')
+        token = f"{time.time():.6f}" + (DOWNSTREAM_SUFFIX if downstream else "")
+        obj = repo.update_object(tx, obj, annotations={**obj.annotations, RERUN_ANNOTATION: token})
+        repo.record_event(tx, obj, "RerunRequested", "rerun requested" + (" with its dependents" if downstream else ""))
+    return "rerun requested"
+
+
+_AUTO_NAME = re.compile(r"job-(\d+)")
+
+
+def create_job(store: Store, job: Any, *, auto_name: bool) -> str:
+    """Store a job built by `run`; unnamed jobs get job-1, job-2, ... (in one transaction)."""
+    from .api.validation import validate_apply
+    from .manifests import Manifest
+
+    with store.write() as tx:
+        stored_jobs = {o.name: o.spec for o in repo.list_objects(tx.session, kind="Job")}
+        if auto_name:
+            numbers = [int(m.group(1)) for n in stored_jobs if (m := _AUTO_NAME.fullmatch(n))]
+            job.metadata.name = f"job-{max(numbers, default=0) + 1}"
+        elif job.metadata.name in stored_jobs:
+            raise Conflict(f'jobs "{job.metadata.name}" already exists')
+        pools = {o.name: o.spec for o in repo.list_objects(tx.session, kind="Pool")}
+        from .api.kinds import KINDS
+        import yaml
+
+        node = yaml.compose("{}")
+        problems = validate_apply([Manifest(KINDS["Job"], job, "run", node)], stored_jobs, pools)
+        if problems:
+            raise InvalidInput(problems[0].replace("run:1: ", ""), [p.replace("run:1: ", "") for p in problems])
+        obj = repo.create(tx, kind="Job", name=job.metadata.name, spec=dump(job)["spec"], labels=job.metadata.labels,
+                          annotations={"reconciler.dev/created-by": "run"}, status=initial_job_status())
+        repo.record_event(tx, obj, "Created", "job created by run")
+    return job.metadata.name
+
+
+def wait_state(status: dict[str, Any], condition: str) -> str:
+    """'met', 'pending' or 'never' for one job and `condition` (Succeeded | Completed | a
+    Completed outcome)."""
+    if status.get("phase") != "Completed":
+        return "pending"
+    if condition == "Completed":
+        return "met"
+    return "met" if status.get("outcome") == condition else "never"
