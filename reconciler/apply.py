@@ -58,7 +58,7 @@ def apply_manifests(
     with store.write() as tx:
         changes = _apply(tx, manifests, force=force, prune=prune, selector=selector)
         if dry_run:
-            tx.session.rollback()
+            tx.discard()
     return changes
 
 

@@ -48,6 +48,8 @@ def parse(text: str) -> list[Requirement]:
     for part in _split(text):
         if m := _SET.match(part):
             values = frozenset(v.strip() for v in m.group(3).split(",") if v.strip())
+            if not values:
+                raise InvalidInput(f"invalid label selector {text!r}: {m.group(2)} needs at least one value")
             requirements.append(Requirement(m.group(1), m.group(2), values))
         elif m := _EQ.match(part):
             requirements.append(Requirement(m.group(1), "notin" if m.group(2) == "!=" else "in", frozenset([m.group(3)])))

@@ -46,6 +46,8 @@ class LocalAgent:
     def find(self, run_dir: Path) -> ProcessIdentity | None:
         """A live wrapper started for `run_dir` (after a crash between spawn and record).
         The wrapper's argv names its run dir, so a stranger is never mistaken for it."""
+        if not run_dir.exists():
+            return None  # spawn creates the run dir first: no dir, no process
         target = str(run_dir.resolve())
         for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = proc.info.get("cmdline") or []

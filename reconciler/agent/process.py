@@ -77,15 +77,18 @@ def spawn_run(
     env: dict[str, str],
     cwd: str,
     run_dir: pathlib.Path,
+    fsync_exit: bool = True,
 ) -> ProcessIdentity:
     """Start a run under the sh wrapper in a new session; return the wrapper's identity.
 
     Exactly one of `argv` (exec'd as is, no shell interpretation) or `shell`
     (run by `/bin/sh -c`). `env` is merged over os.environ. stdout and stderr
     go to run_dir/stdout and run_dir/stderr (0600, run_dir 0700); the wrapper
-    writes the exit code to run_dir/exit. The wrapper leads its own process
+    writes the exit code to run_dir/exit (fsynced unless `fsync_exit` is
+    False, see wrapper.py for the cost). The wrapper leads its own process
     group: pgid == pid. Raises StartFailed, without spawning anything, when the
-    program or the working directory is missing.
+    program or the working directory is missing. reap() (which ExitWatcher
+    calls) collects the wrapper once it has exited.
     """
     if (argv is None) == (shell is None):
         raise ValueError("exactly one of argv and shell must be given")
@@ -110,7 +113,7 @@ def spawn_run(
     err = _open_private(run_dir / "stderr")
     try:
         popen = subprocess.Popen(
-            wrapper_argv(run_dir.resolve(), command),
+            wrapper_argv(run_dir.resolve(), command, fsync=fsync_exit),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=err,

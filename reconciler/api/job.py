@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .meta import API_VERSION, Name, ObjectMeta, Strict, Time
 from .quantity import CPU, Duration, Size, parse_cpu, parse_size
@@ -156,19 +156,25 @@ class JobSpec(Strict):
                 raise ValueError(f"invalid environment variable name {key!r}")
         return env
 
+    @field_validator("port")
+    @classmethod
+    def _port_on_service(cls, port: int | None, info: ValidationInfo) -> int | None:
+        if port is not None and info.data.get("type", "run") != "service":
+            raise ValueError("port is only allowed on a service job (type: service)")
+        return port
+
+    @field_validator("pool")
+    @classmethod
+    def _not_global(cls, pool: str | None) -> str | None:
+        if pool == "global":
+            raise ValueError("pool: global is the store-wide limit every job is charged against; name another pool")
+        return pool
+
     @model_validator(mode="after")
     def _consistent(self) -> "JobSpec":
+        # contradictory dependsOn edges are found by api/validation.py, which can name the entry
         if (self.command is None) == (self.shell is None):
             raise ValueError("exactly one of command or shell is required")
-        if self.port is not None and self.type != "service":
-            raise ValueError("port is only allowed on a service job (type: service)")
-        if self.pool == "global":
-            raise ValueError("pool: global is the store-wide limit every job is charged against; name another pool")
-        seen: dict[str, list[str]] = {}
-        for dep in self.depends_on:
-            if dep.job in seen and sorted(seen[dep.job]) != sorted(dep.outcomes):
-                raise ValueError(f"dependsOn names job {dep.job!r} twice with different outcomes")
-            seen[dep.job] = list(dep.outcomes)
         service = self.type == "service"
         if self.resources.cpu is None:
             self.resources.cpu = parse_cpu(2 if service else 1)
@@ -176,9 +182,6 @@ class JobSpec(Strict):
             self.resources.memory = parse_size("1Gi" if service else "512Mi")
         if self.timeout is None and not service:
             self.timeout = DEFAULT_RUN_TIMEOUT
-        # identical duplicate edges say the same thing twice; keep one
-        unique = {dep.job: dep for dep in self.depends_on}
-        self.depends_on = list(unique.values())
         return self
 
 

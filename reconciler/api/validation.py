@@ -71,7 +71,11 @@ def validate_apply(
         spec = m.obj.spec
         graph[name] = [d.job for d in spec.depends_on]
         job_slots[name] = (spec.pool, spec.slots)
+        edges: dict[str, list[str]] = {}
         for i, dep in enumerate(spec.depends_on):
+            if dep.job in edges and sorted(edges[dep.job]) != sorted(dep.outcomes):
+                problems.append(f"{m.where('spec', 'dependsOn', i)}: job {dep.job!r} is named twice with different outcomes")
+            edges.setdefault(dep.job, list(dep.outcomes))
             if dep.job == name:
                 problems.append(f"{m.where('spec', 'dependsOn', i, 'job')}: a job cannot depend on itself")
             elif dep.job not in new_jobs and dep.job not in stored_jobs:

@@ -7,6 +7,7 @@ import time
 import typer
 
 from ..api.kinds import KINDS, resolve_kind
+from ..api.meta import from_epoch
 from ..errors import NotFound
 from ..selectors import Requirement, matches
 from ..store import Store, StoredObject
@@ -43,7 +44,7 @@ def _events(store: Store, names: list[str], fmt: str | None) -> str:
         rows = [r for r in rows if r.name in names]
     if fmt in ("json", "yaml"):
         items = [{"type": r.type, "reason": r.reason, "message": r.message, "involvedObject":
-                  {"kind": r.kind, "name": r.name, "uid": r.uid}, "lastTimestamp": age(r.time),
+                  {"kind": r.kind, "name": r.name, "uid": r.uid}, "lastTimestamp": from_epoch(r.time),
                   "resourceVersion": str(r.resource_version)} for r in rows]
         payload = {"apiVersion": "v1", "kind": "List", "items": items}
         return dump_json(payload) if fmt == "json" else dump_yaml(payload)

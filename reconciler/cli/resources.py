@@ -158,7 +158,9 @@ def delete(
             for k, n in targets:
                 obj = repo.get(tx.session, kind=k, name=n)
                 (objs.append(obj) if obj else missing.append((k, n)))
-        done = [(o, delete_object(tx, o)) for o in objs]
+        # jobs before the pools they use, so one `delete -f` of a whole folder works
+        order = {"Job": 0, "Notifier": 1, "Pool": 2, "Node": 3}
+        done = [(o, delete_object(tx, o)) for o in sorted(objs, key=lambda o: order[o.kind])]
     for o, what in done:
         typer.echo(f"{KINDS[o.kind].qualified}/{o.name} {what}")
     for k, n in missing:

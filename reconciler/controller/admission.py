@@ -55,7 +55,8 @@ def decide(request: Request, scopes: list[Scope]) -> Decision:
         if head.bypass_count >= scope.max_bypass:
             return Decision(False, "BypassLimit",
                             f"{head.name} is ahead in {scope.name} and was already passed {head.bypass_count} times")
-        bypassed.append(head)
+        if all(b.uid != head.uid for b in bypassed):  # one pass counts once, however many scopes it shares
+            bypassed.append(head)
     for scope in scopes:
         if scope.capacity is not None and request.slots > scope.capacity - scope.used:
             return Decision(False, "InsufficientSlots",

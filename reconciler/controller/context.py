@@ -30,6 +30,7 @@ class Ctx:
     ops: list[Callable[[Tx], None]] = field(default_factory=list)
     wake: set[str] = field(default_factory=set)
     wake_pools: set[str | None] = field(default_factory=set)
+    written: bool = False  # a commit made `obj` the latest stored state
 
     def __post_init__(self) -> None:
         if not self.status:
@@ -94,4 +95,7 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     obj = repo.update_object(tx, ctx.obj, status=ctx.status)
     for event in ctx.events:
         repo.record_event(tx, obj, event.reason, event.message, warning=event.warning)
+    ctx.obj, ctx.written = obj, True
+    ctx.ops.clear()
+    ctx.events.clear()
     return obj

@@ -43,10 +43,11 @@ class JobReconciler:
 
     # -- the entry point -------------------------------------------------------------
     def __call__(self, key: tuple[str, str]) -> float | None:
-        name = key[1]
+        name, obj = key[1], None
         for _ in range(MAX_STEPS):
-            with self.store.read() as session:
-                obj = repo.get(session, kind="Job", name=name)
+            if obj is None:
+                with self.store.read() as session:
+                    obj = repo.get(session, kind="Job", name=name)
             if obj is None:
                 self._wake_dependents(name)
                 return None
@@ -54,10 +55,13 @@ class JobReconciler:
             try:
                 result = self.step(ctx)
             except Conflict:
+                obj = None
                 continue  # someone wrote the job meanwhile: observe again
             self.after_commit(ctx)
             if result != AGAIN:
                 return result
+            # the step's own write is the latest state, unless it went elsewhere
+            obj = ctx.obj if ctx.written else None
         return 0.0
 
     def spec_of(self, obj) -> JobSpec:
@@ -97,7 +101,7 @@ class JobReconciler:
     # -- writing -----------------------------------------------------------------------
     def write(self, ctx: Ctx, result: float | None) -> float | None:
         with self.store.write() as tx:
-            ctx.obj = commit(tx, ctx)
+            commit(tx, ctx)
         return result
 
     def after_commit(self, ctx: Ctx) -> None:
@@ -219,9 +223,7 @@ class JobReconciler:
         if ready:
             status.setdefault("eligibleAt", ctx.now_text)
             ctx.move("Queued", "Eligible", "dependencies and waits are satisfied")
-            self._enqueue(ctx)
-            self.write(ctx, None)
-            return AGAIN
+            return self.queued(ctx)  # eligibility and the admission attempt share one transaction
         reason, message = ("WaitingForDependencies", "waiting for " + ", ".join(verdict.pending)) if verdict.pending else \
             ("WaitingForConditions", "; ".join(c.message for c in checks if not c.satisfied))
         status.update(reason=reason, message=message)
@@ -267,9 +269,7 @@ class JobReconciler:
             return deadlines.soonest(ctx.now, at, self.job_deadline(ctx))
         ctx.status.pop("nextRunAt", None)
         ctx.move("Queued", "BackoffElapsed", "backoff elapsed; queued at its old position")
-        self._enqueue(ctx)
-        self.write(ctx, None)
-        return AGAIN
+        return self.queued(ctx)
 
     # -- Queued: admission and placement, one short transaction ---------------------------
     def queued(self, ctx: Ctx) -> float | None:
@@ -288,7 +288,8 @@ class JobReconciler:
             if decision.admit and placed.node is not None:
                 number = max((r["number"] for r in status.get("runs", [])), default=0) + 1
                 admitted_at = sched.admit(tx, uid=ctx.uid, name=ctx.name, pool=spec.pool, slots=spec.slots,
-                                          node=placed.node, run_number=number)
+                                          node=placed.node, run_number=number,
+                                          owner=self.owner if placed.node == self.agent.node else None)
                 for passed in decision.bypassed:
                     sched.count_bypass(tx, passed.uid)
                 status["admission"] = {"pool": spec.pool, "slots": spec.slots, "admittedAt": from_epoch(admitted_at)}
@@ -297,14 +298,15 @@ class JobReconciler:
                 ctx.move("Starting", "Admitted", f"run {number}: {spec.slots} slot(s) granted"
                          + (f" in pool {spec.pool}" if spec.pool else ""))
                 ctx.note("Scheduled", placed.message)
-                ctx.obj = commit(tx, ctx)
+                commit(tx, ctx)
                 return AGAIN
             reason, message = ("Unschedulable", placed.message) if decision.admit else (decision.reason, decision.message)
             if (status.get("reason"), status.get("message")) != (reason, message):
                 status.update(reason=reason, message=message)
                 if reason == "Unschedulable":
                     ctx.note("FailedScheduling", message, warning=True)
-                ctx.obj = commit(tx, ctx)
+            if ctx.changed() or ctx.ops:
+                commit(tx, ctx)
         for scope in scopes:  # a head that fits must not wait for a timer
             if scope.head is not None and scope.head_fits and scope.head.uid != ctx.uid:
                 self.wake(scope.head.name)

@@ -32,7 +32,10 @@ def backoff_delay(backoff: Backoff, retry_number: int, rand: Callable[[], float]
     elif backoff.policy == "linear":
         base = backoff.delay * n
     else:
-        base = backoff.delay * backoff.factor ** (n - 1)
+        try:
+            base = backoff.delay * backoff.factor ** (n - 1)
+        except OverflowError:  # a large factor at a high retry number: the cap applies anyway
+            base = float("inf")
     capped = min(base, backoff.max_delay)
     return max(0.0, capped + (rand() - 0.5) * backoff.jitter)
 

@@ -109,10 +109,10 @@ class RunSteps:
 
     def _claim(self, ctx: Ctx, held) -> bool:
         """Only one agent may start a given admission's run, even with two controllers."""
+        if held.owner == self.jobs.owner:
+            return True  # claimed at admission
         with self.store.write() as tx:
             if sched.claim_spawn(tx, ctx.uid, self.jobs.owner):
-                return True
-            if held.owner == self.jobs.owner:
                 return True
             return held.owner is not None and owner_gone(held.owner) and \
                 sched.claim_spawn(tx, ctx.uid, self.jobs.owner, take_over_from=held.owner)

@@ -11,9 +11,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from sqlalchemy import create_engine, event, text
+from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.engine import Engine
-from sqlmodel import Session
 
 from .migrations import current_version, migrate
 
@@ -37,18 +36,28 @@ def _owner_only_file(path: Path) -> None:
     os.close(fd)
 
 
-class Tx:
-    """One write transaction; `rv()` allocates its resourceVersion once, on first use."""
+_NEXT_RV = text("UPDATE meta SET value = value + 1 WHERE key = 'seq' RETURNING value")
+_SEQ = text("SELECT value FROM meta WHERE key = 'seq'")
 
-    def __init__(self, session: Session, store: "Store"):
+
+class Tx:
+    """One write transaction; `rv()` allocates its resourceVersion once, on first use.
+    `session` is a SQLAlchemy Connection: Core statements only, no ORM unit of work, which
+    halves the cost of the reconcile loop's small transactions."""
+
+    def __init__(self, session: Connection, store: "Store"):
         self.session = session
         self.store = store
         self._rv: int | None = None
+        self.discarded = False
+
+    def discard(self) -> None:
+        """Roll back instead of committing (dry runs)."""
+        self.discarded = True
 
     def rv(self) -> int:
         if self._rv is None:
-            row = self.session.execute(text("UPDATE meta SET value = value + 1 WHERE key = 'seq' RETURNING value"))
-            self._rv = int(row.scalar_one())
+            self._rv = int(self.session.execute(_NEXT_RV).scalar_one())
         return self._rv
 
     @property
@@ -88,9 +97,11 @@ class Store:
             cur.execute("PRAGMA synchronous=NORMAL")
             cur.close()
 
+        begin = "BEGIN IMMEDIATE" if write else "BEGIN"
+
         @event.listens_for(engine, "begin")
         def _on_begin(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE" if write else "BEGIN")
+            conn.connection.dbapi_connection.execute(begin)  # straight to sqlite3: this runs per transaction
 
         return engine
 
@@ -107,31 +118,38 @@ class Store:
             migrate(conn, current_version(conn))
 
     @contextmanager
-    def read(self) -> Iterator[Session]:
-        with Session(self._read, expire_on_commit=False) as session:
-            yield session
+    def read(self) -> Iterator[Connection]:
+        """A read-only transaction (a consistent snapshot under WAL)."""
+        with self._read.connect() as conn:
+            with conn.begin():
+                yield conn
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
-        with Session(self._write, expire_on_commit=False) as session:
-            if not self.is_sqlite:
-                session.execute(text("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE"))
-            tx = Tx(session, self)
+        with self._write.connect() as conn:
+            transaction = conn.begin()
             try:
+                if not self.is_sqlite:
+                    conn.execute(text("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE"))
+                tx = Tx(conn, self)
                 yield tx
+                if tx.discarded:
+                    transaction.rollback()
+                    return
                 if tx.changed and not self.is_sqlite:
-                    session.execute(text("SELECT pg_notify('reconciler', :rv)"), {"rv": str(tx.rv())})
-                session.commit()
+                    conn.execute(text("SELECT pg_notify('reconciler', :rv)"), {"rv": str(tx.rv())})
+                transaction.commit()
                 if tx.changed:
                     self.own_writes.add(tx.rv())
             except BaseException:
-                session.rollback()
+                if transaction.is_active:
+                    transaction.rollback()
                 raise
 
     def change_seq(self) -> int:
         """The cheap "did anything change" probe other processes poll."""
         with self._read.connect() as conn:
-            return int(conn.execute(text("SELECT value FROM meta WHERE key = 'seq'")).scalar_one())
+            return int(conn.execute(_SEQ).scalar_one())
 
     def dispose(self) -> None:
         self._read.dispose()

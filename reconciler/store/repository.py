@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Iterable
 
-from sqlalchemy import delete, select, update
-from sqlmodel import Session
+from sqlalchemy import bindparam, delete, insert, select, update
+from sqlalchemy import Connection
 
 from ..api.meta import API_VERSION, format_time
 from ..errors import Conflict
@@ -71,29 +71,50 @@ class StoredObject:
         return document
 
 
-def get(session: Session, *, kind: str, name: str) -> StoredObject | None:
-    row = session.get(ObjectRow, (kind, name))
-    return StoredObject.from_row(row) if row else None
+OBJECTS = ObjectRow.__table__
+EVENTS = EventRow.__table__
 
 
-def list_objects(session: Session, *, kind: str, names: Iterable[str] | None = None) -> list[StoredObject]:
-    query = select(ObjectRow).where(ObjectRow.kind == kind)
+def _from_mapping(row) -> StoredObject:
+    return StoredObject(
+        kind=row.kind, name=row.name, uid=row.uid, generation=row.generation,
+        resource_version=row.resource_version, labels=json.loads(row.labels),
+        annotations=json.loads(row.annotations), spec=json.loads(row.spec),
+        status=json.loads(row.status) if row.status else None,
+        created_at=row.created_at, deleted_at=row.deleted_at, spec_text=row.spec,
+    )
+
+
+# built once: statement construction costs more than SQLite's execution on the hot path
+_GET = select(OBJECTS).where(OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name == bindparam("name"))
+
+
+def get(session: Connection, *, kind: str, name: str) -> StoredObject | None:
+    row = session.execute(_GET, {"kind": kind, "name": name}).first()
+    return _from_mapping(row) if row else None
+
+
+def list_objects(session: Connection, *, kind: str, names: Iterable[str] | None = None) -> list[StoredObject]:
+    query = select(OBJECTS).where(OBJECTS.c.kind == kind)
     if names is not None:
-        query = query.where(ObjectRow.name.in_(list(names)))
-    return [StoredObject.from_row(r) for r in session.scalars(query.order_by(ObjectRow.name))]
+        query = query.where(OBJECTS.c.name.in_(list(names)))
+    return [_from_mapping(r) for r in session.execute(query.order_by(OBJECTS.c.name))]
 
 
 def create(
     tx: Tx, *, kind: str, name: str, spec: dict, labels: dict, annotations: dict, status: dict | None = None
 ) -> StoredObject:
     now = time.time()
-    row = ObjectRow(
+    row = dict(
         kind=kind, name=name, uid=str(uuid.uuid4()), generation=1, resource_version=tx.rv(),
         labels=canonical(labels), annotations=canonical(annotations), spec=canonical(spec),
         status=canonical(status) if status is not None else None, created_at=now,
+        phase=(status or {}).get("phase"), deleted_at=None,
     )
-    tx.session.add(row)
-    return StoredObject.from_row(row)
+    tx.session.execute(insert(OBJECTS).values(**row))
+    return StoredObject(kind=kind, name=name, uid=row["uid"], generation=1, resource_version=row["resource_version"],
+                        labels=dict(labels), annotations=dict(annotations), spec=dict(spec), status=status,
+                        created_at=now, deleted_at=None, spec_text=row["spec"])
 
 
 def update_object(
@@ -119,12 +140,13 @@ def update_object(
         values["annotations"] = canonical(annotations)
     if status is not None:
         values["status"] = canonical(status)
+        values["phase"] = status.get("phase")
     if deleted_at is not None:
         values["deleted_at"] = deleted_at
     result = tx.session.execute(
-        update(ObjectRow)
-        .where(ObjectRow.kind == current.kind, ObjectRow.name == current.name,
-               ObjectRow.resource_version == current.resource_version)
+        update(OBJECTS)
+        .where(OBJECTS.c.kind == current.kind, OBJECTS.c.name == current.name,
+               OBJECTS.c.resource_version == current.resource_version)
         .values(**values)
     )
     if result.rowcount != 1:
@@ -132,33 +154,46 @@ def update_object(
             f'Operation cannot be fulfilled on {current.kind.lower()} "{current.name}": '
             "the object has been modified; please apply your changes to the latest version and try again"
         )
-    row = tx.session.get(ObjectRow, (current.kind, current.name), populate_existing=True)
-    return StoredObject.from_row(row)
+    # the new state is known: build it rather than read it back
+    return StoredObject(
+        kind=current.kind, name=current.name, uid=current.uid, generation=generation,
+        resource_version=values["resource_version"],
+        labels=dict(labels) if labels is not None else current.labels,
+        annotations=dict(annotations) if annotations is not None else current.annotations,
+        spec=dict(spec) if "spec" in values else current.spec,
+        status=status if status is not None else current.status,
+        created_at=current.created_at, deleted_at=deleted_at if deleted_at is not None else current.deleted_at,
+        spec_text=values.get("spec", current.spec_text),
+    )
 
 
 def remove(tx: Tx, current: StoredObject) -> None:
     """Compare-and-swap delete."""
     tx.rv()
     result = tx.session.execute(
-        delete(ObjectRow).where(ObjectRow.kind == current.kind, ObjectRow.name == current.name,
-                                ObjectRow.resource_version == current.resource_version)
+        delete(OBJECTS).where(OBJECTS.c.kind == current.kind, OBJECTS.c.name == current.name,
+                              OBJECTS.c.resource_version == current.resource_version)
     )
     if result.rowcount != 1:
         raise Conflict(f'{current.kind.lower()} "{current.name}" was modified meanwhile; try again')
 
 
 def record_event(tx: Tx, obj: StoredObject, reason: str, message: str, *, warning: bool = False) -> None:
-    tx.session.add(EventRow(
+    tx.session.execute(_INSERT_EVENT, dict(
         resource_version=tx.rv(), time=time.time(), kind=obj.kind, name=obj.name, uid=obj.uid,
         type="Warning" if warning else "Normal", reason=reason, message=message,
     ))
 
 
-def events(session: Session, *, kind: str | None = None, name: str | None = None, limit: int = 500) -> list[EventRow]:
-    query = select(EventRow)
+_INSERT_EVENT = insert(EVENTS)
+
+
+def events(session: Connection, *, kind: str | None = None, name: str | None = None, limit: int = 500) -> list:
+    """Newest `limit` events, oldest first; rows with .time, .type, .reason, .kind, .name, .message."""
+    query = select(EVENTS)
     if kind is not None:
-        query = query.where(EventRow.kind == kind)
+        query = query.where(EVENTS.c.kind == kind)
     if name is not None:
-        query = query.where(EventRow.name == name)
-    rows = list(session.scalars(query.order_by(EventRow.id.desc()).limit(limit)))
+        query = query.where(EVENTS.c.name == name)
+    rows = list(session.execute(query.order_by(EVENTS.c.id.desc()).limit(limit)))
     return rows[::-1]

@@ -8,12 +8,13 @@ import time
 from datetime import datetime
 from dataclasses import dataclass
 
-from sqlalchemy import delete, func, select, update
-from sqlmodel import Session
+from sqlalchemy import Connection, delete, func, insert, select, update
 
 from .engine import Tx
 from .tables import AdmissionRow, EventRow, ObjectRow, QueueRow
 
+QUEUE = QueueRow.__table__
+ADMISSIONS = AdmissionRow.__table__
 NODE_READY_WINDOW = 40.0  # seconds without a heartbeat before a node is NotReady
 
 
@@ -56,31 +57,31 @@ class NodeFacts:
 def enqueue(tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, priority: int, eligible_at: float,
             bypass_count: int, node_name: str | None, node_selector: dict[str, str]) -> None:
     """Idempotent: a job already queued keeps its row (and its bypass count)."""
-    if tx.session.get(QueueRow, uid) is None:
-        tx.session.add(QueueRow(job_uid=uid, job_name=name, pool=pool, slots=slots, rank=-priority,
-                                eligible_at=eligible_at, bypass_count=bypass_count, node_name=node_name,
-                                node_selector=json.dumps(node_selector, sort_keys=True)))
+    if queued(tx.session, uid) is None:
+        tx.session.execute(insert(QUEUE).values(
+            job_uid=uid, job_name=name, pool=pool, slots=slots, rank=-priority, eligible_at=eligible_at,
+            bypass_count=bypass_count, node_name=node_name, node_selector=json.dumps(node_selector, sort_keys=True)))
 
 
 def dequeue(tx: Tx, uid: str) -> None:
     tx.session.execute(delete(QueueRow).where(QueueRow.job_uid == uid))
 
 
-def queued(session: Session, uid: str) -> QueueEntry | None:
-    row = session.get(QueueRow, uid)
+def queued(session: Connection, uid: str) -> QueueEntry | None:
+    row = session.execute(select(QUEUE).where(QUEUE.c.job_uid == uid)).first()
     return QueueEntry.from_row(row) if row else None
 
 
-def head(session: Session, pool: str | None, *, scope_is_pool: bool) -> QueueEntry | None:
+def head(session: Connection, pool: str | None, *, scope_is_pool: bool) -> QueueEntry | None:
     """First in line in one scope: the named pool's queue, or every queued job (global)."""
-    query = select(QueueRow)
+    query = select(QUEUE)
     if scope_is_pool:
-        query = query.where(QueueRow.pool == pool)
-    row = session.scalars(query.order_by(QueueRow.rank, QueueRow.eligible_at, QueueRow.job_uid).limit(1)).first()
+        query = query.where(QUEUE.c.pool == pool)
+    row = session.execute(query.order_by(QUEUE.c.rank, QUEUE.c.eligible_at, QUEUE.c.job_uid).limit(1)).first()
     return QueueEntry.from_row(row) if row else None
 
 
-def first_in_line(session: Session, pool: str | None, limit: int) -> list[str]:
+def first_in_line(session: Connection, pool: str | None, limit: int) -> list[str]:
     """Names of the first `limit` queued jobs of a scope: who to wake when slots free up."""
     query = select(QueueRow.job_name)
     if pool is not None:
@@ -92,9 +93,9 @@ def count_bypass(tx: Tx, uid: str) -> None:
     tx.session.execute(update(QueueRow).where(QueueRow.job_uid == uid).values(bypass_count=QueueRow.bypass_count + 1))
 
 
-def pool_facts(session: Session, name: str) -> PoolFacts:
-    row = session.get(ObjectRow, ("Pool", name))
-    spec = json.loads(row.spec) if row else {}
+def pool_facts(session: Connection, name: str) -> PoolFacts:
+    spec_text = session.execute(select(ObjectRow.spec).where(ObjectRow.kind == "Pool", ObjectRow.name == name)).scalar()
+    spec = json.loads(spec_text) if spec_text else {}
     slots = spec.get("slots", "unlimited")
     used_q = select(func.coalesce(func.sum(AdmissionRow.slots), 0))
     if name != "global":
@@ -103,12 +104,13 @@ def pool_facts(session: Session, name: str) -> PoolFacts:
                      int(session.scalar(used_q)))
 
 
-def node_facts(session: Session, now: float | None = None) -> list[NodeFacts]:
+def node_facts(session: Connection, now: float | None = None) -> list[NodeFacts]:
     now = time.time() if now is None else now
     allocated = dict(session.execute(
         select(AdmissionRow.node, func.sum(AdmissionRow.slots)).group_by(AdmissionRow.node)).all())
     facts = []
-    for row in session.scalars(select(ObjectRow).where(ObjectRow.kind == "Node")):
+    nodes = select(ObjectRow.name, ObjectRow.spec, ObjectRow.status, ObjectRow.labels).where(ObjectRow.kind == "Node")
+    for row in session.execute(nodes):
         spec, status = json.loads(row.spec), json.loads(row.status or "{}")
         capacity = spec.get("capacity", {}).get("slots")
         if capacity is None:
@@ -120,16 +122,19 @@ def node_facts(session: Session, now: float | None = None) -> list[NodeFacts]:
     return facts
 
 
-def admit(tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, node: str, run_number: int) -> float:
+def admit(tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, node: str, run_number: int,
+          owner: str | None = None) -> float:
+    """Record the admission; `owner` claims the spawn at once when the admitting controller
+    is the node's own agent."""
     now = time.time()
-    tx.session.add(AdmissionRow(job_uid=uid, job_name=name, pool=pool, slots=slots, node=node,
-                                run_number=run_number, admitted_at=now))
+    tx.session.execute(insert(ADMISSIONS).values(job_uid=uid, job_name=name, pool=pool, slots=slots, node=node,
+                                                 run_number=run_number, admitted_at=now, owner=owner))
     dequeue(tx, uid)
     return now
 
 
-def admission(session: Session, uid: str) -> AdmissionRow | None:
-    return session.get(AdmissionRow, uid)
+def admission(session: Connection, uid: str) -> AdmissionRow | None:
+    return session.execute(select(ADMISSIONS).where(ADMISSIONS.c.job_uid == uid)).first()
 
 
 def claim_spawn(tx: Tx, uid: str, owner: str, *, take_over_from: str | None = None) -> bool:
@@ -144,9 +149,9 @@ def claim_spawn(tx: Tx, uid: str, owner: str, *, take_over_from: str | None = No
 
 def release(tx: Tx, uid: str) -> AdmissionRow | None:
     """Free the slots; returns what was held so the caller can wake who waits for them."""
-    row = tx.session.get(AdmissionRow, uid)
+    row = admission(tx.session, uid)
     if row is not None:
-        tx.session.delete(row)
+        tx.session.execute(delete(ADMISSIONS).where(ADMISSIONS.c.job_uid == uid))
     return row
 
 
@@ -161,7 +166,7 @@ def round_robin_turn(tx: Tx) -> int:
     return int(row[0])
 
 
-def changed_since(session: Session, rv: int) -> list[tuple[str, str, int]]:
+def changed_since(session: Connection, rv: int) -> list[tuple[str, str, int]]:
     """(kind, name, resourceVersion) of objects written or deleted after `rv`: what a
     watcher must look at (deletions are seen through their events)."""
     written = session.execute(
@@ -171,13 +176,13 @@ def changed_since(session: Session, rv: int) -> list[tuple[str, str, int]]:
     return [tuple(r) for r in written] + [tuple(r) for r in deleted]
 
 
-def open_job_names(session: Session) -> list[str]:
+def open_job_names(session: Connection) -> list[str]:
     """Jobs that are not Completed (or were never reconciled): the controller's start-up work."""
     return list(session.scalars(select(ObjectRow.name).where(
         ObjectRow.kind == "Job", (ObjectRow.phase.is_(None)) | (ObjectRow.phase != "Completed"))))
 
 
-def job_names_needing_revision(session: Session) -> list[str]:
+def job_names_needing_revision(session: Connection) -> list[str]:
     """Completed jobs whose spec changed since they were reconciled."""
     rows = session.execute(select(ObjectRow.name, ObjectRow.generation, ObjectRow.status).where(
         ObjectRow.kind == "Job", ObjectRow.phase == "Completed"))
@@ -185,7 +190,7 @@ def job_names_needing_revision(session: Session) -> list[str]:
             if json.loads(status or "{}").get("observedGeneration") != generation]
 
 
-def dependency_graph(session: Session) -> dict[str, list[str]]:
+def dependency_graph(session: Connection) -> dict[str, list[str]]:
     """job -> the jobs it depends on, for waking dependents when a job completes."""
     return {name: [d["job"] for d in json.loads(spec).get("dependsOn", [])]
             for name, spec in session.execute(select(ObjectRow.name, ObjectRow.spec).where(ObjectRow.kind == "Job"))}

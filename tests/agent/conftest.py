@@ -9,6 +9,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import psutil
 import pytest
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -20,6 +21,7 @@ except ImportError:
 from reconciler.agent.process import (  # noqa: E402
     ProcessIdentity,
     group_alive,
+    group_pids,
     reap,
     signal_group,
     spawn_run,
@@ -40,15 +42,36 @@ def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: floa
         time.sleep(interval)
 
 
+def group_names(identity: ProcessIdentity) -> list[str]:
+    """Sorted names of the live processes in the run's group.
+
+    Wait for the expected names before signalling: until the wrapper's child
+    has exec'd, it still runs the wrapper's TERM handler, and a signal landing
+    in that window is absorbed instead of reaching the program.
+    """
+    names = []
+    for pid in group_pids(identity):
+        try:
+            names.append(psutil.Process(pid).name())
+        except psutil.NoSuchProcess:
+            pass
+    return sorted(names)
+
+
 @pytest.fixture
 def spawn(tmp_path: pathlib.Path):
     """spawn_run with defaults (cwd = tmp_path, run_dir = tmp_path/run-N); kills leftovers."""
     started: list[ProcessIdentity] = []
 
-    def _spawn(*, argv=None, shell=None, env=None, cwd=None, run_dir=None):
+    def _spawn(*, argv=None, shell=None, env=None, cwd=None, run_dir=None, **kwargs):
         run_dir = run_dir or tmp_path / f"run-{len(started) + 1}"
         identity = spawn_run(
-            argv=argv, shell=shell, env=env or {}, cwd=str(cwd or tmp_path), run_dir=run_dir
+            argv=argv,
+            shell=shell,
+            env=env or {},
+            cwd=str(cwd or tmp_path),
+            run_dir=run_dir,
+            **kwargs,
         )
         started.append(identity)
         return identity, run_dir

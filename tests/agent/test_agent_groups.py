@@ -17,7 +17,7 @@ from reconciler.agent.process import (
     signal_group,
 )
 
-from .conftest import wait_until
+from .conftest import group_names, wait_until
 
 
 def gone(pid: int) -> bool:
@@ -36,7 +36,8 @@ def test_sigterm_ignoring_run_survives_term_and_dies_by_kill(spawn, tmp_path):
         'while :; do wait $!; [ -e got_term ] && break; done; wait $!'
     )
     # wrapper, the user's sh, and sleep (the subshell exec'd it)
-    members = wait_until(lambda: len(group_pids(identity)) == 3 and group_pids(identity))
+    wait_until(lambda: group_names(identity) == ["sh", "sh", "sleep"])
+    members = group_pids(identity)
     assert signal_group(identity, signal.SIGTERM)
     wait_until(lambda: (tmp_path / "got_term").exists())
     assert set(group_pids(identity)) == set(members)  # nobody died of TERM
@@ -50,7 +51,7 @@ def test_sigterm_ignoring_run_survives_term_and_dies_by_kill(spawn, tmp_path):
 
 def test_trap_ignore_term_sleep(spawn):
     identity, run_dir = spawn(argv=["sh", "-c", 'trap "" TERM; sleep 60'])
-    wait_until(lambda: len(group_pids(identity)) == 3)
+    wait_until(lambda: group_names(identity) == ["sh", "sh", "sleep"])
     assert signal_group(identity, signal.SIGTERM)
     # A signal whose disposition is "ignore" is discarded when sent, so there is
     # nothing to wait for: the group is intact right after kill() returns.
@@ -60,9 +61,19 @@ def test_trap_ignore_term_sleep(spawn):
     wait_until(lambda: not group_alive(identity))
 
 
+def test_wrapper_outlives_other_catchable_signals(spawn):
+    identity, run_dir = spawn(argv=["sleep", "60"])
+    wait_until(lambda: group_names(identity) == ["sh", "sleep"])
+    assert signal_group(identity, signal.SIGUSR1)  # kills sleep (default action)
+    assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(
+        exit_code=128 + signal.SIGUSR1, signal=signal.SIGUSR1
+    )
+
+
 def test_grandchildren_die_with_the_group(spawn):
     identity, run_dir = spawn(argv=["sh", "-c", "sleep 60 & sleep 60 & wait"])
-    members = wait_until(lambda: len(group_pids(identity)) == 4 and group_pids(identity))
+    wait_until(lambda: group_names(identity) == ["sh", "sh", "sleep", "sleep"])
+    members = group_pids(identity)
     sleeps = [p for p in members if psutil.Process(p).name() == "sleep"]
     assert len(sleeps) == 2
     assert signal_group(identity, signal.SIGTERM)

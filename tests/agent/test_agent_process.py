@@ -40,6 +40,11 @@ def test_argv_run_records_nonzero_exit_and_captures_stderr(spawn):
     assert (run_dir / "stderr").read_text() == "err\n"
 
 
+def test_exit_is_recorded_without_fsync_too(spawn):
+    _, run_dir = spawn(argv=["sh", "-c", "exit 9"], fsync_exit=False)
+    assert finished(run_dir) == ExitRecord(exit_code=9, signal=None)
+
+
 def test_shell_run_is_interpreted_by_sh(spawn):
     _, run_dir = spawn(shell="echo abc | tr a x; exit 7")
     assert finished(run_dir) == ExitRecord(exit_code=7, signal=None)

@@ -1,0 +1,1 @@
+"""Shared data and small helpers of the manifest/apply test modules."""

@@ -1,0 +1,488 @@
+"""apply / diff / get / delete semantics through the CLI (API.md sections 1 and 3).
+
+Tests that concern the store run on SQLite and PostgreSQL (`store_url`). The CLI runs
+in-process through its real entry point (tests/data/inprocess.py); the few things that
+depend on a fresh process (file modes of a new store) use a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import re
+import stat
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.data.inprocess import cli
+from tests.data.storedump import dump_store
+from tests.helpers import run_cli
+
+API = "reconciler.dev/v1alpha1"
+RFC3339_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3,}Z$")
+
+
+def doc(kind: str, name: str, spec: dict | None = None, *, labels: dict | None = None,
+        annotations: dict | None = None, **meta: Any) -> dict:
+    metadata: dict[str, Any] = {"name": name, **meta}
+    if labels is not None:
+        metadata["labels"] = labels
+    if annotations is not None:
+        metadata["annotations"] = annotations
+    return {"apiVersion": API, "kind": kind, "metadata": metadata, "spec": spec or {}}
+
+
+def job(name: str, labels: dict | None = None, **spec: Any) -> dict:
+    return doc("Job", name, {"command": ["true"], **spec}, labels=labels)
+
+
+def pool(name: str, slots: int | str = 2, **kw) -> dict:
+    return doc("Pool", name, {"slots": slots}, **kw)
+
+
+def write(path: Path, *docs: dict) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
+    return str(path)
+
+
+def ok(*args: str, store: str, input: str | None = None):
+    result = cli(*args, store=store, input=input)
+    assert result.code == 0, f"{args} -> exit {result.code}\nstdout: {result.stdout}\nstderr: {result.stderr}"
+    assert "Traceback" not in result.stderr
+    return result
+
+
+def get_json(store: str, kind: str, *names: str) -> dict:
+    return json.loads(ok("get", kind, *names, "-o", "json", store=store).stdout)
+
+
+def names_of(store: str, kind: str, *args: str) -> list[str]:
+    """`get KIND ARGS -o name`, without the `kind.reconciler.dev/` prefix."""
+    out = ok("get", kind, *args, "-o", "name", store=store).stdout
+    return [line.split("/", 1)[1] for line in out.splitlines()]
+
+
+def lines(text: str) -> list[str]:
+    return text.splitlines()
+
+
+# --- created / configured / unchanged ------------------------------------------------------
+
+def test_created_configured_unchanged(store_url, tmp_path):
+    f = tmp_path / "set.yaml"
+    write(f, pool("work"), job("a", pool="work"), job("b", dependsOn=["a"]))
+    first = ok("apply", "-f", str(f), store=store_url)
+    assert lines(first.stdout) == ["pool.reconciler.dev/work created", "job.reconciler.dev/a created",
+                                   "job.reconciler.dev/b created"]
+    assert first.stderr == ""
+    again = ok("apply", "-f", str(f), store=store_url)
+    assert lines(again.stdout) == ["pool.reconciler.dev/work unchanged", "job.reconciler.dev/a unchanged",
+                                   "job.reconciler.dev/b unchanged"]
+    write(f, pool("work"), job("a", pool="work", priority=5), job("b", dependsOn=["a"]))
+    third = ok("apply", "-f", str(f), store=store_url)
+    assert lines(third.stdout) == ["pool.reconciler.dev/work unchanged", "job.reconciler.dev/a configured",
+                                   "job.reconciler.dev/b unchanged"]
+    assert get_json(store_url, "job", "a")["spec"]["priority"] == 5
+
+
+def test_generation_bumps_only_on_spec_change(store_url, tmp_path):
+    f = tmp_path / "j.yaml"
+    write(f, job("g", labels={"team": "a"}))
+    ok("apply", "-f", str(f), store=store_url)
+    first = get_json(store_url, "job", "g")["metadata"]
+    assert first["generation"] == 1
+
+    write(f, job("g", labels={"team": "b"}))  # labels only
+    assert lines(ok("apply", "-f", str(f), store=store_url).stdout) == ["job.reconciler.dev/g configured"]
+    relabelled = get_json(store_url, "job", "g")["metadata"]
+    assert relabelled["generation"] == 1
+    assert relabelled["labels"] == {"team": "b"}
+    assert int(relabelled["resourceVersion"]) > int(first["resourceVersion"])
+
+    write(f, doc("Job", "g", {"command": ["true"]}, labels={"team": "b"}, annotations={"note": "hi"}))
+    ok("apply", "-f", str(f), store=store_url)
+    annotated = get_json(store_url, "job", "g")["metadata"]
+    assert annotated["generation"] == 1
+    assert annotated["annotations"]["note"] == "hi"
+    assert int(annotated["resourceVersion"]) > int(relabelled["resourceVersion"])
+
+    write(f, doc("Job", "g", {"command": ["false"]}, labels={"team": "b"}, annotations={"note": "hi"}))
+    ok("apply", "-f", str(f), store=store_url)
+    respecced = get_json(store_url, "job", "g")["metadata"]
+    assert respecced["generation"] == 2
+    assert int(respecced["resourceVersion"]) > int(annotated["resourceVersion"])
+    # identity and creation time survive every update
+    assert respecced["uid"] == first["uid"]
+    assert respecced["creationTimestamp"] == first["creationTimestamp"]
+
+    assert lines(ok("apply", "-f", str(f), store=store_url).stdout) == ["job.reconciler.dev/g unchanged"]
+    assert get_json(store_url, "job", "g")["metadata"] == respecced
+
+
+def test_equivalent_spellings_are_unchanged(store_url, tmp_path):
+    """Quantities and shorthands are stored canonically: another spelling of the same spec
+    is `unchanged` and does not bump generation."""
+    f = tmp_path / "j.yaml"
+    write(f, job("base"), job("s", dependsOn=["base"], timeout="60m", resources={"memory": "1024Mi", "cpu": "500m"},
+                              retry={"limit": 1, "backoff": {"delay": "1000ms"}}))
+    ok("apply", "-f", str(f), store=store_url)
+    before = get_json(store_url, "job", "s")
+    write(f, job("base"), job("s", dependsOn=[{"job": "base", "outcomes": ["Succeeded"]}], timeout="1h",
+                              resources={"memory": "1Gi", "cpu": 0.5}, retry={"limit": 1, "backoff": {"delay": "1s"}}))
+    assert lines(ok("apply", "-f", str(f), store=store_url).stdout) == [
+        "job.reconciler.dev/base unchanged", "job.reconciler.dev/s unchanged"]
+    assert get_json(store_url, "job", "s")["metadata"] == before["metadata"]
+    assert before["spec"]["timeout"] == "1h" and before["spec"]["resources"]["memory"] == "1Gi"
+
+
+def test_new_job_starts_waiting_with_system_metadata(store_url, tmp_path):
+    f = write(tmp_path / "j.yaml", job("w"))
+    ok("apply", "-f", f, store=store_url)
+    obj = get_json(store_url, "jobs", "w")
+    assert obj["apiVersion"] == API and obj["kind"] == "Job"
+    meta = obj["metadata"]
+    assert meta["uid"] and meta["generation"] == 1 and meta["resourceVersion"]
+    assert RFC3339_MS.match(meta["creationTimestamp"]), meta["creationTimestamp"]
+    assert obj["status"]["phase"] == "Waiting"
+    assert obj["spec"]["workingDir"] == str(tmp_path)  # relative to the manifest's folder, stored absolute
+
+
+# --- dry run, output shapes, diff ----------------------------------------------------------
+
+def test_dry_run_stores_nothing(store_url, tmp_path):
+    base = write(tmp_path / "base.yaml", pool("p"), job("a", pool="p"))
+    ok("apply", "-f", base, store=store_url)
+    before = dump_store(store_url)
+    f = write(tmp_path / "next.yaml", pool("p", slots=3), job("a", pool="p"), job("new"))
+    result = ok("apply", "--dry-run", "-f", f, store=store_url)
+    assert lines(result.stdout) == ["pool.reconciler.dev/p configured (dry run)", "job.reconciler.dev/a unchanged (dry run)",
+                                    "job.reconciler.dev/new created (dry run)"]
+    assert dump_store(store_url) == before
+    assert cli("get", "job", "new", store=store_url).code == 3
+    assert get_json(store_url, "pool", "p")["spec"]["slots"] == 2
+
+
+def test_dry_run_with_prune_deletes_nothing(store_url, tmp_path):
+    ok("apply", "-f", write(tmp_path / "all.yaml", job("a"), job("b")), store=store_url)
+    before = dump_store(store_url)
+    result = ok("apply", "--dry-run", "--prune", "-f", write(tmp_path / "one.yaml", job("a")), store=store_url)
+    assert "job.reconciler.dev/b pruned (dry run)" in lines(result.stdout)
+    assert dump_store(store_url) == before
+
+
+def test_output_name(sqlite_url, tmp_path):
+    f = write(tmp_path / "s.yaml", pool("p"), job("a", pool="p"))
+    result = ok("apply", "-f", f, "-o", "name", store=sqlite_url)
+    assert lines(result.stdout) == ["pool.reconciler.dev/p", "job.reconciler.dev/a"]
+    assert lines(ok("apply", "-f", f, "-o", "name", store=sqlite_url).stdout) == lines(result.stdout)
+    assert lines(ok("get", "jobs", "-o", "name", store=sqlite_url).stdout) == ["job.reconciler.dev/a"]
+
+
+def test_output_json(sqlite_url, tmp_path):
+    f = write(tmp_path / "s.yaml", pool("p"), job("a", pool="p", labels={"x": "y"}))
+    result = ok("apply", "-f", f, "-o", "json", store=sqlite_url)
+    payload = json.loads(result.stdout)
+    assert set(payload) == {"apiVersion", "kind", "items"}
+    assert payload["apiVersion"] == "v1" and payload["kind"] == "List"
+    assert [(i["kind"], i["metadata"]["name"]) for i in payload["items"]] == [("Pool", "p"), ("Job", "a")]
+    for item in payload["items"]:
+        assert item["apiVersion"] == API
+        assert {"name", "uid", "generation", "resourceVersion", "creationTimestamp"} <= set(item["metadata"])
+    assert payload["items"][1]["metadata"]["labels"] == {"x": "y"}
+    assert payload["items"][1]["spec"]["pool"] == "p"
+    assert payload["items"][1]["status"]["phase"] == "Waiting"
+    # what apply printed is what get returns
+    assert payload["items"][1] == get_json(sqlite_url, "job", "a")
+    # a single object by name is the object itself, several are a List
+    assert get_json(sqlite_url, "jobs", "a")["kind"] == "Job"
+    assert get_json(sqlite_url, "jobs")["kind"] == "List"
+    # an unchanged apply prints the stored objects too
+    assert json.loads(ok("apply", "-f", f, "-o", "json", store=sqlite_url).stdout) == payload
+
+
+def test_apply_refuses_unknown_output(sqlite_url, tmp_path):
+    f = write(tmp_path / "s.yaml", job("a"))
+    result = cli("apply", "-f", f, "-o", "yaml", store=sqlite_url)
+    assert result.code == 2 and result.stdout == ""
+    assert cli("get", "job", "a", store=sqlite_url).code == 3
+
+
+def test_diff(store_url, tmp_path):
+    f = tmp_path / "d.yaml"
+    write(f, job("a", labels={"v": "1"}))
+    new = cli("diff", "-f", str(f), store=store_url)  # not stored yet: everything is new
+    assert new.code == 1 and "Traceback" not in new.stderr
+    assert "+++ applied/job.reconciler.dev/a" in new.stdout and "+kind: Job" in new.stdout
+    assert cli("get", "job", "a", store=store_url).code == 3
+
+    ok("apply", "-f", str(f), store=store_url)
+    same = cli("diff", "-f", str(f), store=store_url)
+    assert (same.code, same.stdout) == (0, "")
+
+    write(f, doc("Job", "a", {"command": ["false"]}, labels={"v": "2"}))
+    before = dump_store(store_url)
+    changed = cli("diff", "-f", str(f), store=store_url)
+    assert changed.code == 1
+    out = changed.stdout
+    assert out.startswith("--- live/job.reconciler.dev/a\n+++ applied/job.reconciler.dev/a\n"), out
+    assert re.search(r"^@@ .* @@", out, re.MULTILINE)
+    assert re.search(r"^-\s+v: '1'$", out, re.MULTILINE) and re.search(r"^\+\s+v: '2'$", out, re.MULTILINE)
+    assert re.search(r"^-\s+- 'true'$", out, re.MULTILINE) and re.search(r"^\+\s+- 'false'$", out, re.MULTILINE)
+    assert "resourceVersion" not in out and "uid" not in out  # system fields are not a difference
+    assert dump_store(store_url) == before
+
+
+# --- prune ---------------------------------------------------------------------------------
+
+def test_prune(store_url, tmp_path):
+    everything = write(tmp_path / "all.yaml", pool("p"), job("keep", pool="p"),
+                       job("x1", labels={"team": "x"}), job("y1", labels={"team": "y"}), job("x2", labels={"team": "x"}))
+    ok("apply", "-f", everything, store=store_url)
+    subset = write(tmp_path / "subset.yaml", pool("p"), job("keep", pool="p"))
+
+    only_x = ok("apply", "--prune", "-l", "team=x", "-f", subset, store=store_url)
+    assert sorted(lines(only_x.stdout)) == sorted(["pool.reconciler.dev/p unchanged", "job.reconciler.dev/keep unchanged",
+                                                   "job.reconciler.dev/x1 pruned", "job.reconciler.dev/x2 pruned"])
+    assert names_of(store_url, "jobs") == ["keep", "y1"]
+
+    rest = ok("apply", "--prune", "-f", subset, store=store_url)
+    assert "job.reconciler.dev/y1 pruned" in lines(rest.stdout)
+    assert names_of(store_url, "jobs") == ["keep"]
+    assert names_of(store_url, "pools") == ["p"]
+    # without --prune nothing is ever deleted
+    ok("apply", "-f", write(tmp_path / "other.yaml", job("other")), store=store_url)
+    assert names_of(store_url, "jobs") == ["keep", "other"]
+
+
+def test_prune_removes_a_pool_together_with_its_jobs(store_url, tmp_path):
+    ok("apply", "-f", write(tmp_path / "a.yaml", pool("gone"), job("user", pool="gone"), job("stay")), store=store_url)
+    result = ok("apply", "--prune", "-f", write(tmp_path / "b.yaml", job("stay")), store=store_url)
+    assert sorted(lines(result.stdout)) == ["job.reconciler.dev/stay unchanged", "job.reconciler.dev/user pruned",
+                                            "pool.reconciler.dev/gone pruned"]
+    assert names_of(store_url, "pools") == []
+
+
+# --- optimistic concurrency ----------------------------------------------------------------
+
+def test_stale_resource_version_is_a_conflict(store_url, tmp_path):
+    ok("apply", "-f", write(tmp_path / "a.yaml", job("other"), job("c", labels={"n": "1"})), store=store_url)
+    old_rv = get_json(store_url, "job", "c")["metadata"]["resourceVersion"]
+    ok("apply", "-f", write(tmp_path / "b.yaml", job("c", labels={"n": "2"})), store=store_url)
+    current_rv = get_json(store_url, "job", "c")["metadata"]["resourceVersion"]
+    assert current_rv != old_rv
+    before = dump_store(store_url)
+
+    stale = doc("Job", "c", {"command": ["false"]}, labels={"n": "3"}, resourceVersion=old_rv)
+    # a valid change to another object in the same apply is not stored either
+    result = cli("apply", "-f", write(tmp_path / "stale.yaml", job("other", priority=9), stale), store=store_url)
+    assert result.code == 4, result
+    assert result.stdout == "" and "Traceback" not in result.stderr
+    assert "stale" in result.stderr and old_rv in result.stderr
+    assert dump_store(store_url) == before
+
+    fresh = doc("Job", "c", {"command": ["false"]}, labels={"n": "3"}, resourceVersion=current_rv)
+    assert lines(ok("apply", "-f", write(tmp_path / "fresh.yaml", fresh), store=store_url).stdout) == [
+        "job.reconciler.dev/c configured"]
+
+
+# --- get -----------------------------------------------------------------------------------
+
+SELECTOR_CASES = [
+    ("tier=web", ["s-a", "s-c"]),
+    ("tier==web", ["s-a", "s-c"]),
+    ("tier!=web", ["s-b", "s-d"]),  # as in Kubernetes: objects without the key match !=
+    ("tier in (web,db)", ["s-a", "s-b", "s-c"]),
+    ("tier in (cache)", []),
+    ("tier notin (web)", ["s-b", "s-d"]),
+    ("canary", ["s-c"]),
+    ("!canary", ["s-a", "s-b", "s-d"]),
+    ("tier=web,env=prod", ["s-a"]),
+    ("env in (prod, dev),!canary", ["s-a", "s-b"]),
+    ("example.com/owner=me", ["s-d"]),
+]
+
+
+@pytest.fixture(scope="module")
+def labelled_store(tmp_path_factory) -> str:
+    root = tmp_path_factory.mktemp("selectors")
+    url = f"sqlite:///{root / 'state' / 'state.db'}"
+    f = write(root / "s.yaml", job("s-a", {"tier": "web", "env": "prod"}), job("s-b", {"tier": "db", "env": "prod"}),
+              job("s-c", {"tier": "web", "env": "dev", "canary": "true"}), job("s-d", {"example.com/owner": "me"}),
+              pool("sp", labels={"tier": "web"}))
+    ok("apply", "-f", f, store=url)
+    return url
+
+
+@pytest.mark.parametrize("selector,expected", SELECTOR_CASES, ids=[s for s, _ in SELECTOR_CASES])
+def test_get_with_selector(labelled_store, selector, expected):
+    assert names_of(labelled_store, "jobs", "-l", selector) == expected
+    as_json = get_json(labelled_store, "jobs", "-l", selector)
+    assert [i["metadata"]["name"] for i in as_json["items"]] == expected
+
+
+def test_get_selector_applies_per_kind(labelled_store):
+    assert names_of(labelled_store, "pools", "-l", "tier=web") == ["sp"]
+
+
+def test_get_invalid_selector(labelled_store):
+    result = cli("get", "jobs", "-l", "tier in (web", store=labelled_store)
+    assert result.code == 2 and result.stdout == "" and "selector" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("word", ["jobs", "job", "jb", "JOBS", "job.reconciler.dev", "jobs.reconciler.dev"])
+def test_get_kind_names(labelled_store, word):
+    assert names_of(labelled_store, word) == ["s-a", "s-b", "s-c", "s-d"]
+
+
+@pytest.mark.parametrize("word", ["pools", "pool", "pl"])
+def test_get_pool_kind_names(labelled_store, word):
+    assert names_of(labelled_store, word) == ["sp"]
+
+
+@pytest.mark.parametrize("word", ["nodes", "node", "no", "notifiers", "notifier", "nf"])
+def test_get_other_kind_names(labelled_store, word):
+    result = ok("get", word, "-o", "json", store=labelled_store)
+    assert json.loads(result.stdout) == {"apiVersion": "v1", "kind": "List", "items": []}
+
+
+def test_get_unknown_kind(labelled_store):
+    result = cli("get", "deployments", store=labelled_store)
+    assert result.code == 2 and result.stdout == "" and "deployments" in result.stderr
+
+
+def test_get_table(labelled_store):
+    out = ok("get", "jobs", store=labelled_store).stdout
+    header, *rows = out.splitlines()
+    assert header.split() == ["NAME", "STATUS", "POOL", "NODE", "ATTEMPTS", "AGE"]
+    assert [r.split()[0] for r in rows] == ["s-a", "s-b", "s-c", "s-d"]
+    assert all(r.split()[1] == "Waiting" for r in rows)
+    assert ok("get", "jobs", "-o", "wide", store=labelled_store).stdout.splitlines()[0].split()[:7] == [
+        "NAME", "STATUS", "POOL", "NODE", "ATTEMPTS", "AGE", "REVISION"]
+
+
+def test_get_missing_name_exits_3(labelled_store):
+    result = cli("get", "job", "nope", store=labelled_store)
+    assert result.code == 3 and result.stdout == "" and "nope" in result.stderr
+    both = cli("get", "jobs", "s-a", "nope", store=labelled_store)
+    assert both.code == 3 and "nope" in both.stderr and "Traceback" not in both.stderr
+
+
+def test_get_yaml(labelled_store):
+    one = yaml.safe_load(ok("get", "job", "s-a", "-o", "yaml", store=labelled_store).stdout)
+    assert one["kind"] == "Job" and one["metadata"]["labels"] == {"tier": "web", "env": "prod"}
+
+
+def test_get_events_times_are_rfc3339(store_url, tmp_path):
+    """API.md: times in machine output are RFC 3339 UTC with at least millisecond precision."""
+    ok("apply", "-f", write(tmp_path / "e.yaml", job("ev")), store=store_url)
+    events = get_json(store_url, "events")
+    assert events["kind"] == "List" and events["items"]
+    created = [e for e in events["items"] if e["involvedObject"]["name"] == "ev"]
+    assert [e["reason"] for e in created] == ["Created"]
+    for event in events["items"]:
+        stamps = {k: v for k, v in event.items() if k.lower().endswith(("timestamp", "time"))}
+        assert stamps, event
+        for key, value in stamps.items():
+            assert RFC3339_MS.match(value), f"{key}: {value!r} is not RFC 3339 UTC with milliseconds"
+            datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+# --- delete --------------------------------------------------------------------------------
+
+def test_delete_by_name_ref_file_and_selector(store_url, tmp_path):
+    f = write(tmp_path / "all.yaml", job("d1"), job("d2"), job("d3", {"grp": "x"}), job("d4", {"grp": "x"}),
+              job("d5", {"grp": "y"}))
+    g = write(tmp_path / "more.yaml", job("d6"), pool("dp"))
+    ok("apply", "-f", f, "-f", g, store=store_url)
+
+    assert lines(ok("delete", "job", "d1", store=store_url).stdout) == ["job.reconciler.dev/d1 deleted"]
+    assert lines(ok("delete", "job/d2", store=store_url).stdout) == ["job.reconciler.dev/d2 deleted"]
+    assert sorted(lines(ok("delete", "jobs", "-l", "grp=x", store=store_url).stdout)) == [
+        "job.reconciler.dev/d3 deleted", "job.reconciler.dev/d4 deleted"]
+    assert names_of(store_url, "jobs") == ["d5", "d6"]
+    assert sorted(lines(ok("delete", "-f", g, store=store_url).stdout)) == [
+        "job.reconciler.dev/d6 deleted", "pool.reconciler.dev/dp deleted"]
+    assert names_of(store_url, "jobs") == ["d5"] and names_of(store_url, "pools") == []
+    for name in ("d1", "d2", "d3", "d4", "d6"):
+        assert cli("get", "job", name, store=store_url).code == 3
+    # deletions are recorded as events
+    reasons = [(e["involvedObject"]["name"], e["reason"]) for e in get_json(store_url, "events")["items"]]
+    assert ("d1", "Deleted") in reasons and ("dp", "Deleted") in reasons
+
+
+def test_delete_missing_exits_3(store_url, tmp_path):
+    ok("apply", "-f", write(tmp_path / "a.yaml", job("here")), store=store_url)
+    before = dump_store(store_url)
+    result = cli("delete", "job", "ghost", store=store_url)
+    assert result.code == 3 and "ghost" in result.stderr and "Traceback" not in result.stderr
+    assert dump_store(store_url) == before
+
+
+def test_delete_needs_a_target(sqlite_url):
+    result = cli("delete", "jobs", store=sqlite_url)
+    assert result.code == 2 and result.stdout == ""
+
+
+def test_delete_pool_in_use_is_a_conflict(store_url, tmp_path):
+    ok("apply", "-f", write(tmp_path / "a.yaml", pool("busy"), job("user", pool="busy")), store=store_url)
+    before = dump_store(store_url)
+    result = cli("delete", "pool", "busy", store=store_url)
+    assert result.code == 4, result
+    assert result.stdout == "" and "user" in result.stderr and "Traceback" not in result.stderr
+    assert dump_store(store_url) == before
+    ok("delete", "job", "user", store=store_url)
+    assert lines(ok("delete", "pool", "busy", store=store_url).stdout) == ["pool.reconciler.dev/busy deleted"]
+
+
+def test_delete_file_listing_a_pool_before_its_jobs(store_url, tmp_path):
+    """`delete -f` of a file that holds a pool and every job using it removes them all,
+    whatever their order in the file (the pool is not in use once the set is gone)."""
+    f = write(tmp_path / "a.yaml", pool("pp"), job("pj", pool="pp"))
+    ok("apply", "-f", f, store=store_url)
+    result = cli("delete", "-f", f, store=store_url)
+    assert result.code == 0, result
+    assert sorted(lines(result.stdout)) == ["job.reconciler.dev/pj deleted", "pool.reconciler.dev/pp deleted"]
+    assert names_of(store_url, "jobs") == [] and names_of(store_url, "pools") == []
+
+
+# --- the store file and status in manifests ------------------------------------------------
+
+def test_new_store_file_is_private(tmp_path):
+    db = tmp_path / "fresh" / "nested" / "state.db"
+    result = run_cli("apply", "-f", write(tmp_path / "a.yaml", job("p")), store=f"sqlite:///{db}")
+    assert result.code == 0, result.stderr
+    assert stat.S_IMODE(db.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(db.stat().st_mode) == 0o600
+    for side in db.parent.iterdir():  # -wal / -shm, when they exist, carry the same mode
+        assert stat.S_IMODE(side.stat().st_mode) == 0o600, side
+
+
+def test_status_in_a_manifest_is_ignored_with_a_warning(store_url, tmp_path):
+    manifest = job("st")
+    manifest["status"] = {"phase": "Completed", "outcome": "Succeeded", "revision": 7}
+    f = write(tmp_path / "st.yaml", manifest)
+    result = ok("apply", "-f", f, store=store_url)
+    assert lines(result.stdout) == ["job.reconciler.dev/st created"]
+    assert re.search(rf"^warning: {re.escape(f)}:\d+: status .*ignored", result.stderr, re.MULTILINE), result.stderr
+    status = get_json(store_url, "job", "st")["status"]
+    assert status["phase"] == "Waiting" and "outcome" not in status and status["revision"] == 1
+    # re-applying it is still unchanged: status is not part of the desired state
+    assert lines(ok("apply", "-f", f, store=store_url).stdout) == ["job.reconciler.dev/st unchanged"]
+
+
+def test_stdin_apply(sqlite_url):
+    text = yaml.safe_dump_all([job("from-stdin")])
+    assert lines(ok("apply", "-f", "-", store=sqlite_url, input=text).stdout) == ["job.reconciler.dev/from-stdin created"]
+    assert names_of(sqlite_url, "jobs") == ["from-stdin"]
+
+
+def test_subprocess_agrees_with_in_process(tmp_path):
+    """The real console script prints the same as the in-process runner used above."""
+    f = write(tmp_path / "a.yaml", pool("p"), job("a", pool="p"))
+    real = run_cli("apply", "-f", f, store=f"sqlite:///{tmp_path / 'real' / 'state.db'}")
+    assert (real.code, real.stdout) == (0, "pool.reconciler.dev/p created\njob.reconciler.dev/a created\n")
+    assert real == cli("apply", "-f", f, store=f"sqlite:///{tmp_path / 'inproc' / 'state.db'}")
