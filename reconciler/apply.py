@@ -15,7 +15,7 @@ from .api.meta import dump, format_time, utcnow
 from .api.status import ACTIVE_PHASES, LIVE_PHASES
 from .api.validation import validate_apply
 from .errors import Conflict, InvalidInput
-from .manifests import Manifest
+from .manifests import Manifest, paused_gc
 from .selectors import Requirement, matches
 from .store import Store, StoredObject
 from .store import repository as repo
@@ -55,7 +55,7 @@ def apply_manifests(
     prune: bool = False,
     selector: list[Requirement] | None = None,
 ) -> list[Change]:
-    with store.write() as tx:
+    with paused_gc(), store.write() as tx:
         changes = _apply(tx, manifests, force=force, prune=prune, selector=selector)
         if dry_run:
             tx.discard()
@@ -78,9 +78,22 @@ def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selec
         raise InvalidInput(problems[0] if len(problems) == 1 else f"{len(problems)} problems in the manifests", problems)
 
     changes: list[Change] = []
+    creations: list[tuple[Change, dict[str, Any]]] = []  # written together below: one INSERT for all
+    events: list[tuple[StoredObject | Change, str, str]] = []  # in manifest order; a Change stands for its new object
     for m in manifests:
         current = stored.get((m.kind.kind, m.name))
-        changes.append(_apply_one(tx, m, current, force=force))
+        change, creation, event = _apply_one(tx, m, current, force=force)
+        changes.append(change)
+        if creation is not None:
+            creations.append((change, creation))
+        if event is not None:
+            events.append(event)
+    created: dict[int, StoredObject] = {}
+    for (change, _), obj in zip(creations, repo.create_many(tx, [c for _, c in creations])):
+        change.after = obj.manifest()
+        created[id(change)] = obj
+    repo.record_events(tx, [(created[id(o)] if isinstance(o, Change) else o, reason, message)
+                            for o, reason, message in events])
     if prune:
         applied = {(m.kind.kind, m.name) for m in manifests}
         for key, obj in sorted(stored.items()):
@@ -93,17 +106,21 @@ def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selec
     return changes
 
 
-def _apply_one(tx: Tx, m: Manifest, current: StoredObject | None, *, force: bool) -> Change:
-    document = dump(m.obj)
-    spec = document.get("spec", {})
+def _apply_one(
+    tx: Tx, m: Manifest, current: StoredObject | None, *, force: bool
+) -> tuple[Change, dict[str, Any] | None, tuple[StoredObject | Change, str, str] | None]:
+    """What one manifest does: its change, the `create` arguments of a new object (the caller
+    creates them all at once) and the event to record."""
+    spec_model = getattr(m.obj, "spec", None)
+    spec = dump(spec_model) if spec_model is not None else {}  # only the spec: metadata is read from the model
     meta = m.obj.metadata
     annotations = {**_user_annotations(meta.annotations), MANAGED_BY: "apply"}
     if current is None:
         status = initial_job_status() if m.kind.kind == "Job" else None
-        obj = repo.create(tx, kind=m.kind.kind, name=m.name, spec=spec, labels=meta.labels,
-                          annotations=annotations, status=status)
-        repo.record_event(tx, obj, "Created", f"{m.kind.kind.lower()} created by apply")
-        return Change(m.kind, m.name, "created", after=obj.manifest())
+        change = Change(m.kind, m.name, "created")  # `after` is filled in once the object is created
+        creation = dict(kind=m.kind.kind, name=m.name, spec=spec, labels=meta.labels, annotations=annotations,
+                        status=status)
+        return change, creation, (change, "Created", f"{m.kind.kind.lower()} created by apply")
 
     if meta.resource_version is not None and meta.resource_version != str(current.resource_version):
         raise Conflict(f"{m.where('metadata', 'resourceVersion')}: {meta.resource_version} is stale "
@@ -112,16 +129,17 @@ def _apply_one(tx: Tx, m: Manifest, current: StoredObject | None, *, force: bool
     annotations[MANAGED_BY] = "apply"
     spec_changed = repo.canonical(spec) != current.spec_text
     if not spec_changed and meta.labels == current.labels and annotations == current.annotations:
-        return Change(m.kind, m.name, "unchanged", before=current.manifest(), after=current.manifest())
+        document = current.manifest()  # one document, shared: nothing changed
+        return Change(m.kind, m.name, "unchanged", before=document, after=document), None, None
     phase = (current.status or {}).get("phase")
     if spec_changed and m.kind.kind == "Job" and phase in ACTIVE_PHASES and not force \
             and execution_hash(spec) != execution_hash(current.spec):
         raise Conflict(f"{m.where('spec')}: job {m.name!r} is {phase}; its spec cannot change while a revision "
                        "is under way (wait for it, cancel it, or apply --force to stop it and start the new revision)")
     obj = repo.update_object(tx, current, spec=spec, labels=meta.labels, annotations=annotations)
-    repo.record_event(tx, obj, "Configured",
-                      f"spec changed (generation {obj.generation})" if spec_changed else "labels or annotations changed")
-    return Change(m.kind, m.name, "configured", before=current.manifest(), after=obj.manifest())
+    event = (obj, "Configured",
+             f"spec changed (generation {obj.generation})" if spec_changed else "labels or annotations changed")
+    return Change(m.kind, m.name, "configured", before=current.manifest(), after=obj.manifest()), None, event
 
 
 def delete_object(tx: Tx, obj: StoredObject) -> str:

@@ -87,10 +87,64 @@ def create_job(store: Store, job: Any, *, auto_name: bool) -> str:
     return job.metadata.name
 
 
-def wait_state(status: dict[str, Any], condition: str) -> str:
+def _own_new_revision(obj: StoredObject) -> bool | None:
+    """For a Completed job: None when nothing of its own asks for a new revision; else
+    whether that coming revision makes its dependents run again (a spec change does, a
+    plain `rerun` does not, `rerun --downstream` does)."""
+    from .api.job import execution_hash
+
+    status = obj.status or {}
+    recorded = status.get("specHash")
+    if recorded is not None and recorded != execution_hash(obj.spec):
+        return True
+    token = obj.annotations.get(RERUN_ANNOTATION)
+    if token is not None and token != status.get("rerunToken"):
+        return token.endswith(DOWNSTREAM_SUFFIX)
+    return None
+
+
+def stale_jobs(session, objs: list[StoredObject]) -> set[str]:
+    """Names of the Completed jobs among `objs` whose status is about an older version of
+    them: their spec changed, a rerun was asked for, or they consumed an older revision of a
+    dependency that moved on, or is about to, and propagates. The controller has not caught
+    up yet and will run them again, so their outcome answers nothing about the jobs as they
+    now stand (API.md section 2, Convergence)."""
+    cache: dict[str, StoredObject | None] = {o.name: o for o in objs}
+    memo: dict[str, tuple[bool, bool]] = {}  # name -> (stale, its coming revision propagates)
+
+    def load(name: str) -> StoredObject | None:
+        if name not in cache:
+            cache[name] = repo.get(session, kind="Job", name=name)
+        return cache[name]
+
+    def coming(name: str) -> tuple[bool, bool]:
+        if name in memo:
+            return memo[name]
+        memo[name] = (False, False)  # the graph is acyclic when stored; this only guards the walk
+        obj = load(name)
+        status = (obj.status or {}) if obj is not None else {}
+        if obj is None or status.get("phase") != "Completed":
+            return memo[name]
+        own = _own_new_revision(obj)
+        stale, propagates = own is not None, bool(own)
+        for receipt in status.get("dependencies", []):
+            dep = load(receipt["job"])
+            if dep is None or receipt.get("revision") is None:
+                continue
+            dep_status = dep.status or {}
+            moved_on = int(dep_status.get("revision", 1)) > int(receipt["revision"]) and dep_status.get("propagate", True)
+            if moved_on or all(coming(dep.name)):
+                stale = propagates = True
+        memo[name] = (stale, propagates)
+        return memo[name]
+
+    return {o.name for o in objs if coming(o.name)[0]}
+
+
+def wait_state(status: dict[str, Any], condition: str, *, stale: bool = False) -> str:
     """'met', 'pending' or 'never' for one job and `condition` (Succeeded | Completed | a
-    Completed outcome)."""
-    if status.get("phase") != "Completed":
+    Completed outcome). A `stale` completion (see `stale_jobs`) is still pending."""
+    if status.get("phase") != "Completed" or stale:
         return "pending"
     if condition == "Completed":
         return "met"

@@ -250,12 +250,13 @@ _PLAIN_KEY_TAGS = frozenset((_STR_TAG, *_SCALAR_CONSTRUCTORS))
 
 
 @contextmanager
-def _gc_paused():
-    """Parsing thousands of documents allocates millions of small objects (YAML nodes and
-    marks, dicts, models) that all stay alive, and the cyclic collector would walk them again
-    and again as they age: a third of a large apply's time, to free nothing. So the collector
-    is paused meanwhile, and what survives is then filed straight into the oldest generation
-    (`freeze` + `unfreeze`, two O(1) list moves), as repeated collections would have done."""
+def paused_gc():
+    """Loading and applying thousands of manifests allocates millions of small objects (YAML
+    nodes and marks, dicts, models, stored objects) that all stay alive until the apply ends;
+    the cyclic collector would walk them again and again as they age (a third of a large
+    apply's time) to free nothing. So it is paused meanwhile, and what survives is then filed
+    straight into the oldest generation (`freeze` + `unfreeze`: two O(1) list moves), where
+    repeated young collections would have put it. Nests; other threads just collect later."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
@@ -367,7 +368,7 @@ def _read(path: Path, display: str) -> str:
 
 def load(paths: list[str], *, recursive: bool = False, stdin: Any = None) -> list[Manifest]:
     """Every manifest under `paths` ('-' reads stdin); raises InvalidInput naming every problem."""
-    with _gc_paused():
+    with paused_gc():
         return _load(paths, recursive=recursive, stdin=stdin)
 
 

@@ -1,6 +1,7 @@
 """apply / diff / get / delete semantics through the CLI (API.md sections 1 and 3).
 
-Tests that concern the store run on SQLite and PostgreSQL (`store_url`). The CLI runs
+Tests of store behaviour (transactions, compare-and-swap, generations, deletes) run on SQLite
+and PostgreSQL (`store_url`); rendering and validation run on SQLite. The CLI runs
 in-process through its real entry point (tests/data/inprocess.py); the few things that
 depend on a fresh process (file modes of a new store) use a real subprocess."""
 
@@ -122,26 +123,26 @@ def test_generation_bumps_only_on_spec_change(store_url, tmp_path):
     assert get_json(store_url, "job", "g")["metadata"] == respecced
 
 
-def test_equivalent_spellings_are_unchanged(store_url, tmp_path):
+def test_equivalent_spellings_are_unchanged(sqlite_url, tmp_path):
     """Quantities and shorthands are stored canonically: another spelling of the same spec
     is `unchanged` and does not bump generation."""
     f = tmp_path / "j.yaml"
     write(f, job("base"), job("s", dependsOn=["base"], timeout="60m", resources={"memory": "1024Mi", "cpu": "500m"},
                               retry={"limit": 1, "backoff": {"delay": "1000ms"}}))
-    ok("apply", "-f", str(f), store=store_url)
-    before = get_json(store_url, "job", "s")
+    ok("apply", "-f", str(f), store=sqlite_url)
+    before = get_json(sqlite_url, "job", "s")
     write(f, job("base"), job("s", dependsOn=[{"job": "base", "outcomes": ["Succeeded"]}], timeout="1h",
                               resources={"memory": "1Gi", "cpu": 0.5}, retry={"limit": 1, "backoff": {"delay": "1s"}}))
-    assert lines(ok("apply", "-f", str(f), store=store_url).stdout) == [
+    assert lines(ok("apply", "-f", str(f), store=sqlite_url).stdout) == [
         "job.reconciler.dev/base unchanged", "job.reconciler.dev/s unchanged"]
-    assert get_json(store_url, "job", "s")["metadata"] == before["metadata"]
+    assert get_json(sqlite_url, "job", "s")["metadata"] == before["metadata"]
     assert before["spec"]["timeout"] == "1h" and before["spec"]["resources"]["memory"] == "1Gi"
 
 
-def test_new_job_starts_waiting_with_system_metadata(store_url, tmp_path):
+def test_new_job_starts_waiting_with_system_metadata(sqlite_url, tmp_path):
     f = write(tmp_path / "j.yaml", job("w"))
-    ok("apply", "-f", f, store=store_url)
-    obj = get_json(store_url, "jobs", "w")
+    ok("apply", "-f", f, store=sqlite_url)
+    obj = get_json(sqlite_url, "jobs", "w")
     assert obj["apiVersion"] == API and obj["kind"] == "Job"
     meta = obj["metadata"]
     assert meta["uid"] and meta["generation"] == 1 and meta["resourceVersion"]
@@ -257,12 +258,12 @@ def test_prune(store_url, tmp_path):
     assert names_of(store_url, "jobs") == ["keep", "other"]
 
 
-def test_prune_removes_a_pool_together_with_its_jobs(store_url, tmp_path):
-    ok("apply", "-f", write(tmp_path / "a.yaml", pool("gone"), job("user", pool="gone"), job("stay")), store=store_url)
-    result = ok("apply", "--prune", "-f", write(tmp_path / "b.yaml", job("stay")), store=store_url)
+def test_prune_removes_a_pool_together_with_its_jobs(sqlite_url, tmp_path):
+    ok("apply", "-f", write(tmp_path / "a.yaml", pool("gone"), job("user", pool="gone"), job("stay")), store=sqlite_url)
+    result = ok("apply", "--prune", "-f", write(tmp_path / "b.yaml", job("stay")), store=sqlite_url)
     assert sorted(lines(result.stdout)) == ["job.reconciler.dev/stay unchanged", "job.reconciler.dev/user pruned",
                                             "pool.reconciler.dev/gone pruned"]
-    assert names_of(store_url, "pools") == []
+    assert names_of(sqlite_url, "pools") == []
 
 
 # --- optimistic concurrency ----------------------------------------------------------------
@@ -376,10 +377,10 @@ def test_get_yaml(labelled_store):
     assert one["kind"] == "Job" and one["metadata"]["labels"] == {"tier": "web", "env": "prod"}
 
 
-def test_get_events_times_are_rfc3339(store_url, tmp_path):
+def test_get_events_times_are_rfc3339(sqlite_url, tmp_path):
     """API.md: times in machine output are RFC 3339 UTC with at least millisecond precision."""
-    ok("apply", "-f", write(tmp_path / "e.yaml", job("ev")), store=store_url)
-    events = get_json(store_url, "events")
+    ok("apply", "-f", write(tmp_path / "e.yaml", job("ev")), store=sqlite_url)
+    events = get_json(sqlite_url, "events")
     assert events["kind"] == "List" and events["items"]
     created = [e for e in events["items"] if e["involvedObject"]["name"] == "ev"]
     assert [e["reason"] for e in created] == ["Created"]
@@ -414,12 +415,12 @@ def test_delete_by_name_ref_file_and_selector(store_url, tmp_path):
     assert ("d1", "Deleted") in reasons and ("dp", "Deleted") in reasons
 
 
-def test_delete_missing_exits_3(store_url, tmp_path):
-    ok("apply", "-f", write(tmp_path / "a.yaml", job("here")), store=store_url)
-    before = dump_store(store_url)
-    result = cli("delete", "job", "ghost", store=store_url)
+def test_delete_missing_exits_3(sqlite_url, tmp_path):
+    ok("apply", "-f", write(tmp_path / "a.yaml", job("here")), store=sqlite_url)
+    before = dump_store(sqlite_url)
+    result = cli("delete", "job", "ghost", store=sqlite_url)
     assert result.code == 3 and "ghost" in result.stderr and "Traceback" not in result.stderr
-    assert dump_store(store_url) == before
+    assert dump_store(sqlite_url) == before
 
 
 def test_delete_needs_a_target(sqlite_url):
@@ -438,15 +439,15 @@ def test_delete_pool_in_use_is_a_conflict(store_url, tmp_path):
     assert lines(ok("delete", "pool", "busy", store=store_url).stdout) == ["pool.reconciler.dev/busy deleted"]
 
 
-def test_delete_file_listing_a_pool_before_its_jobs(store_url, tmp_path):
+def test_delete_file_listing_a_pool_before_its_jobs(sqlite_url, tmp_path):
     """`delete -f` of a file that holds a pool and every job using it removes them all,
     whatever their order in the file (the pool is not in use once the set is gone)."""
     f = write(tmp_path / "a.yaml", pool("pp"), job("pj", pool="pp"))
-    ok("apply", "-f", f, store=store_url)
-    result = cli("delete", "-f", f, store=store_url)
+    ok("apply", "-f", f, store=sqlite_url)
+    result = cli("delete", "-f", f, store=sqlite_url)
     assert result.code == 0, result
     assert sorted(lines(result.stdout)) == ["job.reconciler.dev/pj deleted", "pool.reconciler.dev/pp deleted"]
-    assert names_of(store_url, "jobs") == [] and names_of(store_url, "pools") == []
+    assert names_of(sqlite_url, "jobs") == [] and names_of(sqlite_url, "pools") == []
 
 
 # --- the store file and status in manifests ------------------------------------------------
@@ -461,17 +462,17 @@ def test_new_store_file_is_private(tmp_path):
         assert stat.S_IMODE(side.stat().st_mode) == 0o600, side
 
 
-def test_status_in_a_manifest_is_ignored_with_a_warning(store_url, tmp_path):
+def test_status_in_a_manifest_is_ignored_with_a_warning(sqlite_url, tmp_path):
     manifest = job("st")
     manifest["status"] = {"phase": "Completed", "outcome": "Succeeded", "revision": 7}
     f = write(tmp_path / "st.yaml", manifest)
-    result = ok("apply", "-f", f, store=store_url)
+    result = ok("apply", "-f", f, store=sqlite_url)
     assert lines(result.stdout) == ["job.reconciler.dev/st created"]
     assert re.search(rf"^warning: {re.escape(f)}:\d+: status .*ignored", result.stderr, re.MULTILINE), result.stderr
-    status = get_json(store_url, "job", "st")["status"]
+    status = get_json(sqlite_url, "job", "st")["status"]
     assert status["phase"] == "Waiting" and "outcome" not in status and status["revision"] == 1
     # re-applying it is still unchanged: status is not part of the desired state
-    assert lines(ok("apply", "-f", f, store=store_url).stdout) == ["job.reconciler.dev/st unchanged"]
+    assert lines(ok("apply", "-f", f, store=sqlite_url).stdout) == ["job.reconciler.dev/st unchanged"]
 
 
 def test_stdin_apply(sqlite_url):

@@ -78,6 +78,8 @@ def test_roundtrip(folder, store_url):
         assert described.splitlines()[0].split() == ["Name:", name]
         assert ["Kind:", kind] in [line.split() for line in described.splitlines()]
         assert f"{kind.lower()} created by apply" in described  # the creation event
+        by_ref = ok("describe", f"{kind.lower()}/{name}", store=store_url).stdout  # KIND/NAME form
+        assert by_ref.splitlines()[:2] == described.splitlines()[:2]
     first = snapshot(store_url, kinds)
     assert set(first) == set(objects)
 

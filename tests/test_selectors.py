@@ -105,23 +105,25 @@ def test_matches_no_requirements_selects_everything():
     assert matches([], {}) and matches([], LABELS)
 
 
-_token = st.from_regex(r"[a-c0-2]([a-c0-2._-]{0,3}[a-c0-2])?", fullmatch=True)  # label-syntax keys and values
-_labels = st.dictionaries(_token, _token, max_size=4)
+# a small vocabulary of label-syntax words, so that keys and values collide often
+_value = st.sampled_from(["a", "b", "web", "db", "x-1", "y.2", "z_3"])
+_key = st.one_of(_value, st.just("example.com/app"))
+_labels = st.dictionaries(_key, _value, max_size=4)
 
 
-@given(labels=_labels, key=_token, values=st.sets(_token, min_size=1, max_size=3))
+@given(labels=_labels, key=_key, values=st.sets(_value, min_size=1, max_size=3))
 def test_in_and_notin_are_complements(labels, key, values):
     listed = ",".join(sorted(values))
     assert matches(parse(f"{key} in ({listed})"), labels) != matches(parse(f"{key} notin ({listed})"), labels)
 
 
-@given(labels=_labels, key=_token)
+@given(labels=_labels, key=_key)
 def test_exists_and_not_exists_are_complements(labels, key):
     assert matches(parse(key), labels) != matches(parse(f"!{key}"), labels)
     assert matches(parse(key), labels) == (key in labels)
 
 
-@given(labels=_labels, key=_token, value=_token)
+@given(labels=_labels, key=_key, value=_value)
 def test_equality_forms_agree(labels, key, value):
     eq = matches(parse(f"{key}={value}"), labels)
     assert eq == matches(parse(f"{key}=={value}"), labels) == matches(parse(f"{key} in ({value})"), labels)
@@ -129,7 +131,7 @@ def test_equality_forms_agree(labels, key, value):
     assert matches(parse(f"{key}!={value}"), labels) == (not eq)
 
 
-@given(labels=_labels, a=_token, b=_token, va=_token, vb=_token)
+@given(labels=_labels, a=_key, b=_key, va=_value, vb=_value)
 def test_comma_is_and(labels, a, b, va, vb):
     both = matches(parse(f"{a}={va},{b}!={vb}"), labels)
     assert both == (matches(parse(f"{a}={va}"), labels) and matches(parse(f"{b}!={vb}"), labels))

@@ -78,6 +78,9 @@ def signal_group(identity: ProcessIdentity, sig: int) -> bool:
     (it must live to record the status); the run's own processes get the
     default action unless they changed it. SIGKILL here also kills the
     wrapper, so no exit code gets recorded: prefer kill_group_except_wrapper.
+    A signal sent within about a millisecond of spawn_run returning may be
+    absorbed by the not-yet-exec'd child (see wrapper.py): a stop must always
+    be followed by the SIGKILL step if the group outlives the grace period.
     """
     if not _members(identity):
         return False

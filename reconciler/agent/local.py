@@ -45,13 +45,20 @@ class LocalAgent:
 
     def find(self, run_dir: Path) -> ProcessIdentity | None:
         """A live wrapper started for `run_dir` (after a crash between spawn and record).
-        The wrapper's argv names its run dir, so a stranger is never mistaken for it."""
+        The wrapper's argv names its run dir, so a stranger is never mistaken for it; and the
+        wrapper leads its own process group, which tells it from its forked children (they
+        carry its argv until they exec the command or `mv`)."""
         if not run_dir.exists():
             return None  # spawn creates the run dir first: no dir, no process
         target = str(run_dir.resolve())
         for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = proc.info.get("cmdline") or []
             if len(cmd) > 4 and cmd[3] == WRAPPER_NAME and cmd[4] == target:
+                try:
+                    if os.getpgid(proc.info["pid"]) != proc.info["pid"]:
+                        continue
+                except ProcessLookupError:
+                    continue
                 return ProcessIdentity(proc.info["pid"], proc.info["create_time"])
         return None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import select
 import shutil
 import subprocess
 import threading
@@ -70,6 +71,22 @@ def _open_private(path: pathlib.Path) -> int:
     return fd
 
 
+def _wait_until_armed(ready_r: int, timeout: float = 5.0) -> None:
+    # The wrapper re-points its stderr to the file right after setting its
+    # traps, which closes the pipe's last write end: EOF here means a signal
+    # can no longer kill it before it records an exit. Costs one sh startup
+    # of latency (~0.5 ms), no CPU. The timeout only guards against a process
+    # forked (without exec) elsewhere in this program inheriting the pipe.
+    deadline = time.monotonic() + timeout
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([ready_r], [], [], left)
+            if readable and not os.read(ready_r, 4096):
+                return
+    finally:
+        os.close(ready_r)
+
+
 def spawn_run(
     *,
     argv: list[str] | None = None,
@@ -110,23 +127,26 @@ def spawn_run(
         (run_dir / stale).unlink(missing_ok=True)
 
     out = _open_private(run_dir / "stdout")
-    err = _open_private(run_dir / "stderr")
+    os.close(_open_private(run_dir / "stderr"))  # created here; the wrapper appends to it
+    ready_r, ready_w = os.pipe()  # the wrapper's first stderr; see _wait_until_armed
     try:
         popen = subprocess.Popen(
             wrapper_argv(run_dir.resolve(), command, fsync=fsync_exit),
             stdin=subprocess.DEVNULL,
             stdout=out,
-            stderr=err,
+            stderr=ready_w,
             cwd=cwd,
             env=merged,
             start_new_session=True,  # own session and group: signal the whole run at once
             close_fds=True,
         )
     except OSError as exc:  # e.g. cwd vanished or is not searchable
+        os.close(ready_r)
         raise StartFailed(f"cannot start run: {exc}") from exc
     finally:
         os.close(out)
-        os.close(err)
+        os.close(ready_w)
+    _wait_until_armed(ready_r)
 
     try:
         start_time = psutil.Process(popen.pid).create_time()  # a zombie still answers

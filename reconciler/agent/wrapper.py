@@ -9,18 +9,32 @@ status, and it leaves it in `run_dir/exit` for whoever adopts the run later.
 from __future__ import annotations
 
 import pathlib
+import signal
 
 # $0 of the wrapper; shows up in `ps`, which makes stray runs easy to spot.
 WRAPPER_NAME = "reconciler-run"
 
+# Catchable signals someone may send the whole group. The wrapper catches
+# them (never ignores them: ignored dispositions would be inherited by the
+# user's command, caught ones are reset to the default by exec).
+_CAUGHT = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "ALRM")
+# A signal that arrives before the command started means "do not start it":
+# the handler notes the code the command would have died with.
+_TRAPS = "\n".join(
+    f"trap 't={128 + getattr(signal, 'SIG' + name)}' {name}" for name in _CAUGHT
+)
+
 # Positional parameters: $1 = run dir, $2 = 1 to fsync the record, the rest =
-# the argv to run.
-# - `trap ':'` (caught, not ignored): a SIGTERM, or another catchable signal a
-#   user may send the group, must not kill the wrapper before it records the
-#   status. Caught traps are reset to the default in the exec'd command;
-#   ignored ones would be inherited, making the user's command immune to them.
-# - "$@" with an absolute path first: no word splitting, no globbing, and no
-#   shell builtin can stand in for the program (a path with a slash is exec'd).
+# the argv to run (argv[0] an absolute path, so no shell builtin can stand in
+# for the program, and "$@" means no splitting, globbing or redirection).
+# - `exec 2>>`: spawn_run gives the wrapper a pipe as stderr and waits for it
+#   to close, so it returns only once the traps are armed: a signal sent after
+#   spawn_run returned can no longer kill the wrapper before it records.
+# - A signal landing after the `[ -z "$t" ]` test and before the forked child
+#   has exec'd the program is absorbed: dash's (v)forked child still runs the
+#   wrapper's handler until exec. Measured: up to a millisecond or so after
+#   spawn_run returns, under load. A stop in that window ends by the SIGKILL
+#   step (137) instead of SIGTERM; nothing in sh can close it.
 # - After the command, signals are ignored (and inherited by sync/mv) so a late
 #   SIGTERM cannot kill the helpers; mv is retried because a SIGKILL sent to
 #   "every member but the wrapper" may hit it.
@@ -30,15 +44,21 @@ WRAPPER_NAME = "reconciler-run"
 #   empty; that costs a fork of `sync` plus a disk flush (~1-1.5 ms a run,
 #   about as much as the rest of the wrapper). Without it, a machine crash
 #   may lose or empty the record, which readers treat as "no record".
-SCRIPT = r"""trap ':' TERM INT HUP QUIT USR1 USR2 ALRM
+SCRIPT = f"""t=
+{_TRAPS}
 d=$1
 s=$2
 shift 2
-"$@"
-c=$?
-trap '' TERM INT HUP QUIT USR1 USR2 ALRM
+exec 2>>"$d/stderr"
+if [ -z "$t" ]; then
+  "$@"
+  c=$?
+else
+  c=$t
+fi
+trap '' {" ".join(_CAUGHT)}
 umask 077
-printf '%s\n' "$c" >"$d/exit.tmp"
+printf '%s\\n' "$c" >"$d/exit.tmp"
 [ "$s" = 1 ] && sync -- "$d/exit.tmp" 2>/dev/null
 n=0
 until mv -f -- "$d/exit.tmp" "$d/exit" 2>/dev/null; do

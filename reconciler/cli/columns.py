@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from ..store import StoredObject
@@ -9,9 +10,15 @@ from .render import age, attempts, job_state
 
 
 def _ready(obj: StoredObject) -> str:
-    conditions = (obj.status or {}).get("conditions", [])
-    ready = next((c for c in conditions if c.get("type") == "Ready"), None)
-    state = "Ready" if ready and ready.get("status") == "True" else ("NotReady" if ready else "Unknown")
+    """Ready only while heartbeats are fresh: a node whose agent stopped is NotReady."""
+    from ..api.meta import to_epoch
+    from ..store.scheduling import NODE_READY_WINDOW
+
+    status = obj.status or {}
+    ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), None)
+    beat = status.get("heartbeatAt")
+    fresh = beat is not None and time.time() - to_epoch(beat) < NODE_READY_WINDOW
+    state = "Ready" if ready and ready.get("status") == "True" and fresh else ("NotReady" if ready else "Unknown")
     return state + (",SchedulingDisabled" if obj.spec.get("unschedulable") else "")
 
 

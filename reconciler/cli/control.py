@@ -63,7 +63,7 @@ def wait(
 ) -> None:
     """Exit 0 when every selected job meets the condition; 1 when one cannot or time runs out."""
     from ..api.quantity import parse_duration
-    from ..commands import wait_state
+    from ..commands import stale_jobs, wait_state
     from ..selectors import matches, parse
     from ..store import repository as repo
 
@@ -87,11 +87,14 @@ def wait(
             seq = current
             with store.read() as session:
                 objs = repo.list_objects(session, kind="Job", names=names or None)
-            if names and (missing := set(names) - {o.name for o in objs}):
-                raise NotFound("; ".join(f'jobs "{n}" not found' for n in sorted(missing)))
-            if requirements:
-                objs = [o for o in objs if matches(requirements, o.labels)]
-            states = {o.name: wait_state(o.status or {}, condition) for o in objs}
+                if names and (missing := set(names) - {o.name for o in objs}):
+                    raise NotFound("; ".join(f'jobs "{n}" not found' for n in sorted(missing)))
+                if requirements:
+                    objs = [o for o in objs if matches(requirements, o.labels)]
+                # a completion that predates a spec change, a rerun or a dependency's new
+                # revision is not an answer yet: the controller will run the job again
+                stale = stale_jobs(session, objs)
+            states = {o.name: wait_state(o.status or {}, condition, stale=o.name in stale) for o in objs}
             if never := [n for n, s in states.items() if s == "never"]:
                 for n in never:
                     err(f"job.reconciler.dev/{n} can no longer be {condition}")

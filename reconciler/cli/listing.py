@@ -28,6 +28,8 @@ def _select(store: Store, kind: str, names: list[str], selector: list[Requiremen
         with store.read() as session:
             objs = repo.list_objects(session, kind=info.kind, names=names or None)
         label = info.kind
+    if label in ("Pool", "Node"):
+        _with_usage(store, label, objs)
     if names:
         found = {o.name for o in objs}
         if missing := [n for n in names if n not in found]:
@@ -35,6 +37,23 @@ def _select(store: Store, kind: str, names: list[str], selector: list[Requiremen
     if selector:
         objs = [o for o in objs if matches(selector, o.labels)]
     return label, objs
+
+
+def _with_usage(store: Store, label: str, objs: list[StoredObject]) -> None:
+    """Pool and node usage are derived from the admissions table, never stored twice."""
+    from ..store.scheduling import usage
+
+    with store.read() as session:
+        used, queued, allocated = usage(session)
+    for o in objs:
+        status = dict(o.status or {})
+        if label == "Pool":
+            total = sum(used.values()) if o.name == "global" else used.get(o.name, 0)
+            waiting = sum(queued.values()) if o.name == "global" else queued.get(o.name, 0)
+            status.update(used=int(total or 0), queued=int(waiting or 0))
+        else:
+            status["allocated"] = {"slots": int(allocated.get(o.name, 0) or 0)}
+        o.status = status
 
 
 def _events(store: Store, names: list[str], fmt: str | None) -> str:

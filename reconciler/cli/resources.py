@@ -19,15 +19,15 @@ def _selector(text: str | None):
     return parse(text) if text else None
 
 
-def _load(files: list[str], recursive: bool):
+def _load(files: list[str], recursive: bool, *, warn: bool = True):
     from ..manifests import load
 
     if not files:
         raise InvalidInput("no manifests given: use -f PATH (a file, a folder, or - for stdin)")
     manifests = load(files, recursive=recursive)
     for m in manifests:
-        if m.ignored_status:
-            err(f"warning: {m.source}:{m.line}: status is written only by the system; ignored")
+        if m.ignored_status and warn:
+            err(f"warning: {m.where('status')} is written only by the system; ignored")
     return manifests
 
 
@@ -138,7 +138,7 @@ def delete(
 
     targets: list[tuple[str, str]] = []
     if filename:
-        targets = [(m.kind.kind, m.name) for m in _load(filename, recursive)]
+        targets = [(m.kind.kind, m.name) for m in _load(filename, recursive, warn=False)]
     elif kind and "/" in kind:
         targets = [(split_ref(ref)[0].kind, split_ref(ref)[1]) for ref in [kind, *(names or [])]]
     elif kind:

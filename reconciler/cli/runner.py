@@ -26,8 +26,15 @@ def _duration(text: str | None, flag: str) -> float | None:
         raise InvalidInput(f"{flag}: {exc}") from None
 
 
+def _settled(status: dict) -> bool:
+    """A run job is settled when Completed; a service once it is Running (it never ends)."""
+    return status.get("phase") == "Completed" or (status.get("phase") == "Running" and status.get("service"))
+
+
 def _converge(store, names: list[str], timeout: float | None) -> int:
-    """Run a controller in this process until every named job is Completed; 0 if all Succeeded."""
+    """Run a controller in this process until every named job is settled; 0 if all run jobs
+    Succeeded and every service is Running. Services keep running after `up` returns (the
+    next controller adopts them)."""
     from ..controller.manager import Controller, job_phases
     from .progress import make_progress, summary
 
@@ -44,7 +51,7 @@ def _converge(store, names: list[str], timeout: float | None) -> int:
                 seq = current
                 statuses = job_phases(store, names)
                 progress.update(statuses)
-                if all(s.get("phase") == "Completed" for s in statuses.values()):
+                if all(_settled(s) for s in statuses.values()):
                     break
             if deadline is not None and time.monotonic() >= deadline:
                 err(f"error: timed out after {timeout:g}s; jobs not completed: "
@@ -58,7 +65,8 @@ def _converge(store, names: list[str], timeout: float | None) -> int:
         progress.close()
         controller.stop()
     err(summary(statuses))
-    ok = all(s.get("outcome") == "Succeeded" for s in statuses.values()) and not stop.is_set()
+    ok = all(s.get("outcome") == "Succeeded" or _settled(s) and s.get("service") for s in statuses.values()) \
+        and not stop.is_set()
     return 0 if ok else 1
 
 

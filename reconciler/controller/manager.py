@@ -94,5 +94,7 @@ class Controller:
 
 
 def job_phases(store: Store, names: list[str]) -> dict[str, dict]:
+    """name -> status, with `service: True` marked for service jobs."""
     with store.read() as session:
-        return {o.name: (o.status or {}) for o in repo.list_objects(session, kind="Job", names=names)}
+        return {o.name: {**(o.status or {}), "service": o.spec.get("type") == "service"}
+                for o in repo.list_objects(session, kind="Job", names=names)}

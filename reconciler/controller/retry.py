@@ -62,12 +62,17 @@ def after_run(
     cancelled: bool,
     deadline_passed: bool,
     rand: Callable[[], float],
+    service: bool = False,
 ) -> AfterRun:
-    """`attempts` counts runs of this revision including the one that just ended."""
+    """`attempts` counts runs of this revision including the one that just ended. A service
+    is restarted after every exit (with backoff, without a limit) until it is cancelled."""
     if cancelled:
         return AfterRun(False, "Cancelled", "Cancelled", "the job was cancelled")
     if deadline_passed:
         return AfterRun(False, "TimedOut", "DeadlineExceeded", "the job exceeded its timeout")
+    if service and run.outcome != "StartFailed":
+        delay = backoff_delay(retry.backoff, attempts, rand)
+        return AfterRun(True, delay=delay, message=f"service run {attempts} ended {run.outcome}; restarting in {delay:.3g}s")
     if run.outcome == "Succeeded":
         return AfterRun(False, "Succeeded", None, "the run exited 0")
     ok, outcome, reason = _retryable(retry, run)

@@ -87,6 +87,7 @@ class RunSteps:
         number, run_dir = held.run_number, self.run_dir(ctx, held.run_number)
         identity = self.agent.find(run_dir)
         exited = self.agent.exit_of(run_dir)
+        started_at = None  # now, unless an adopted process tells when it really started
         if identity is None and exited is None:
             if (stop := self.stop_reason(ctx)) is not None:
                 return self.after_stop(ctx, stop[0], stop[1], run=None)
@@ -99,9 +100,10 @@ class RunSteps:
             except StartFailed as exc:
                 run = self._new_run(ctx, number, None)
                 return self.finish(ctx, run, RunEnd("StartFailed"), exit_code=None, reason="StartFailed", message=str(exc))
-        elif identity is not None:
+        elif identity is not None:  # spawned before a crash: adopt it, with its real start (runTimeout counts from it)
             self.agent.watch(ctx.name, identity)
-        run = self._new_run(ctx, number, identity)
+            started_at = from_epoch(min(identity.start_time, ctx.now))
+        run = self._new_run(ctx, number, identity, started_at)
         ctx.status.setdefault("startTime", run["startedAt"])
         ctx.move("Running", "Started", f"run {number} started on {held.node}" + (f" (pid {identity.pid})" if identity else ""))
         self.jobs.write(ctx, None)
@@ -117,8 +119,8 @@ class RunSteps:
             return held.owner is not None and owner_gone(held.owner) and \
                 sched.claim_spawn(tx, ctx.uid, self.jobs.owner, take_over_from=held.owner)
 
-    def _new_run(self, ctx: Ctx, number: int, identity: ProcessIdentity | None) -> dict:
-        run = {"number": number, "revision": ctx.revision, "node": self.agent.node, "startedAt": ctx.now_text}
+    def _new_run(self, ctx: Ctx, number: int, identity: ProcessIdentity | None, started_at: str | None = None) -> dict:
+        run = {"number": number, "revision": ctx.revision, "node": self.agent.node, "startedAt": started_at or ctx.now_text}
         if identity is not None:
             run.update(pid=identity.pid, processStartTime=identity.start_time)
         ctx.status.setdefault("runs", []).append(run)
@@ -252,7 +254,7 @@ class RunSteps:
         decision = after_run(ctx.spec.retry, end, attempts=len(ctx.runs_this_revision()),
                              cancelled=stop is not None and stop[0] in ("Cancelled", "Deleted"),
                              deadline_passed=stop is not None and stop[0] == "DeadlineExceeded",
-                             rand=self.jobs.rand.random)
+                             rand=self.jobs.rand.random, service=ctx.spec.type == "service")
         if not decision.retry:
             return self.jobs.complete(ctx, decision.outcome, decision.reason or decision.outcome,
                                       message or decision.message)

@@ -7,6 +7,7 @@ from typing import Callable
 from sqlalchemy import Connection, inspect, text
 from sqlmodel import SQLModel
 
+from ..errors import ReconcilerError
 from . import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 
 
@@ -28,7 +29,8 @@ def current_version(conn: Connection) -> int:
 def migrate(conn: Connection, found: int) -> None:
     """Bring a store from version `found` to SCHEMA_VERSION; refuses a store from the future."""
     if found > SCHEMA_VERSION:
-        raise RuntimeError(f"store schema {found} is newer than this reconciler ({SCHEMA_VERSION}); upgrade it")
+        raise ReconcilerError(f"store schema {found} is newer than this reconciler ({SCHEMA_VERSION}); "
+                              "upgrade reconciler to use this store")
     for version in range(found + 1, SCHEMA_VERSION + 1):
         MIGRATIONS[version - 1](conn)
     if found == 0:

@@ -194,3 +194,11 @@ def dependency_graph(session: Connection) -> dict[str, list[str]]:
     """job -> the jobs it depends on, for waking dependents when a job completes."""
     return {name: [d["job"] for d in json.loads(spec).get("dependsOn", [])]
             for name, spec in session.execute(select(ObjectRow.name, ObjectRow.spec).where(ObjectRow.kind == "Job"))}
+
+
+def usage(session: Connection) -> tuple[dict[str | None, int], dict[str | None, int], dict[str | None, int]]:
+    """(slots used per pool, jobs queued per pool, slots allocated per node), for `get`."""
+    used = dict(session.execute(select(ADMISSIONS.c.pool, func.sum(ADMISSIONS.c.slots)).group_by(ADMISSIONS.c.pool)).all())
+    queued_ = dict(session.execute(select(QUEUE.c.pool, func.count()).group_by(QUEUE.c.pool)).all())
+    nodes = dict(session.execute(select(ADMISSIONS.c.node, func.sum(ADMISSIONS.c.slots)).group_by(ADMISSIONS.c.node)).all())
+    return used, queued_, nodes

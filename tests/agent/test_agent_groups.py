@@ -70,6 +70,23 @@ def test_wrapper_outlives_other_catchable_signals(spawn):
     )
 
 
+def test_stop_right_after_spawn_always_leaves_an_exit_record(spawn):
+    # spawn_run returns only once the wrapper's traps are armed, so an immediate
+    # stop can no longer kill the wrapper before it records. (The TERM itself may
+    # be absorbed before the program exec's: the SIGKILL step then ends it.)
+    for _ in range(20):
+        identity, run_dir = spawn(argv=["sleep", "60"])
+        assert signal_group(identity, signal.SIGTERM)
+
+        def stopped():
+            kill_group_except_wrapper(identity)  # what the controller does after the grace
+            return read_exit(run_dir)
+
+        record = wait_until(stopped)
+        assert record in (ExitRecord(143, 15), ExitRecord(137, 9))
+        wait_until(lambda: not group_alive(identity))
+
+
 def test_grandchildren_die_with_the_group(spawn):
     identity, run_dir = spawn(argv=["sh", "-c", "sleep 60 & sleep 60 & wait"])
     wait_until(lambda: group_names(identity) == ["sh", "sh", "sleep", "sleep"])

@@ -101,16 +101,16 @@ def test_without_jitter_the_random_draw_does_not_matter():
 
 @pytest.mark.parametrize("factor", [3, 10])
 def test_exponential_delay_stays_capped_for_any_valid_retry_number(factor):
-    """BUG (see report): limit may be up to 1000, so retry numbers up to 1000 are valid;
-    `backoff.delay * factor ** (n - 1)` overflows a float (OverflowError) long before that
-    for factor >= ~2.04, instead of returning maxDelay."""
+    """limit may be up to 1000, so retry numbers up to 1000 are valid; `factor ** (n - 1)`
+    exceeds a float long before that for factor >= ~2.04, and the result must still be
+    maxDelay rather than an OverflowError."""
     spec = backoff(policy="exponential", delay="1s", factor=factor, maxDelay="1m")
     assert backoff_delay(spec, 1000, fixed(MID)) == 60.0
 
 
 def test_after_run_at_high_attempt_with_large_factor_schedules_capped_backoff():
-    """BUG (same as above, through after_run): a valid spec (limit 1000, factor 10) crashes
-    the post-run decision after ~310 failed runs instead of backing off maxDelay."""
+    """The same through after_run: a valid spec (limit 1000, factor 10) must keep backing off
+    maxDelay after ~310 failed runs instead of crashing the post-run decision."""
     r = retry(limit=1000, backoff={"policy": "exponential", "delay": "1s", "factor": 10, "maxDelay": "1m"})
     d = after_run(r, RunEnd("Failed", 1), attempts=400, cancelled=False, deadline_passed=False, rand=fixed(MID))
     assert d == AfterRun(True, delay=60.0, message=d.message)

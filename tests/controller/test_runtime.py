@@ -1,0 +1,397 @@
+"""runtime.py: the work queue (dedup, per-key exclusivity, timers, close) and the Runner
+(error backoff, requeue-after). Real threads and short real delays; every wait is a poll with a
+deadline, and no assertion is about how fast anything ran."""
+
+from __future__ import annotations
+
+import threading
+import types
+from typing import Hashable
+
+import pytest
+
+from reconciler.controller import runtime
+from reconciler.controller.runtime import Runner, WorkQueue
+from tests.helpers import wait_until
+
+DEADLINE = 10.0  # generous: only a broken queue ever gets near it
+
+
+def get_within(queue: WorkQueue, timeout: float = DEADLINE) -> Hashable | None:
+    """queue.get(), failing the test instead of hanging if nothing comes."""
+    box: list = []
+    thread = threading.Thread(target=lambda: box.append(queue.get()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        queue.close()  # release the blocked getter
+        raise AssertionError(f"queue.get() returned nothing within {timeout}s")
+    return box[0]
+
+
+class BackgroundGet:
+    """A getter blocked in another thread, so a test can act while it waits."""
+
+    def __init__(self, queue: WorkQueue):
+        self.queue, self.result, self.returned = queue, None, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.result = self.queue.get()
+        self.returned.set()
+
+    def wait(self, timeout: float = DEADLINE):
+        if not self.returned.wait(timeout):
+            self.queue.close()
+            raise AssertionError(f"queue.get() returned nothing within {timeout}s")
+        return self.result
+
+
+# --- WorkQueue: deduplication and exclusivity ----------------------------------------------
+
+def test_adding_a_queued_key_again_does_not_duplicate_it():
+    q = WorkQueue()
+    for key in ("a", "a", "b", "a", "b"):
+        q.add(key)
+    assert len(q) == 2
+    assert [q.get(), q.get()] == ["a", "b"]
+    assert len(q) == 0
+
+
+def test_keys_come_out_in_the_order_they_were_added():
+    q = WorkQueue()
+    for key in ("c", "a", "b"):
+        q.add(key)
+    assert [q.get() for _ in range(3)] == ["c", "a", "b"]
+
+
+def test_a_key_being_processed_is_not_handed_out_again():
+    q = WorkQueue()
+    q.add("a")
+    assert q.get() == "a"
+    q.add("a")  # changed again while being processed
+    assert len(q) == 0
+    q.add("b")
+    assert q.get() == "b"  # other keys still flow
+    assert len(q) == 0
+
+
+def test_a_key_added_while_processing_is_queued_again_on_done():
+    q = WorkQueue()
+    q.add("a")
+    assert q.get() == "a"
+    q.add("a")
+    q.add("a")
+    q.add("a")
+    q.done("a")
+    assert len(q) == 1  # once, however often it was added meanwhile
+    assert q.get() == "a"
+    q.done("a")
+    assert len(q) == 0 and q.idle()
+
+
+def test_done_without_a_new_add_does_not_requeue():
+    q = WorkQueue()
+    q.add("a")
+    assert q.get() == "a"
+    q.done("a")
+    assert len(q) == 0 and q.idle()
+
+
+def test_a_waiting_getter_receives_the_key_once_it_is_done():
+    q = WorkQueue()
+    q.add("a")
+    assert q.get() == "a"
+    q.add("a")
+    getter = BackgroundGet(q)
+    assert not getter.returned.is_set() and len(q) == 0  # nothing to hand out yet
+    q.done("a")
+    assert getter.wait() == "a"
+
+
+def test_idle_tracks_queued_and_processing_keys():
+    q = WorkQueue()
+    assert q.idle()
+    q.add("a")
+    assert not q.idle()
+    q.get()
+    assert not q.idle()  # processing
+    q.done("a")
+    assert q.idle()
+
+
+# --- WorkQueue: timers ---------------------------------------------------------------------
+
+def test_add_after_with_no_delay_is_an_immediate_add():
+    q = WorkQueue()
+    q.add_after("a", 0)
+    q.add_after("b", -1)
+    assert len(q) == 2
+
+
+def test_timers_fire_in_due_order_not_insertion_order():
+    q = WorkQueue()
+    q.add_after("late", 0.3)
+    q.add_after("early", 0.05)
+    q.add_after("middle", 0.15)
+    assert len(q) == 0  # nothing is due yet
+    assert [get_within(q) for _ in range(3)] == ["early", "middle", "late"]
+
+
+def test_an_earlier_timer_supersedes_a_later_one():
+    q = WorkQueue()
+    q.add_after("k", 60)
+    q.add_after("k", 0.05)
+    assert get_within(q) == "k"  # well before the 60 s timer
+
+
+def test_a_later_timer_does_not_postpone_an_earlier_one():
+    q = WorkQueue()
+    q.add_after("k", 0.05)
+    q.add_after("k", 60)
+    assert get_within(q) == "k"
+
+
+def test_a_superseded_timer_does_not_fire_again():
+    q = WorkQueue()
+    q.add_after("k", 0.3)
+    q.add_after("k", 0.05)
+    assert get_within(q) == "k"
+    q.done("k")
+    q.add_after("marker", 0.6)  # due after the stale 0.3 s timer of k
+    assert get_within(q) == "marker"  # k's stale timer was dropped, not delivered
+
+
+def test_a_timer_firing_while_the_key_is_processed_is_not_lost():
+    q = WorkQueue()
+    q.add("k")
+    assert q.get() == "k"
+    q.add_after("k", 0.05)
+    q.add_after("marker", 0.3)
+    # the marker comes out first: k's earlier timer fired meanwhile but k, being processed,
+    # was held back instead of handed out twice
+    assert get_within(q) == "marker"
+    q.done("k")
+    assert get_within(q) == "k"  # ...and delivered once it was done
+    q.done("k")
+    q.done("marker")
+    assert q.idle() and len(q) == 0
+
+
+# --- WorkQueue: close ----------------------------------------------------------------------
+
+def test_close_unblocks_a_waiting_get():
+    q = WorkQueue()
+    getter = BackgroundGet(q)
+    q.close()
+    assert getter.wait() is None
+
+
+def test_close_unblocks_a_get_waiting_for_a_timer():
+    q = WorkQueue()
+    q.add_after("k", 60)
+    getter = BackgroundGet(q)
+    q.close()
+    assert getter.wait() is None
+
+
+def test_get_after_close_returns_none_even_with_keys_queued():
+    q = WorkQueue()
+    q.add("a")
+    q.close()
+    assert get_within(q) is None
+
+
+# --- Runner ----------------------------------------------------------------------------------
+
+class RecordingQueue(WorkQueue):
+    """A WorkQueue that remembers every add_after the runner makes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.delays: list[tuple[Hashable, float]] = []
+
+    def add_after(self, key: Hashable, delay: float) -> None:
+        self.delays.append((key, delay))
+        super().add_after(key, delay)
+
+
+class Script:
+    """A reconciler playing a script: each call takes the next step (an exception to raise or a
+    requeue delay to return); after the script, it returns None."""
+
+    def __init__(self, *steps):
+        self.steps = list(steps)
+        self.calls: list[Hashable] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, key: Hashable) -> float | None:
+        with self.lock:
+            self.calls.append(key)
+            step = self.steps.pop(0) if self.steps else None
+        if isinstance(step, Exception):
+            raise step
+        return step
+
+
+@pytest.fixture
+def start_runner():
+    runners: list[Runner] = []
+
+    def start(queue: WorkQueue, route, workers: int = 2) -> Runner:
+        runner = Runner(queue, route, workers=workers)
+        runners.append(runner)
+        runner.start()
+        return runner
+
+    yield start
+    for runner in runners:
+        runner.stop()
+
+
+@pytest.fixture
+def steady_random(monkeypatch):
+    """Inject the runner's random source: a draw of 0.5 makes the error delay exactly base * 2**n."""
+    monkeypatch.setattr(runtime, "random", types.SimpleNamespace(random=lambda: 0.5))
+
+
+def _settled(queue: WorkQueue, script: Script, calls: int) -> bool:
+    return len(script.calls) >= calls and queue.idle()
+
+
+def test_runner_routes_each_key_to_its_reconciler(start_runner):
+    q = RecordingQueue()
+    jobs, nodes = Script(), Script()
+    start_runner(q, lambda key: jobs if key[0] == "Job" else nodes)
+    for key in (("Job", "a"), ("Node", "w1"), ("Job", "b")):
+        q.add(key)
+    wait_until(lambda: len(jobs.calls) == 2 and len(nodes.calls) == 1 and q.idle(), timeout=DEADLINE)
+    assert sorted(jobs.calls) == [("Job", "a"), ("Job", "b")]
+    assert nodes.calls == [("Node", "w1")]
+    assert q.delays == []  # None means: do not call again
+
+
+def test_runner_calls_again_after_a_returned_requeue_delay(start_runner):
+    q = RecordingQueue()
+    script = Script(0.05, 0.02)  # two requeues, then done
+    start_runner(q, lambda key: script)
+    q.add("k")
+    wait_until(lambda: _settled(q, script, 3), timeout=DEADLINE, message="three reconciles")
+    assert script.calls == ["k", "k", "k"]
+    assert q.delays == [("k", 0.05), ("k", 0.02)]
+
+
+def test_runner_requeues_a_failing_reconcile_with_growing_delay(start_runner, steady_random):
+    q = RecordingQueue()
+    script = Script(*[RuntimeError(f"boom {i}") for i in range(5)])
+    start_runner(q, lambda key: script)
+    q.add("k")
+    wait_until(lambda: _settled(q, script, 6), timeout=DEADLINE, message="five failures then success")
+    delays = [d for _, d in q.delays]
+    assert delays == pytest.approx([runtime.ERROR_BASE * 2 ** n for n in range(1, 6)])
+    assert all(later > earlier for earlier, later in zip(delays, delays[1:]))
+
+
+def test_runner_error_delay_is_capped(start_runner, steady_random, monkeypatch):
+    monkeypatch.setattr(runtime, "ERROR_MAX", 0.02)
+    q = RecordingQueue()
+    script = Script(*[RuntimeError("boom") for _ in range(4)])
+    start_runner(q, lambda key: script)
+    q.add("k")
+    wait_until(lambda: _settled(q, script, 5), timeout=DEADLINE)
+    assert [d for _, d in q.delays] == pytest.approx([0.01, 0.02, 0.02, 0.02])
+
+
+def test_runner_error_delay_jitter_stays_within_half_to_one_and_a_half(start_runner):
+    q = RecordingQueue()
+    script = Script(*[RuntimeError("boom") for _ in range(4)])
+    start_runner(q, lambda key: script)
+    q.add("k")
+    wait_until(lambda: _settled(q, script, 5), timeout=DEADLINE)
+    for n, (_, delay) in enumerate(q.delays, start=1):
+        base = runtime.ERROR_BASE * 2 ** n
+        assert 0.5 * base <= delay < 1.5 * base
+
+
+def test_a_success_resets_the_error_backoff(start_runner, steady_random):
+    q = RecordingQueue()
+    script = Script(RuntimeError("1"), RuntimeError("2"), 0.01, RuntimeError("3"))
+    start_runner(q, lambda key: script)
+    q.add("k")
+    wait_until(lambda: _settled(q, script, 5), timeout=DEADLINE)
+    assert [d for _, d in q.delays] == pytest.approx([0.01, 0.02, 0.01, 0.01])
+
+
+def test_error_backoff_is_per_key(start_runner, steady_random):
+    q = RecordingQueue()
+    scripts = {"a": Script(RuntimeError("a1"), RuntimeError("a2")), "b": Script(RuntimeError("b1"))}
+    start_runner(q, lambda key: scripts[key])
+    q.add("a")
+    wait_until(lambda: _settled(q, scripts["a"], 3), timeout=DEADLINE)
+    q.add("b")
+    wait_until(lambda: _settled(q, scripts["b"], 2), timeout=DEADLINE)
+    assert [d for k, d in q.delays if k == "b"] == pytest.approx([0.01])  # b starts from the base
+
+
+def test_an_error_in_routing_is_retried_like_a_reconcile_error(start_runner, steady_random):
+    q = RecordingQueue()
+    script = Script()
+    routed = []
+
+    def route(key):
+        routed.append(key)
+        if len(routed) == 1:
+            raise KeyError("no reconciler yet")
+        return script
+
+    start_runner(q, route)
+    q.add("k")
+    wait_until(lambda: _settled(q, script, 1), timeout=DEADLINE)
+    assert q.delays == [("k", pytest.approx(0.01))]
+
+
+def test_the_same_key_is_never_reconciled_twice_at_once(start_runner):
+    q = WorkQueue()
+    release, entered = threading.Event(), threading.Event()
+    active = {"a": 0, "max": 0}
+    calls = {"a": 0, "b": 0}
+    lock = threading.Lock()
+
+    def reconcile(key):
+        with lock:
+            calls[key] += 1
+            if key == "a":
+                active["a"] += 1
+                active["max"] = max(active["max"], active["a"])
+        try:
+            if key == "a" and calls["a"] == 1:
+                entered.set()
+                assert release.wait(DEADLINE)
+        finally:
+            if key == "a":
+                with lock:
+                    active["a"] -= 1
+        return None
+
+    start_runner(q, lambda key: reconcile, workers=4)
+    q.add("a")
+    assert entered.wait(DEADLINE)
+    for _ in range(5):
+        q.add("a")  # changes arrive while a is being reconciled
+    q.add("b")
+    wait_until(lambda: calls["b"] == 1, timeout=DEADLINE, message="other keys proceed meanwhile")
+    assert calls["a"] == 1
+    release.set()
+    wait_until(lambda: calls["a"] == 2 and q.idle(), timeout=DEADLINE, message="a reconciled once more")
+    assert active["max"] == 1
+    assert calls == {"a": 2, "b": 1}
+
+
+def test_stop_ends_the_workers(start_runner):
+    before = set(threading.enumerate())
+    runner = start_runner(WorkQueue(), lambda key: Script(), workers=3)
+    workers = [t for t in threading.enumerate() if t not in before]
+    assert len(workers) == 3
+    runner.stop()
+    assert not any(t.is_alive() for t in workers)

@@ -1,0 +1,299 @@
+"""The store (reconciler.store): schema migration, the repository's compare-and-swap,
+events written in the same transaction, resourceVersion order, and the SQLite file's
+modes and settings. Store-level tests run on SQLite and PostgreSQL (`store_url`)."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+from sqlalchemy import inspect, text
+
+from reconciler.errors import Conflict
+from reconciler.store import Store
+from reconciler.store import repository as repo
+from reconciler.store.engine import BUSY_TIMEOUT_MS
+from reconciler.store.migrations import SCHEMA_VERSION
+from tests.helpers import run_cli
+
+SPEC = {"command": ["true"], "slots": 1, "retry": {"limit": 2}}
+
+
+class Boom(Exception):
+    """Raised inside a write transaction to make it roll back."""
+
+
+@pytest.fixture
+def store(store_url):
+    s = Store(store_url)
+    yield s
+    s.dispose()
+
+
+def _meta(store: Store) -> dict[str, int]:
+    with store.read() as conn:
+        return {k: int(v) for k, v in conn.execute(text("SELECT key, value FROM meta"))}
+
+
+def _tables(store: Store) -> set[str]:
+    with store.read() as conn:
+        return set(inspect(conn).get_table_names())
+
+
+def _create(store: Store, name: str, *, kind: str = "Job", spec: dict | None = None, labels: dict | None = None):
+    with store.write() as tx:
+        obj = repo.create(tx, kind=kind, name=name, spec=spec or SPEC, labels=labels or {"app": name},
+                          annotations={"note": "x"}, status={"phase": "Waiting"} if kind == "Job" else None)
+        repo.record_event(tx, obj, "Created", f"{kind.lower()} created")
+    return obj
+
+
+def _events(store: Store, name: str) -> list[tuple[str, str]]:
+    with store.read() as conn:
+        return [(e.reason, e.message) for e in repo.events(conn, kind="Job", name=name)]
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def test_migration_creates_tables_and_records_the_schema_version(store):
+    assert {"objects", "events", "meta"} <= _tables(store)
+    meta = _meta(store)
+    assert meta["schema"] == SCHEMA_VERSION
+    assert meta["seq"] == 0
+    assert store.change_seq() == 0
+
+
+def test_opening_an_existing_store_again_is_a_no_op(store_url):
+    first = Store(store_url)
+    obj = _create(first, "keep")
+    before_meta, before_tables = _meta(first), _tables(first)
+    first.dispose()
+
+    again = Store(store_url)  # runs the migrator on a current store
+    try:
+        assert _meta(again) == before_meta
+        assert _tables(again) == before_tables
+        with again.read() as conn:
+            stored = repo.get(conn, kind="Job", name="keep")
+        assert stored is not None and stored.uid == obj.uid and stored.resource_version == obj.resource_version
+        assert _events(again, "keep") == [("Created", "job created")]
+    finally:
+        again.dispose()
+
+
+def test_a_store_from_a_newer_schema_is_refused(store_url):
+    s = Store(store_url)
+    with s.write() as tx:
+        tx.session.execute(text("UPDATE meta SET value = :v WHERE key = 'schema'"), {"v": SCHEMA_VERSION + 1})
+    s.dispose()
+    with pytest.raises(Exception, match=rf"store schema {SCHEMA_VERSION + 1} is newer than this reconciler"):
+        Store(store_url)
+
+
+def test_the_cli_refuses_a_newer_store_with_one_line(sqlite_url):
+    s = Store(sqlite_url)
+    with s.write() as tx:
+        tx.session.execute(text("UPDATE meta SET value = :v WHERE key = 'schema'"), {"v": SCHEMA_VERSION + 1})
+    s.dispose()
+    result = run_cli("get", "jobs", store=sqlite_url)
+    assert result.code != 0
+    assert "newer than this reconciler" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+# --------------------------------------------------------------------------- objects
+
+
+def test_create_get_and_list(store):
+    for name in ("b-job", "a-job", "c-job"):
+        _create(store, name)
+    _create(store, "main", kind="Pool", spec={"slots": 2})
+    with store.read() as conn:
+        got = repo.get(conn, kind="Job", name="a-job")
+        missing = repo.get(conn, kind="Job", name="nope")
+        other_kind = repo.get(conn, kind="Pool", name="a-job")
+        jobs = repo.list_objects(conn, kind="Job")
+        some = repo.list_objects(conn, kind="Job", names=["c-job", "a-job", "nope"])
+        pools = repo.list_objects(conn, kind="Pool")
+    assert missing is None and other_kind is None
+    assert got is not None
+    assert (got.kind, got.name, got.generation) == ("Job", "a-job", 1)
+    assert got.spec == SPEC and got.labels == {"app": "a-job"} and got.annotations == {"note": "x"}
+    assert got.status == {"phase": "Waiting"} and got.deleted_at is None and got.uid
+    assert got.spec_text == repo.canonical(SPEC)
+    assert [o.name for o in jobs] == ["a-job", "b-job", "c-job"]  # ordered by name
+    assert [o.name for o in some] == ["a-job", "c-job"]
+    assert [(o.kind, o.name, o.spec) for o in pools] == [("Pool", "main", {"slots": 2})]
+    assert len({o.uid for o in jobs + pools}) == 4
+    manifest = got.manifest()
+    assert manifest["metadata"]["resourceVersion"] == str(got.resource_version)
+    assert manifest["spec"] == SPEC and manifest["status"] == {"phase": "Waiting"}
+
+
+def test_create_many_is_create_for_many(store):
+    with store.write() as tx:
+        made = repo.create_many(tx, [
+            dict(kind="Job", name=f"j{i}", spec=SPEC, labels={"i": str(i)}, annotations={}) for i in range(3)
+        ])
+        repo.record_events(tx, [(o, "Created", "bulk") for o in made])
+    assert {o.resource_version for o in made} == {store.change_seq()}
+    with store.read() as conn:
+        stored = repo.list_objects(conn, kind="Job")
+    assert [(o.name, o.uid, o.labels, o.spec, o.status) for o in stored] == \
+        [(o.name, o.uid, o.labels, o.spec, None) for o in made]
+    assert _events(store, "j1") == [("Created", "bulk")]
+
+
+def test_update_bumps_resource_version_and_generation_only_on_a_spec_change(store):
+    obj = _create(store, "web")
+    assert obj.generation == 1
+
+    # the same spec, spelled in another key order, is no change of spec
+    reordered = {"retry": {"limit": 2}, "slots": 1, "command": ["true"]}
+    with store.write() as tx:
+        same = repo.update_object(tx, obj, spec=reordered, labels={"app": "web", "tier": "front"})
+    assert same.resource_version > obj.resource_version
+    assert same.generation == 1 and same.labels == {"app": "web", "tier": "front"}
+
+    with store.write() as tx:
+        status_only = repo.update_object(tx, same, status={"phase": "Queued"})
+    assert status_only.resource_version > same.resource_version and status_only.generation == 1
+
+    with store.write() as tx:
+        changed = repo.update_object(tx, status_only, spec={**SPEC, "priority": 5})
+    assert changed.generation == 2 and changed.resource_version > status_only.resource_version
+
+    with store.read() as conn:
+        stored = repo.get(conn, kind="Job", name="web")
+    assert stored is not None
+    assert (stored.generation, stored.resource_version) == (2, changed.resource_version)
+    assert stored.spec == {**SPEC, "priority": 5} and stored.status == {"phase": "Queued"}
+    assert stored.labels == {"app": "web", "tier": "front"} and stored.uid == obj.uid
+
+
+def test_a_stale_update_raises_conflict_and_changes_nothing(store):
+    obj = _create(store, "web")
+    with store.write() as tx:
+        fresh = repo.update_object(tx, obj, labels={"app": "first"})
+        repo.record_event(tx, fresh, "Configured", "first")
+    seq = store.change_seq()
+
+    with pytest.raises(Conflict, match="has been modified"):
+        with store.write() as tx:
+            stale = repo.update_object(tx, obj, spec={**SPEC, "priority": 9}, labels={"app": "second"})
+            repo.record_event(tx, stale, "Configured", "second")  # never reached
+    with pytest.raises(Conflict):
+        with store.write() as tx:
+            repo.remove(tx, obj)
+
+    assert store.change_seq() == seq
+    with store.read() as conn:
+        stored = repo.get(conn, kind="Job", name="web")
+    assert stored is not None
+    assert (stored.resource_version, stored.generation, stored.labels, stored.spec) == \
+        (fresh.resource_version, 1, {"app": "first"}, SPEC)
+    assert _events(store, "web") == [("Created", "job created"), ("Configured", "first")]
+
+
+def test_remove_is_a_compare_and_swap(store):
+    obj = _create(store, "gone")
+    with store.write() as tx:
+        repo.remove(tx, obj)
+        repo.record_event(tx, obj, "Deleted", "job deleted")
+    with store.read() as conn:
+        assert repo.get(conn, kind="Job", name="gone") is None
+    assert _events(store, "gone")[-1] == ("Deleted", "job deleted")
+
+
+# --------------------------------------------------------------------------- transactions
+
+
+def test_events_are_written_in_the_same_transaction(store):
+    with pytest.raises(Boom):
+        with store.write() as tx:
+            obj = repo.create(tx, kind="Job", name="ghost", spec=SPEC, labels={}, annotations={})
+            repo.record_event(tx, obj, "Created", "job created")
+            raise Boom
+    with store.read() as conn:
+        assert repo.get(conn, kind="Job", name="ghost") is None
+    assert _events(store, "ghost") == []
+    assert store.change_seq() == 0
+
+    obj = _create(store, "real")
+    seq = store.change_seq()
+    with pytest.raises(Boom):
+        with store.write() as tx:
+            updated = repo.update_object(tx, obj, spec={**SPEC, "priority": 1})
+            repo.record_event(tx, updated, "Configured", "spec changed")
+            raise Boom
+    with store.read() as conn:
+        stored = repo.get(conn, kind="Job", name="real")
+    assert stored is not None and stored.spec == SPEC and stored.resource_version == obj.resource_version
+    assert _events(store, "real") == [("Created", "job created")]
+    assert store.change_seq() == seq
+
+
+def test_resource_versions_grow_monotonically_across_transactions(store):
+    seen: list[int] = []
+    obj = _create(store, "counter", labels={"n": "0"})
+    seen.append(obj.resource_version)
+    for i in range(1, 6):
+        with store.write() as tx:
+            rv = tx.rv()
+            assert tx.rv() == rv  # one resourceVersion per transaction
+            other = repo.create(tx, kind="Job", name=f"side-{i}", spec=SPEC, labels={}, annotations={})
+            obj = repo.update_object(tx, obj, labels={"n": str(i)})
+            assert other.resource_version == obj.resource_version == rv
+        seen.append(obj.resource_version)
+        assert store.change_seq() == obj.resource_version
+    with store.write() as tx:  # a transaction that writes nothing takes no resourceVersion
+        with_nothing = tx
+    assert not with_nothing.changed
+    assert store.change_seq() == seen[-1]
+    assert seen == sorted(seen) and len(set(seen)) == len(seen)
+    with store.read() as conn:
+        events = repo.events(conn)
+    rvs = [e.resource_version for e in events]
+    assert rvs == sorted(rvs)
+
+
+# --------------------------------------------------------------------------- SQLite specifics
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+def test_sqlite_file_and_folder_are_private(tmp_path):
+    folder = tmp_path / "fresh" / "state"
+    path = folder / "state.db"
+    s = Store(f"sqlite:///{path}")
+    try:
+        _create(s, "one")
+        with s.read() as conn:  # keeps a reader open, so -wal and -shm exist meanwhile
+            repo.list_objects(conn, kind="Job")
+            assert _mode(folder) == 0o700
+            assert _mode(path) == 0o600
+            extra = [folder / f"state.db{suffix}" for suffix in ("-wal", "-shm")]
+            present = [p for p in extra if p.exists()]
+            assert present, "WAL mode keeps -wal/-shm files while a connection is open"
+            for p in present:
+                assert _mode(p) == 0o600, p
+    finally:
+        s.dispose()
+
+
+def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(sqlite_url):
+    s = Store(sqlite_url)
+    try:
+        with s.read() as conn:
+            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar().lower() == "wal"
+            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == BUSY_TIMEOUT_MS
+        with s.write() as tx:
+            assert tx.session.exec_driver_sql("PRAGMA journal_mode").scalar().lower() == "wal"
+            assert tx.session.exec_driver_sql("PRAGMA busy_timeout").scalar() == BUSY_TIMEOUT_MS
+    finally:
+        s.dispose()
