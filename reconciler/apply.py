@@ -19,6 +19,7 @@ from .manifests import Manifest, paused_gc
 from .selectors import Requirement, matches
 from .store import Store, StoredObject
 from .store import repository as repo
+from .store import scheduling as sched
 from .store.engine import Tx
 
 SYSTEM_PREFIX = "reconciler.dev/"
@@ -155,6 +156,8 @@ def delete_object(tx: Tx, obj: StoredObject) -> str:
             updated = repo.update_object(tx, obj, deleted_at=time.time())
             repo.record_event(tx, updated, "Deleting", "deletion requested; stopping the running process tree")
         return "deleting"
+    if obj.kind == "Job":
+        sched.dequeue(tx, obj.uid)  # a deleted job must not hold its place in line
     repo.remove(tx, obj)
     repo.record_event(tx, obj, "Deleted", f"{obj.kind.lower()} deleted")
     return "deleted"

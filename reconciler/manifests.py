@@ -28,23 +28,26 @@ MAX_PROBLEMS = 50  # beyond this the user gets the count, not the list
 Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
-class _ManifestLoader(Loader):  # type: ignore[misc, valid-type]
-    """The safe loader, with the tag of each plain scalar resolved once per file: a file of
-    manifests repeats the same keys and values (apiVersion, kind, Job, ...) over and over, and
-    PyYAML resolves every occurrence by trying its regular expressions in turn."""
+_PLAIN_TAGS: dict[str, str] = {}  # plain scalar text -> its implicit tag (shared by every file)
+_PLAIN_TAGS_MAX = 50_000  # emptied when full: a bound on memory in a long-lived controller
 
-    def __init__(self, stream: Any) -> None:
-        super().__init__(stream)
-        self._plain_tags: dict[str, str] = {}
+
+class _ManifestLoader(Loader):  # type: ignore[misc, valid-type]
+    """The safe loader, with the tag of each plain scalar resolved once: manifests repeat the
+    same keys and values (apiVersion, kind, Job, ...) over and over, and PyYAML resolves every
+    occurrence by trying its regular expressions in turn. With the safe loader's fixed implicit
+    resolvers and no path resolvers, a plain scalar's tag depends on its text alone."""
 
     def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
         if kind is not yaml.ScalarNode or self.yaml_path_resolvers:
             return super().resolve(kind, value, implicit)
         if not implicit[0]:  # quoted, or explicitly tagged: PyYAML's answer is always str
             return self.DEFAULT_SCALAR_TAG
-        tag = self._plain_tags.get(value)
+        tag = _PLAIN_TAGS.get(value)
         if tag is None:
-            tag = self._plain_tags[value] = super().resolve(kind, value, implicit)
+            if len(_PLAIN_TAGS) >= _PLAIN_TAGS_MAX:
+                _PLAIN_TAGS.clear()
+            tag = _PLAIN_TAGS[value] = super().resolve(kind, value, implicit)
         return tag
 
 
@@ -209,7 +212,9 @@ class _BuildState:
 
 def _build(loader: Any, node: yaml.Node, state: _BuildState) -> Any:
     """A module-level function, not a recursive closure: that would be a reference cycle
-    per document, which only the cyclic collector could free."""
+    per document, which only the cyclic collector could free. Plain string scalars, most of
+    a manifest, are taken inline rather than through a call each (a scalar's value is
+    immutable, so an aliased one needs no memo)."""
     built = state.built
     key = id(node)
     if key in built:
@@ -219,33 +224,45 @@ def _build(loader: Any, node: yaml.Node, state: _BuildState) -> Any:
         return value
     tag = node.tag
     cls = node.__class__
-    if cls is yaml.ScalarNode:
-        if tag == _STR_TAG:
-            value = node.value
-        elif tag in _SCALAR_CONSTRUCTORS:
-            value = getattr(loader, _SCALAR_CONSTRUCTORS[tag])(node)
-        else:
-            raise _Unusual
-    elif cls is yaml.MappingNode and tag == _MAP_TAG:
+    if cls is _SCALAR:
+        return _scalar(loader, node)
+    if cls is _MAPPING and tag == _MAP_TAG:
         built[key] = _Unusual
         value = {}
         spelled: set[str] = set()
         for key_node, value_node in node.value:
-            if key_node.__class__ is not yaml.ScalarNode or key_node.tag not in _PLAIN_KEY_TAGS:
+            key_tag = key_node.tag
+            if key_node.__class__ is not _SCALAR or key_tag not in _PLAIN_KEY_TAGS:
                 raise _Unusual  # merge (<<), value (=), complex or tagged keys
-            if key_node.value in spelled:
+            text = key_node.value
+            if text in spelled:
                 state.duplicates = True
-            spelled.add(key_node.value)
-            value[_build(loader, key_node, state)] = _build(loader, value_node, state)
-    elif cls is yaml.SequenceNode and tag == _SEQ_TAG:
+            spelled.add(text)
+            if value_node.__class__ is _SCALAR and value_node.tag == _STR_TAG:
+                item = value_node.value
+            else:
+                item = _build(loader, value_node, state)
+            value[text if key_tag == _STR_TAG else _scalar(loader, key_node)] = item
+    elif cls is _SEQUENCE and tag == _SEQ_TAG:
         built[key] = _Unusual
-        value = [_build(loader, item, state) for item in node.value]
+        value = [item.value if item.__class__ is _SCALAR and item.tag == _STR_TAG else _build(loader, item, state)
+                 for item in node.value]
     else:
         raise _Unusual
     built[key] = value
     return value
 
 
+def _scalar(loader: Any, node: yaml.Node) -> Any:
+    tag = node.tag
+    if tag == _STR_TAG:
+        return node.value
+    if tag in _SCALAR_CONSTRUCTORS:
+        return getattr(loader, _SCALAR_CONSTRUCTORS[tag])(node)
+    raise _Unusual
+
+
+_SCALAR, _MAPPING, _SEQUENCE = yaml.ScalarNode, yaml.MappingNode, yaml.SequenceNode
 _PLAIN_KEY_TAGS = frozenset((_STR_TAG, *_SCALAR_CONSTRUCTORS))
 
 
@@ -353,7 +370,20 @@ def _files(path: Path, recursive: bool) -> list[Path]:
     if path.is_file():
         return [path]
     pattern = "**/*" if recursive else "*"
-    return sorted(p for p in path.glob(pattern) if p.suffix in (".yaml", ".yml") and p.is_file())
+    # sorted as Paths sort (component by component), by a key that compares in C
+    return sorted((p for p in path.glob(pattern) if p.suffix in (".yaml", ".yml") and p.is_file()),
+                  key=lambda p: p.parts)
+
+
+def _folder_of(file: Path, resolved: dict[Path, Path]) -> Path:
+    """`file.resolve().parent`, with each folder resolved once rather than once per file (a
+    symbolic link named as the file still resolves to its target's folder)."""
+    if file.is_symlink():
+        return file.resolve().parent
+    parent = file.parent
+    if parent not in resolved:
+        resolved[parent] = Path(os.path.realpath(parent))
+    return resolved[parent]
 
 
 def _read(path: Path, display: str) -> str:
@@ -375,6 +405,7 @@ def load(paths: list[str], *, recursive: bool = False, stdin: Any = None) -> lis
 def _load(paths: list[str], *, recursive: bool, stdin: Any) -> list[Manifest]:
     manifests: list[Manifest] = []
     problems: list[str] = []
+    folders: dict[Path, Path] = {}
     for given in paths:
         if given == "-":
             stream = stdin or sys.stdin
@@ -397,7 +428,7 @@ def _load(paths: list[str], *, recursive: bool, stdin: Any) -> list[Manifest]:
             except InvalidInput as exc:
                 problems.append(str(exc))
                 continue
-            found, bad = parse_text(text, str(file), file.resolve().parent)
+            found, bad = parse_text(text, str(file), _folder_of(file, folders))
             manifests += found
             problems += bad
     if problems:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import queue
 import subprocess
 import sys
 import time
@@ -122,10 +123,26 @@ def run_workers(url: str, plan: list[tuple[str, int, str]]) -> list[dict[str, An
              for name, writes, via in plan]
     for p in procs:
         p.start()
-    reports = []
+    reports: list[dict[str, Any]] = []
+    deadline = time.monotonic() + WORKER_DEADLINE + 60
     try:
-        for _ in procs:
-            reports.append(results.get(timeout=WORKER_DEADLINE + 60))
+        while len(reports) < len(procs):
+            try:
+                reports.append(results.get(timeout=0.2))
+                continue
+            except queue.Empty:
+                pass
+            crashed = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if crashed or all(not p.is_alive() for p in procs):
+                while True:  # a worker that finished may have left its report behind it
+                    try:
+                        reports.append(results.get(timeout=1))
+                    except queue.Empty:
+                        break
+                if len(reports) < len(procs):
+                    pytest.fail(f"worker processes ended without reporting (exit codes {[p.exitcode for p in procs]})")
+            if time.monotonic() > deadline:
+                pytest.fail(f"workers did not finish within {WORKER_DEADLINE + 60:.0f}s")
     finally:
         for p in procs:
             p.join(timeout=30)

@@ -12,7 +12,7 @@ import psutil
 
 from ..api.job import JobSpec
 from .identity import ProcessIdentity, is_alive
-from .process import ExitRecord, group_alive, kill_group_except_wrapper, read_exit, signal_group, spawn_run
+from .process import ExitRecord, group_alive, group_pids, kill_group_except_wrapper, read_exit, signal_group, spawn_run
 from .watcher import ExitWatcher
 from .wrapper import WRAPPER_NAME
 
@@ -69,6 +69,11 @@ class LocalAgent:
     @staticmethod
     def alive(identity: ProcessIdentity) -> bool:
         return is_alive(identity) or group_alive(identity)
+
+    @staticmethod
+    def leftovers(identity: ProcessIdentity) -> bool:
+        """Processes of the run's group other than its wrapper."""
+        return any(pid != identity.pid for pid in group_pids(identity))
 
     @staticmethod
     def terminate(identity: ProcessIdentity) -> None:

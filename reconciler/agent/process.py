@@ -167,7 +167,7 @@ def read_exit(run_dir: pathlib.Path) -> ExitRecord | None:
     try:
         code = int(text)
     except ValueError:
-        return None  # cannot happen with the atomic rename; treat as unknown
+        return None  # only after a machine crash without fsync_exit: no proof, no record
     return ExitRecord(exit_code=code, signal=code - 128 if code > 128 else None)
 
 

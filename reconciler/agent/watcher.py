@@ -47,7 +47,11 @@ class ExitWatcher:
         self._thread.start()
 
     def watch(self, identity: ProcessIdentity, callback: Callback) -> None:
-        """Call callback(identity) once the process has exited (promptly if it already has)."""
+        """Call callback(identity) once the process has exited (promptly if it already has).
+
+        Raises OSError (e.g. EMFILE: out of file descriptors) if the process
+        cannot be watched, and RuntimeError after close().
+        """
         try:
             pidfd: int | None = os.pidfd_open(identity.pid)
         except ProcessLookupError:

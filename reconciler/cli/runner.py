@@ -49,9 +49,9 @@ def _converge(store, names: list[str], timeout: float | None) -> int:
             current = store.change_seq()
             if current != seq:
                 seq = current
-                statuses = job_phases(store, names)
+                statuses, stale = job_phases(store, names, with_stale=True)
                 progress.update(statuses)
-                if all(_settled(s) for s in statuses.values()):
+                if not stale and all(_settled(s) for s in statuses.values()):
                     break
             if deadline is not None and time.monotonic() >= deadline:
                 err(f"error: timed out after {timeout:g}s; jobs not completed: "

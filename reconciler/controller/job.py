@@ -6,6 +6,7 @@ concern a live process (Starting, Running, Stopping) are in runs.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections import defaultdict
 from typing import Callable
@@ -181,7 +182,9 @@ class JobReconciler:
         return AGAIN
 
     def resume(self, ctx: Ctx) -> float:
-        if ctx.status.get("eligibleAt"):
+        if ctx.status.get("nextRunAt"):  # suspended during backoff: the rest of the delay still applies
+            ctx.move("Backoff", "Resumed", "resumed; the retry waits out its backoff")
+        elif ctx.status.get("eligibleAt"):
             ctx.move("Queued", "Resumed", "resumed; back in the queue at its old position")
             self._enqueue(ctx)
         else:
@@ -275,6 +278,8 @@ class JobReconciler:
     def queued(self, ctx: Ctx) -> float | None:
         spec, status = ctx.spec, ctx.status
         with self.store.write() as tx:
+            if repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
+                raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
             self._enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
             me = sched.queued(tx.session, ctx.uid)
             nodes = [NodeView(n.name, n.ready, n.unschedulable, n.capacity, n.allocated, n.labels)
@@ -327,11 +332,21 @@ class JobReconciler:
             return room and place(nodes, slots=entry.slots, node_name=entry.node_name,
                                   selector=entry.node_selector).node is not None
 
+        # A queued job that no node could take even empty (pinned to a missing, cordoned or
+        # NotReady node, a selector nobody matches, more slots than any node has) is
+        # Unschedulable, not short of slots: it does not hold its scope's line, or once passed
+        # maxBypass times it would stop every younger job until a node for it turns up.
+        empty = [dataclasses.replace(n, allocated=0) for n in nodes]
+
+        def could_place(entry: sched.QueueEntry) -> bool:
+            return place(empty, slots=entry.slots, node_name=entry.node_name, selector=entry.node_selector).node is not None
+
         for scope_name in ["global"] + ([me.pool] if me.pool else []):
             f = facts(scope_name)
             if f.capacity is None:
                 continue
-            head = sched.head(session, me.pool, scope_is_pool=scope_name != "global")
+            head = next((e for e in sched.in_line(session, me.pool, scope_is_pool=scope_name != "global")
+                         if e.uid == me.uid or could_place(e)), None)
             scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head),
                                           head is not None and head.uid != me.uid and fits_now(head)))
         return scopes

@@ -62,5 +62,5 @@ def place(nodes: list[NodeView], *, slots: int, node_name: str | None, selector:
     elif strategy == "round-robin":
         chosen = candidates[turn % len(candidates)]
     else:  # spread: the most free share of capacity
-        chosen = max(candidates, key=lambda n: (n.free / n.capacity if n.capacity else 0, n.free, [-ord(c) for c in n.name]))
+        chosen = min(candidates, key=lambda n: (-(n.free / n.capacity if n.capacity else 0), -n.free, n.name))
     return Placement(chosen.name, f"placed on {chosen.name} ({strategy})")

@@ -139,6 +139,8 @@ class RunSteps:
         if not alive:
             return self._ended(ctx, run, exited)
         self.agent.watch(ctx.name, identity)
+        if exited is not None and not self.agent.leftovers(identity):
+            return STOP_POLL  # the wrapper is writing its record and about to exit; the watcher wakes us
         if exited is not None:  # the command exited but left processes in its group
             return self._begin_stop(ctx, identity, "Exited", "the command exited; stopping what it left running")
         stop = self.stop_reason(ctx)

@@ -14,7 +14,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "Running": frozenset({"Stopping", "Backoff", "Completed"}),
     "Stopping": frozenset({"Backoff", "Suspended", "Completed", "Waiting"}),
     "Backoff": frozenset({"Queued", "Suspended", "Completed", "Waiting"}),
-    "Suspended": frozenset({"Waiting", "Queued", "Completed"}),
+    "Suspended": frozenset({"Waiting", "Queued", "Backoff", "Completed"}),
     "Completed": frozenset({"Waiting"}),  # a new revision
 }
 
@@ -49,7 +49,7 @@ def move(status: dict[str, Any], to: str, *, reason: str, message: str, now: str
          outcome: str | None = None, event_reason: str | None = None) -> Event:
     """Change `status` in place from its phase to `to`; the caller writes it once."""
     current = status.get("phase", "Waiting")
-    if to != current and to not in ALLOWED[current]:
+    if (to != current and to not in ALLOWED[current]) or to == current == "Completed":
         raise IllegalTransition(f"{current} -> {to} is not an allowed transition ({reason})")
     if (to == "Completed") != (outcome is not None):
         raise IllegalTransition("an outcome is given exactly when the job completes")

@@ -94,6 +94,15 @@ def get(session: Connection, *, kind: str, name: str) -> StoredObject | None:
     return _from_mapping(row) if row else None
 
 
+_VERSION = select(OBJECTS.c.resource_version).where(OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name == bindparam("name"))
+
+
+def version(session: Connection, *, kind: str, name: str) -> int | None:
+    """The object's resourceVersion now: lets a transaction check that what it decided on
+    is still current before it writes anything."""
+    return session.execute(_VERSION, {"kind": kind, "name": name}).scalar()
+
+
 def list_objects(session: Connection, *, kind: str, names: Iterable[str] | None = None) -> list[StoredObject]:
     query = select(OBJECTS).where(OBJECTS.c.kind == kind)
     if names is not None:

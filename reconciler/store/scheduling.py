@@ -7,6 +7,7 @@ import json
 import time
 from datetime import datetime
 from dataclasses import dataclass
+from typing import Iterator
 
 from sqlalchemy import Connection, delete, func, insert, select, update
 
@@ -74,11 +75,23 @@ def queued(session: Connection, uid: str) -> QueueEntry | None:
 
 def head(session: Connection, pool: str | None, *, scope_is_pool: bool) -> QueueEntry | None:
     """First in line in one scope: the named pool's queue, or every queued job (global)."""
+    return next(in_line(session, pool, scope_is_pool=scope_is_pool, batch=1), None)
+
+
+def in_line(session: Connection, pool: str | None, *, scope_is_pool: bool, batch: int = 16) -> Iterator[QueueEntry]:
+    """The queue of one scope in admission order, read `batch` rows at a time as the caller
+    goes on (most callers stop at the first entry or two)."""
     query = select(QUEUE)
     if scope_is_pool:
         query = query.where(QUEUE.c.pool == pool)
-    row = session.execute(query.order_by(QUEUE.c.rank, QUEUE.c.eligible_at, QUEUE.c.job_uid).limit(1)).first()
-    return QueueEntry.from_row(row) if row else None
+    query = query.order_by(QUEUE.c.rank, QUEUE.c.eligible_at, QUEUE.c.job_uid)
+    offset = 0
+    while True:
+        rows = session.execute(query.limit(batch).offset(offset)).all()
+        yield from (QueueEntry.from_row(row) for row in rows)
+        if len(rows) < batch:
+            return
+        offset += batch
 
 
 def first_in_line(session: Connection, pool: str | None, limit: int) -> list[str]:

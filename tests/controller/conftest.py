@@ -1,12 +1,9 @@
-"""Shared helpers for the pure-policy tables: an injected clock and random source."""
+"""Shared helpers for the pure-policy tables: injected random sources. (Clocks are injected as
+plain numbers from reconciler.clock.FakeClock, since policies take `now` as an argument.)"""
 
 from __future__ import annotations
 
 from typing import Callable
-
-import pytest
-
-from reconciler.clock import FakeClock
 
 
 def fixed(value: float) -> Callable[[], float]:
@@ -15,10 +12,5 @@ def fixed(value: float) -> Callable[[], float]:
 
 
 def no_rand() -> float:
-    """A random source for cases that must not consume randomness."""
+    """A random source for decisions that must not draw a random number."""
     raise AssertionError("this decision must not draw a random number")
-
-
-@pytest.fixture
-def clock() -> FakeClock:
-    return FakeClock()

@@ -271,15 +271,20 @@ def test_property_global_and_two_pools_capacity_and_bounded_bypass(data, g, a, b
 
 @settings(max_examples=200, deadline=None)
 @given(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=25), capacity=st.integers(4, 6),
-       finish_every=st.integers(1, 3))
-def test_property_max_bypass_zero_is_strict_fifo(sizes, capacity, finish_every):
+       finish_every=st.integers(1, 3), picks=st.lists(st.integers(0, 1_000), min_size=25, max_size=25))
+def test_property_max_bypass_zero_is_strict_fifo(sizes, capacity, finish_every, picks):
+    """With maxBypass 0 nobody is ever passed: admission order is arrival order, whichever
+    queued job happens to be reconciled first."""
     sim = Sim(capacity={"global": None, "p": capacity}, max_bypass={"global": 0, "p": 0})
     for i, slots in enumerate(sizes):
         sim.queue.append(Job(f"j{i:03d}", i, slots, 0, "p"))
         if i % finish_every == 0 and sim.running:
             del sim.running[sorted(sim.running)[0]]
+        sim.reconcile(sim.queue[picks[i] % len(sim.queue)])
         sim.round()
-    while sim.queue:
+    for _ in range(len(sizes) + 1):
+        if not sim.queue:
+            break
         sim.running.clear()
         sim.round()
     assert sim.admitted_order == [f"j{i:03d}" for i in range(len(sizes))]

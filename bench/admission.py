@@ -1,0 +1,165 @@
+"""Figure 3 (and 7 on PostgreSQL): the cost of one admission decision at queue depth.
+
+Pool `p` has 2 slots, held by two long-running jobs (`sleep`). D single-slot jobs are applied
+to `p` and a controller (in this process) moves them to Queued, then stops. With the queue at
+depth D, the benchmark times the reconcile of one queued job, exactly as a controller worker
+runs it when the job is woken: `JobReconciler.__call__(("Job", name))`, i.e. read the job,
+then `queued()`: one write transaction that re-enqueues idempotently, reads the queue entry,
+node facts, pool facts and the head of line, decides (no room: InsufficientSlots) and writes
+nothing. It is timed for the newest job in line (the tail) and for the head. Depths D1 and
+D2 each get their own fresh store, filled the same way; both stay live and their timings are
+interleaved in rounds, so load from elsewhere weighs on both alike. Figure: tail cost at D2 /
+tail cost at D1 (medians).
+
+    .venv/bin/python bench/admission.py                      # depths 100 and 10,000, SQLite
+    .venv/bin/python bench/admission.py --depths 10 200 --store pg
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from contextlib import ExitStack
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import (Row, kill_run_groups, log, median, percentile, print_table, scratch,  # noqa: E402
+                          sql_scalar, state_home, wait_for)
+
+AIM = 1.5
+HOLDERS = ["hold-0", "hold-1"]
+
+
+def _docs(names: list[str], command: str) -> str:
+    return "---\n".join(f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {n}}}\n"
+                        f"spec:\n  command: {command}\n  pool: p\n  slots: 1\n" for n in names)
+
+
+def _apply(store, text: str, folder: Path) -> None:
+    from reconciler.apply import apply_manifests
+    from reconciler.manifests import parse_text
+
+    manifests, problems = parse_text(text, "bench.yaml", folder)
+    if problems:
+        raise RuntimeError(problems[:3])
+    apply_manifests(store, manifests)
+
+
+def _run_controller_until(store, predicate, timeout: float, what: str) -> None:
+    from reconciler.controller.manager import Controller
+
+    controller = Controller(store).start()
+    try:
+        wait_for(predicate, timeout, 0.1, what)
+    finally:
+        controller.stop()
+
+
+def queue_depth(store) -> int:
+    return int(sql_scalar(store, "SELECT count(*) FROM queue"))
+
+
+def line(store) -> tuple[str, str]:
+    """(head, tail) names of pool p's queue in admission order."""
+    from reconciler.store import scheduling as sched
+
+    with store.read() as session:
+        head = sched.first_in_line(session, "p", 1)[0]
+    tail = sql_scalar(store, "SELECT job_name FROM queue WHERE pool = 'p' "
+                             "ORDER BY rank DESC, eligible_at DESC, job_uid DESC LIMIT 1")
+    return head, tail
+
+
+def fill(store, folder: Path, depth: int, store_kind: str) -> None:
+    """Holders running in pool p, then `depth` jobs queued behind them."""
+    from reconciler.controller.manager import job_phases
+
+    _apply(store, "apiVersion: reconciler.dev/v1alpha1\nkind: Pool\nmetadata: {name: p}\nspec: {slots: 2}\n"
+           "---\n" + _docs(HOLDERS, "[sleep, '3600']"), folder)
+    _run_controller_until(store, lambda: all(s.get("phase") == "Running" for s in job_phases(store, HOLDERS).values()),
+                          60, "the two holders running")
+    t0 = time.perf_counter()
+    _apply(store, _docs([f"q-{i:06d}" for i in range(depth)], "[/bin/true]"), folder)
+    t1 = time.perf_counter()
+    _run_controller_until(store, lambda: queue_depth(store) >= depth, max(120.0, depth * 0.1), f"{depth} jobs queued")
+    log(f"admission {store_kind}: depth {depth} filled (apply {t1 - t0:.1f} s, queueing {time.perf_counter() - t1:.1f} s)")
+
+
+def measure(depths: list[int], store_kind: str, reps: int, rounds: int = 6) -> dict[int, dict]:
+    """Both depths live at once, each in its own fresh store; their timings are interleaved in
+    rounds so that a noisy neighbour weighs on both alike."""
+    from reconciler.controller.manager import Controller
+    from reconciler.controller.nodes import heartbeat
+    from reconciler.store import Store
+
+    with ExitStack() as stack:
+        setups = {}
+        for depth in depths:
+            url, folder = stack.enter_context(scratch(store_kind))
+            if not setups:
+                stack.enter_context(state_home(folder))  # run dirs of a PostgreSQL store
+            store = Store(url)
+            stack.callback(store.dispose)
+            stack.callback(kill_run_groups, store, HOLDERS)
+            fill(store, folder, depth, store_kind)
+            wired = Controller(store)  # the same wiring as the controller process; never started
+            stack.callback(wired.agent.close)
+            head, tail = line(store)
+            setups[depth] = (store, wired, {"tail": tail, "head": head}, queue_depth(store))
+        samples = {(d, w): [] for d in depths for w in ("tail", "head")}
+        per_round = max(1, reps // rounds)
+        log(f"admission {store_kind}: timing {per_round * rounds} decisions per job and depth, interleaved")
+        for _ in range(rounds):
+            for depth, (store, wired, names, _) in setups.items():
+                # keep the local node Ready (placement reads its heartbeat), as a running controller does
+                heartbeat(store, wired.node, wired.owner, wired.clock.now())
+                for which, name in names.items():
+                    key = ("Job", name)
+                    for _ in range(5):  # warm: spec cache, statement cache, connection pool
+                        wired.jobs(key)
+                    for _ in range(per_round):
+                        t0 = time.perf_counter()
+                        again = wired.jobs(key)
+                        samples[(depth, which)].append((time.perf_counter() - t0) * 1e6)
+                    if again is None or again < 0:
+                        raise RuntimeError(f"{name}: unexpected reconcile result {again}")
+        from reconciler.controller.manager import job_phases
+
+        results = {}
+        for depth, (store, wired, names, actual) in setups.items():
+            phases = {s.get("phase") for s in job_phases(store, list(names.values())).values()}
+            if phases != {"Queued"}:
+                raise RuntimeError(f"measured jobs left the queue: {phases}")
+            results[depth] = {"depth": actual, **{w: {"p50": median(samples[(depth, w)]),
+                                                      "p90": percentile(samples[(depth, w)], 0.9)}
+                                                  for w in ("tail", "head")}}
+        return results
+
+
+def rows(depths: list[int], store_kind: str, figure: str, reps: int = 300) -> list[Row]:
+    lo, hi = sorted(depths)[0], sorted(depths)[-1]
+    r = measure([lo, hi], store_kind, reps)
+    a, b = r[lo]["tail"], r[hi]["tail"]
+    ratio = b["p50"] / a["p50"]
+    notes = [f"{figure}: one decision = JobReconciler.__call__ of a queued job that does not fit (read + queued() "
+             f"transaction), median of {reps}, both depths timed interleaved in one run; "
+             + "; ".join(f"depth {r[d]['depth']:,}: tail {r[d]['tail']['p50']:.0f} us (p90 {r[d]['tail']['p90']:.0f}), "
+                         f"head {r[d]['head']['p50']:.0f} us (p90 {r[d]['head']['p90']:.0f})" for d in (lo, hi))]
+    return [Row(figure, f"{b['p50'] / 1000:.2f} ms at depth {hi:,}", f"{a['p50'] / 1000:.2f} ms at depth {lo:,}",
+                ratio, "x", AIM, notes)]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--depths", type=int, nargs=2, default=[100, 10_000])
+    parser.add_argument("--reps", type=int, default=300)
+    parser.add_argument("--store", choices=("sqlite", "pg"), default="sqlite")
+    args = parser.parse_args(argv)
+    figure = f"{'3' if args.store == 'sqlite' else '7'} admission at depth ({args.store})"
+    print_table(rows(args.depths, args.store, figure, args.reps))
+
+
+if __name__ == "__main__":
+    main()

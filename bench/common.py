@@ -1,0 +1,351 @@
+"""Shared pieces of the benchmark suite: scratch stores, the table row, machine facts,
+process sampling. Benchmarks print figures; nothing here asserts a time."""
+
+from __future__ import annotations
+
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+PG_URL = os.environ.get("RECONCILER_BENCH_PG", "postgresql://postgres@127.0.0.1:5432/test")
+PYTHON = sys.executable
+
+
+def log(message: str) -> None:
+    """Progress goes to stderr; stdout carries only the figures."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------- the table row
+
+@dataclass
+class Row:
+    figure: str  # e.g. "1 DAG throughput (sqlite)"
+    reconciler: str  # what the reconciler measured, human readable
+    reference: str  # the side-by-side reference measured in the same run
+    result: float | None  # the number compared with the aim (a ratio, ms, s, %, MB)
+    unit: str  # unit of `result` ("x" for a ratio)
+    aim: float | None  # the issue's aim for `result`, lower is better
+    notes: list[str] = field(default_factory=list)  # breakdowns printed under the table
+
+    @property
+    def met(self) -> str:
+        if self.result is None or self.aim is None:
+            return "-"
+        return "yes" if self.result <= self.aim else "NO"
+
+    def result_text(self) -> str:
+        return "n/a" if self.result is None else fmt(self.result, self.unit)
+
+    def aim_text(self) -> str:
+        return "-" if self.aim is None else "<= " + fmt(self.aim, self.unit)
+
+
+def fmt(value: float, unit: str) -> str:
+    if unit == "x":
+        return f"{value:.2f}x"
+    if unit == "%":
+        return f"{value:.1f}%"
+    if unit in ("ms", "us"):
+        return f"{value:.2f} {unit}"
+    if unit == "s":
+        return f"{value:.2f} s"
+    if unit == "MB":
+        return f"{value:.0f} MB"
+    return f"{value:g} {unit}".strip()
+
+
+def failed_row(figure: str, error: BaseException) -> Row:
+    text = f"{type(error).__name__}: {error}".splitlines()[0][:200]
+    return Row(figure, "FAILED", "-", None, "", None, [f"{figure}: {text}"])
+
+
+def print_table(rows: list[Row], title: str = "reconciler benchmarks", stream=None) -> None:
+    stream = stream or sys.stdout
+    headers = ("figure", "reconciler", "reference", "result", "aim", "met")
+    table = [headers] + [(r.figure, r.reconciler, r.reference, r.result_text(), r.aim_text(), r.met) for r in rows]
+    widths = [max(len(str(line[i])) for line in table) for i in range(len(headers))]
+    print(f"\n{title}", file=stream)
+    for facts in machine_facts():
+        print(f"  {facts}", file=stream)
+    rule = "-+-".join("-" * w for w in widths)
+    for i, line in enumerate(table):
+        print(" | ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip(), file=stream)
+        if i == 0:
+            print(rule, file=stream)
+    notes = [n for r in rows for n in r.notes]
+    if notes:
+        print("\nnotes:", file=stream)
+        for note in notes:
+            print(f"  - {note}", file=stream)
+    stream.flush()
+
+
+# --------------------------------------------------------------------------- the machine
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def git_revision() -> str:
+    try:
+        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, timeout=5).stdout.strip()
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=5).stdout.strip()
+        return rev + ("+dirty" if dirty else "") if rev else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def machine_facts() -> list[str]:
+    import sqlite3
+
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        usable = os.cpu_count() or 1
+    load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    return [
+        f"date {datetime.now(timezone.utc).isoformat(timespec='seconds')}; git {git_revision()}",
+        f"nproc {usable} ({os.cpu_count()} online); CPU {cpu_model()}; load average {load}",
+        f"python {platform.python_version()} ({platform.python_implementation()}); SQLite {sqlite3.sqlite_version};"
+        f" {platform.system()} {platform.release()}",
+    ]
+
+
+# --------------------------------------------------------------------------- stores
+
+def pg_available(url: str = PG_URL) -> bool:
+    try:
+        import psycopg
+
+        with psycopg.connect(url, autocommit=True, connect_timeout=2):
+            return True
+    except Exception:  # noqa: BLE001 - any failure means "no server here"
+        return False
+
+
+@contextmanager
+def scratch(kind: str, prefix: str = "reconciler-bench-") -> Iterator[tuple[str, Path]]:
+    """A fresh, empty store and a scratch folder: (store URL, folder). SQLite lives in the
+    folder; PostgreSQL gets a new database, dropped afterwards. The folder also serves as
+    XDG_STATE_HOME (run dirs of a PostgreSQL store) for processes the benchmark starts."""
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        if kind == "sqlite":
+            yield f"sqlite:///{folder / 'state' / 'state.db'}", folder
+            return
+        if kind != "pg":
+            raise ValueError(kind)
+        import psycopg
+
+        name = f"reconciler_bench_{uuid.uuid4().hex[:10]}"
+        base = PG_URL.rsplit("/", 1)[0]
+        with psycopg.connect(PG_URL, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        try:
+            yield f"{base}/{name}", folder
+        finally:
+            with psycopg.connect(PG_URL, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextmanager
+def state_home(folder: Path) -> Iterator[None]:
+    """Point this process's state dir (run dirs of a PostgreSQL store) into the scratch folder."""
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(folder / "xdg-state")
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("XDG_STATE_HOME", None)
+        else:
+            os.environ["XDG_STATE_HOME"] = old
+
+
+def child_env(url: str, folder: Path) -> dict[str, str]:
+    """Environment of a reconciler subprocess: its store and a private state dir."""
+    return {**os.environ, "RECONCILER_STORE": url, "XDG_STATE_HOME": str(folder / "xdg-state"),
+            "PYTHONUNBUFFERED": "1"}
+
+
+def sql_scalar(store, query: str, **params):
+    from sqlalchemy import text
+
+    with store.read() as session:
+        return session.execute(text(query), params).scalar()
+
+
+# --------------------------------------------------------------------------- numbers
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def make_available() -> bool:
+    return shutil.which("make") is not None
+
+
+def run_make(folder: Path, jobs: int, target: str = "all", repeat: int = 3) -> list[float]:
+    """Wall times of `make -s -j JOBS TARGET` in `folder` (phony targets: every run does all)."""
+    walls = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        subprocess.run(["make", "-s", "-C", str(folder), f"-j{jobs}", target], check=True,
+                       stdout=subprocess.DEVNULL)
+        walls.append(time.perf_counter() - start)
+    return walls
+
+
+# --------------------------------------------------------------------------- processes
+
+def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.1, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not reached within {timeout:g}s: {what}")
+        time.sleep(interval)
+
+
+def vm_hwm_kb(pid: int) -> int | None:
+    """Peak resident set size (VmHWM) of a live process, in KiB."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+class RssSampler:
+    """Samples a process's RSS in a thread; `peak` in bytes (max of samples)."""
+
+    def __init__(self, pid: int, interval: float = 0.05):
+        import psutil
+
+        self.proc = psutil.Process(pid)
+        self.interval = interval
+        self.peak = 0
+        self.last = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        import psutil
+
+        while not self._stop.is_set():
+            try:
+                self.last = self.proc.memory_info().rss
+            except psutil.Error:
+                return
+            self.peak = max(self.peak, self.last)
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+
+
+class Controller:
+    """`python -m reconciler controller` as a subprocess on a store (the real verb)."""
+
+    def __init__(self, url: str, folder: Path, *, name: str = "controller"):
+        self.log_path = folder / f"{name}.log"
+        self._log = open(self.log_path, "wb")
+        self.proc = subprocess.Popen([PYTHON, "-m", "reconciler", "--store", url, "controller"],
+                                     stdout=self._log, stderr=subprocess.STDOUT, env=child_env(url, folder),
+                                     start_new_session=True)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def tail(self, n: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
+    def wait_started(self, timeout: float = 60.0) -> None:
+        """Until the process says it runs (imports done, store open, controller started)."""
+        wait_for(lambda: self.check() or "controller running on node" in self.tail(100_000), timeout, 0.05,
+                 "the controller started")
+
+    def check(self) -> None:
+        if not self.alive():
+            raise RuntimeError(f"controller exited with {self.proc.returncode}: {self.tail()}")
+
+    def stop(self, timeout: float = 20.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._log.close()
+
+    def __enter__(self) -> "Controller":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def kill_run_groups(store, names: list[str]) -> None:
+    """SIGKILL the process groups of the named jobs' open runs (long-running helpers the
+    benchmark itself asked for), so nothing outlives the benchmark."""
+    from reconciler.agent.identity import ProcessIdentity, is_alive
+    from reconciler.controller.manager import job_phases
+
+    for status in job_phases(store, names).values():
+        for run in status.get("runs", []):
+            if run.get("finishedAt") is None and run.get("pid"):
+                identity = ProcessIdentity(int(run["pid"]), float(run["processStartTime"]))
+                if is_alive(identity):
+                    try:
+                        os.killpg(identity.pid, signal.SIGKILL)
+                    except (ProcessLookupError, PermissionError):
+                        pass

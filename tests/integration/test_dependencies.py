@@ -1,0 +1,55 @@
+"""dependsOn: outcome sets (Succeeded, [Failed], Finished), receipts, and a dependency that
+can never satisfy an edge aborting the dependent without starting it."""
+
+from __future__ import annotations
+
+from .conftest import STAMP, docs, epoch, job_yaml
+
+
+def test_dependency_outcomes_and_receipts(env):
+    manifest = env.write("deps.yaml", docs(
+        job_yaml("good", "command: ['true']"),
+        job_yaml("bad", "command: [sh, -c, 'exit 3']"),
+        job_yaml("on-good", "command: ['true']\ndependsOn: [good]"),
+        job_yaml("on-bad-finished", "command: ['true']\ndependsOn: [{job: bad, outcomes: [Finished]}]"),
+        job_yaml("on-bad-failed", "command: ['true']\ndependsOn: [{job: bad, outcomes: [Failed]}]"),
+        job_yaml("on-bad", "command: ['true']\ndependsOn: [bad]"),
+        job_yaml("on-good-failed", "command: ['true']\ndependsOn: [{job: good, outcomes: [Failed, TimedOut]}]"),
+        job_yaml("after-aborted", "command: ['true']\ndependsOn: [on-bad, good]"),
+    ))
+    result = env.up(manifest)
+    assert result.code == 1, result.stderr  # not everything succeeded
+    jobs = env.jobs()
+    outcome = {n: (j["status"]["outcome"], j["status"]["reason"]) for n, j in jobs.items()}
+    assert outcome == {
+        "good": ("Succeeded", "Succeeded"), "bad": ("Failed", "BackoffLimitExceeded"),
+        "on-good": ("Succeeded", "Succeeded"), "on-bad-finished": ("Succeeded", "Succeeded"),
+        "on-bad-failed": ("Succeeded", "Succeeded"),
+        "on-bad": ("Aborted", "DependencyUnsatisfied"), "on-good-failed": ("Aborted", "DependencyUnsatisfied"),
+        "after-aborted": ("Aborted", "DependencyUnsatisfied"),
+    }
+
+    # a dependent starts only after its dependency completed
+    for name, dep in [("on-good", "good"), ("on-bad-finished", "bad"), ("on-bad-failed", "bad")]:
+        assert epoch(jobs[name]["status"]["runs"][0]["startedAt"]) >= epoch(jobs[dep]["status"]["completionTime"]) - STAMP
+
+    # the aborted ones never started: no run records, no run folder
+    for name in ("on-bad", "on-good-failed", "after-aborted"):
+        assert not jobs[name]["status"].get("runs"), name
+        assert not (env.store.state_dir / "runs" / name).exists(), name
+        assert "startTime" not in jobs[name]["status"]
+    assert "bad" in jobs["on-bad"]["status"]["message"] and "Failed" in jobs["on-bad"]["status"]["message"]
+
+    # receipts: what satisfied (or broke) each edge
+    def receipt(name: str, dep: str) -> dict:
+        (r,) = [r for r in jobs[name]["status"]["dependencies"] if r["job"] == dep]
+        return r
+
+    for name, dep, satisfied in [("on-good", "good", True), ("on-bad-finished", "bad", True),
+                                 ("on-bad-failed", "bad", True), ("on-bad", "bad", False),
+                                 ("on-good-failed", "good", False), ("after-aborted", "on-bad", False)]:
+        r = receipt(name, dep)
+        assert r["uid"] == jobs[dep]["metadata"]["uid"], (name, r)
+        assert r["revision"] == 1 and r["outcome"] == jobs[dep]["status"]["outcome"], (name, r)
+        assert r["satisfied"] is satisfied, (name, r)
+        assert epoch(r["observedAt"]) >= epoch(jobs[dep]["status"]["completionTime"]) - STAMP, (name, r)

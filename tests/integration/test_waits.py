@@ -1,0 +1,104 @@
+"""waitFor: until, delay, path (file vs dir), probe (incl. fatalOnError), mode any,
+abortAfter; diagnostics in status.waits and `describe`; waits gate the first run only."""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta, timezone
+
+from .conftest import STAMP, docs, epoch, job_yaml
+
+
+def _first_start(job: dict) -> float:
+    return epoch(job["status"]["runs"][0]["startedAt"])
+
+
+def test_wait_conditions(env):
+    root = env.root
+    ready, flag, never = root / "ready", root / "probe-flag", root / "never"
+    until = (datetime.now(timezone.utc) + timedelta(seconds=1.5)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    manifest = env.write("waits.yaml", docs(
+        job_yaml("w-until", f"command: ['true']\nwaitFor: {{conditions: [{{until: '{until}'}}]}}"),
+        job_yaml("w-delay", "command: ['true']\nwaitFor: {conditions: [{delay: 1s}]}"),
+        job_yaml("w-file", f"command: ['true']\nwaitFor: {{conditions: [{{path: '{ready}', type: file, interval: 100ms}}]}}"),
+        job_yaml("w-dir", f"command: ['true']\nwaitFor: {{conditions: [{{path: '{ready}', type: dir, interval: 100ms}}]}}"),
+        job_yaml("w-probe", f"command: ['true']\nwaitFor: {{conditions: [{{probe: {{command: [test, -e, '{flag}'], interval: 100ms}}}}]}}"),
+        job_yaml("w-fatal", "command: ['true']\n"
+                            "waitFor: {conditions: [{probe: {command: [sh, -c, 'echo not ready; exit 2'], fatalOnError: true}}]}"),
+        job_yaml("w-any", f"command: ['true']\nwaitFor: {{mode: any, conditions: [{{path: '{never}', interval: 100ms}}, {{delay: 500ms}}]}}"),
+        job_yaml("w-abort", f"command: ['true']\nwaitFor: {{abortAfter: 1s, conditions: [{{path: '{never}', interval: 100ms}}]}}"),
+    ))
+    env.controller()
+    env.ok("apply", "-f", str(manifest))
+
+    # each condition is evaluated and explained while the jobs wait
+    env.wait_status("w-file", lambda s: s.get("waits") and s["waits"][0]["message"] == f"{ready} is not a file", what="file wait")
+    env.wait_status("w-dir", lambda s: s.get("waits") and s["waits"][0]["message"] == f"{ready} is not a directory", what="dir wait")
+    env.wait_status("w-probe", lambda s: s.get("waits") and s["waits"][0]["message"].startswith("probe exited 1"), what="probe wait")
+    waiting = env.status("w-file")
+    assert waiting["phase"] == "Waiting" and waiting["reason"] == "WaitingForConditions"
+    (wait,) = waiting["waits"]
+    assert wait["type"] == "path" and wait["satisfied"] is False and epoch(wait["lastCheckedAt"]) > 0
+    described = env.ok("describe", "job", "w-probe").stdout
+    waits_section = described.split("Waits:")[1].split("Runs:")[0]
+    assert "probe" in waits_section and "no" in waits_section and "probe exited 1" in waits_section
+
+    # a directory satisfies `type: dir` only: w-dir runs, w-file keeps waiting
+    made_dir = time.time()
+    ready.mkdir()
+    env.wait_phase("w-dir", "Completed")
+    still = env.status("w-file")
+    assert still["phase"] == "Waiting" and not still.get("runs") and still["waits"][0]["message"] == f"{ready} is not a file"
+
+    # now a file: w-file runs; the probe starts succeeding: w-probe runs
+    ready.rmdir()
+    made_file = time.time()
+    ready.write_text("go\n")
+    flag.touch()
+    env.wait_completed()
+    jobs = env.jobs()
+    outcome = {n: (j["status"]["outcome"], j["status"]["reason"]) for n, j in jobs.items()}
+    assert outcome == {
+        "w-until": ("Succeeded", "Succeeded"), "w-delay": ("Succeeded", "Succeeded"),
+        "w-file": ("Succeeded", "Succeeded"), "w-dir": ("Succeeded", "Succeeded"),
+        "w-probe": ("Succeeded", "Succeeded"), "w-any": ("Succeeded", "Succeeded"),
+        "w-fatal": ("Aborted", "WaitProbeFailed"), "w-abort": ("Aborted", "WaitAbortDeadline"),
+    }
+
+    def accepted(name: str) -> float:
+        return epoch(jobs[name]["status"]["acceptedAt"])
+
+    assert _first_start(jobs["w-until"]) >= epoch(until) - STAMP
+    assert _first_start(jobs["w-delay"]) >= accepted("w-delay") + 1.0 - STAMP
+    assert _first_start(jobs["w-dir"]) >= made_dir - STAMP
+    assert _first_start(jobs["w-file"]) >= made_file - STAMP
+    assert _first_start(jobs["w-probe"]) >= made_file - STAMP
+    # mode any: the delay alone opened it, the path never existed
+    assert _first_start(jobs["w-any"]) >= accepted("w-any") + 0.5 - STAMP
+    assert [(w["type"], w["satisfied"]) for w in jobs["w-any"]["status"]["waits"]] == [("path", False), ("delay", True)]
+    # the aborted ones never started anything
+    for name in ("w-fatal", "w-abort"):
+        assert not jobs[name]["status"].get("runs"), name
+        assert not env.run_dir(name, 1).exists()
+    assert "not ready" in jobs["w-fatal"]["status"]["message"]
+    assert epoch(jobs["w-abort"]["status"]["completionTime"]) >= accepted("w-abort") + 1.0 - STAMP
+    # the last evaluation of each condition stays on record
+    assert [(w["type"], w["satisfied"]) for w in jobs["w-probe"]["status"]["waits"]] == [("probe", True)]
+    assert all(w.get("message") and w.get("lastCheckedAt") for j in jobs.values() for w in j["status"].get("waits", []))
+
+
+def test_waits_gate_only_the_first_run(env):
+    gate, marker = env.root / "gate", env.root / "attempted"
+    gate.touch()
+    # run 1 consumes the gate file and fails; the retry must not wait for the gate again
+    manifest = env.write("gated.yaml", job_yaml("gated", f"""
+        shell: "if [ -e '{marker}' ]; then echo second; exit 0; fi; touch '{marker}'; rm '{gate}'; exit 1"
+        waitFor: {{conditions: [{{path: '{gate}', interval: 100ms}}]}}
+        retry: {{limit: 1, backoff: {{delay: 100ms}}}}
+    """))
+    result = env.up(manifest, timeout="30s")
+    assert result.code == 0, result.stderr
+    status = env.get_job("gated")["status"]
+    assert [(r["number"], r["exitCode"]) for r in status["runs"]] == [(1, 1), (2, 0)]
+    assert not gate.exists()
+    assert env.ok("logs", "job/gated").stdout == "second\n"

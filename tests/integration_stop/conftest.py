@@ -1,0 +1,25 @@
+"""Fixtures for stopping runs (timeouts, cancel, suspend, delete, apply --force): a
+temporary SQLite store and one real `reconciler controller` process per test; the
+controller and every process a run left behind are killed at teardown."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.crash.harness import Env
+
+
+@pytest.fixture
+def env(tmp_path):
+    e = Env(tmp_path)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+@pytest.fixture
+def controller(env):
+    """A controller that is already running when the test applies its jobs (so a job's
+    `timeout`, counted from acceptance, is not spent waiting for an interpreter to start)."""
+    return env.start_controller()

@@ -1,0 +1,131 @@
+"""Stopping a live run on request (API.md sections 2 and 3): cancel, suspend/resume,
+delete, and apply --force of a changed spec. Each stops the whole process tree before the
+job moves on, and releases the admission. Real controller, real processes, real SQLite."""
+
+from __future__ import annotations
+
+import pytest
+
+from reconciler.api.meta import to_epoch
+from tests.crash.harness import job, pool, read_pids
+from tests.helpers import wait_until
+
+
+# a shell that starts two grandchildren and records every pid of the tree, then waits
+def tree(pids) -> str:
+    return f"sleep 60 & echo $! >> {pids}; sleep 60 & echo $! >> {pids}; echo $$ >> {pids}; wait"
+
+
+def test_cancel_stops_the_process_tree(env, controller, tmp_path):
+    pids = tmp_path / "tree.pids"
+    env.apply(job("victim", tree(pids), stopGracePeriod="1s", retry={"limit": 3}))
+    procs = read_pids(pids, 3)
+    env.wait_running("victim")
+
+    assert "cancel requested" in env.cli("cancel", "job/victim").stdout
+    status = env.wait_phase("victim", "Completed")
+    assert [p for p in procs if p.alive()] == [], "Completed while part of the process tree is alive"
+    assert (status["outcome"], status["reason"]) == ("Cancelled", "Cancelled")
+    assert [(r["number"], r["outcome"]) for r in status["runs"]] == [(1, "Cancelled")], "a cancelled job is not retried"
+    assert env.admissions() == [] and env.queue() == []
+    assert env.get_json("victim")["status"]["outcome"] == "Cancelled"
+
+
+def test_suspend_releases_the_slot_and_resume_keeps_the_queue_position(env, controller, tmp_path):
+    release = tmp_path / "release"
+    a_pid = tmp_path / "a.pid"
+    env.apply(pool("one", 1))
+    env.apply(job("first", f"echo $$ >> {a_pid}; exec sleep 60", pool="one", stopGracePeriod="1s"))
+    [a1] = read_pids(a_pid, 1)
+    eligible = env.wait_running("first")["eligibleAt"]
+    env.apply(job("second", f"while [ ! -e {release} ]; do sleep 0.05; done", pool="one"))
+    env.wait_status("second", lambda s: s.get("phase") == "Queued" and s.get("eligibleAt"))
+
+    # suspend: the run is stopped, the slot goes to the next in line
+    assert "suspended" in env.cli("suspend", "job/first").stdout
+    suspended = env.wait_phase("first", "Suspended")
+    assert not a1.alive(), "Suspended while its process is alive"
+    assert [r["outcome"] for r in suspended["runs"]] == ["Cancelled"]
+    assert "admission" not in suspended or suspended["admission"] is None
+    env.wait_running("second")
+    assert [a.job_name for a in env.admissions()] == ["second"], "the suspended job still holds its slot"
+
+    # a younger job queues behind it; resume puts it back at its old position
+    env.apply(job("third", "exit 0", pool="one"))
+    third_eligible = env.wait_status("third", lambda s: s.get("phase") == "Queued" and s.get("eligibleAt"))["eligibleAt"]
+    assert to_epoch(third_eligible) > to_epoch(eligible)
+    assert "resumed" in env.cli("resume", "job/first").stdout
+    resumed = env.wait_phase("first", "Queued")
+    assert resumed["eligibleAt"] == eligible, "resume must keep the queue position (eligibleAt)"
+    queue = env.queue()
+    assert [q.job_name for q in queue] == ["first", "third"], [(q.job_name, q.eligible_at) for q in queue]
+
+    # when the slot frees up, the resumed job goes first
+    release.touch()
+    env.wait_phase("second", "Completed")
+    env.wait_running("first", run=2)
+    [a2] = read_pids(a_pid, 2, skip=1)
+    assert env.status("third")["phase"] == "Queued"
+    assert [a.job_name for a in env.admissions()] == ["first"]
+
+    env.cli("cancel", "job/first")
+    done = env.wait_completed(["first", "second", "third"])
+    assert not a2.alive()
+    assert [(n, s["outcome"]) for n, s in done.items()] == [("first", "Cancelled"), ("second", "Succeeded"),
+                                                          ("third", "Succeeded")]
+    assert [r["number"] for r in done["first"]["runs"]] == [1, 2]
+    assert env.admissions() == [] and env.queue() == []
+
+
+def test_delete_while_running_stops_the_tree_and_removes_the_job(env, controller, tmp_path):
+    pids = tmp_path / "tree.pids"
+    env.apply(job("doomed", tree(pids), stopGracePeriod="1s"))
+    procs = read_pids(pids, 3)
+    env.wait_running("doomed")
+
+    env.cli("delete", "job", "doomed")
+    wait_until(lambda: env.obj("doomed") is None, 30, message="doomed removed")
+    assert [p for p in procs if p.alive()] == [], "the job was removed while part of its process tree is alive"
+    assert env.cli("get", "job", "doomed", ok=False).code == 3
+    assert env.admissions() == [] and env.queue() == []
+
+
+def test_apply_force_stops_the_old_run_and_runs_the_new_revision(env, controller, tmp_path):
+    old_pid, out = tmp_path / "old.pid", tmp_path / "out"
+    env.apply(job("changing", f"echo $$ > {old_pid}; exec sleep 60", stopGracePeriod="1s"))
+    [old] = read_pids(old_pid, 1)
+    env.wait_running("changing")
+
+    new = job("changing", f"echo revision $RECONCILER_REVISION > {out}", stopGracePeriod="1s")
+    conflict = env.apply(new, ok=False)
+    assert conflict.code == 4, (conflict.stdout, conflict.stderr)
+    assert old.alive(), "a refused apply must not touch the running run"
+
+    assert "configured" in env.apply(new, force=True).stdout
+    status = env.wait_status("changing", lambda s: s.get("phase") == "Completed" and s.get("revision") == 2)
+    assert not old.alive()
+    assert status["outcome"] == "Succeeded"
+    runs = [(r["number"], r["revision"], r["outcome"]) for r in status["runs"]]
+    assert runs == [(1, 1, "Cancelled"), (2, 2, "Succeeded")], runs
+    assert out.read_text().strip() == "revision 2"
+    assert env.admissions() == [] and env.queue() == []
+
+
+def test_delete_while_queued_gives_up_its_place_in_line(env, controller):
+    env.apply(pool("one", 1))
+    env.apply(job("holder", "sleep 60", pool="one", stopGracePeriod="1s"))
+    env.wait_running("holder")
+    env.apply(job("deleted", "exit 0", pool="one"))
+    env.wait_phase("deleted", "Queued")
+
+    env.cli("delete", "job", "deleted")
+    wait_until(lambda: env.obj("deleted") is None, 30, message="deleted removed")
+    wait_until(lambda: "deleted" not in [q.job_name for q in env.queue()], 5, message="the queue row goes with the job")
+    env.apply(job("later", "exit 0", pool="one"))
+    env.wait_phase("later", "Queued")
+    env.cli("cancel", "job/holder")
+    env.wait_phase("holder", "Completed")
+
+    status = env.wait_phase("later", "Completed", timeout=15)
+    assert status["outcome"] == "Succeeded"
+    assert env.admissions() == [] and env.queue() == []
