@@ -29,7 +29,12 @@ class Ctx:
     events: list[Event] = field(default_factory=list)
     ops: list[Callable[[Tx], None]] = field(default_factory=list)
     wake: set[str] = field(default_factory=set)
-    wake_pools: set[str | None] = field(default_factory=set)
+    wake_pools: dict[str | None, int] = field(default_factory=dict)  # released slots per scope (None = global)
+
+    def released(self, pool: str | None, slots: int) -> None:
+        """Slots came free: after the write, wake as many jobs first in line as could use them."""
+        for scope in {pool, None}:
+            self.wake_pools[scope] = self.wake_pools.get(scope, 0) + slots
     written: bool = False  # a commit made `obj` the latest stored state
 
     def __post_init__(self) -> None:

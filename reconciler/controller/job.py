@@ -110,8 +110,8 @@ class JobReconciler:
             self.wake(name)
         if ctx.wake_pools:
             with self.store.read() as session:
-                for pool in ctx.wake_pools:
-                    for name in sched.first_in_line(session, pool, 4):
+                for pool, slots in ctx.wake_pools.items():
+                    for name in sched.first_in_line(session, pool, slots + 1):
                         self.wake(name)
 
     def _wake_dependents(self, name: str) -> None:
@@ -133,7 +133,7 @@ class JobReconciler:
         with self.store.write() as tx:
             sched.dequeue(tx, ctx.uid)
             if sched.release(tx, ctx.uid) is not None:
-                ctx.wake_pools.update({ctx.spec.pool, None})
+                ctx.released(ctx.spec.pool, ctx.spec.slots)
             repo.remove(tx, ctx.obj)
             repo.record_event(tx, ctx.obj, "Deleted", "job deleted")
         self._wake_dependents(ctx.name)
@@ -277,6 +277,10 @@ class JobReconciler:
     # -- Queued: admission and placement, one short transaction ---------------------------
     def queued(self, ctx: Ctx) -> float | None:
         spec, status = ctx.spec, ctx.status
+        if not ctx.changed() and not self._might_admit(ctx):
+            # no room in a finite scope: the decision can only be "wait", so spare the write
+            # lock; a release of slots wakes the first in line
+            return deadlines.soonest(ctx.now, ctx.now + SAFETY_POLL, self.job_deadline(ctx))
         with self.store.write() as tx:
             if repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
                 raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
@@ -316,6 +320,20 @@ class JobReconciler:
             if scope.head is not None and scope.head_fits and scope.head.uid != ctx.uid:
                 self.wake(scope.head.name)
         return deadlines.soonest(ctx.now, ctx.now + SAFETY_POLL, self.job_deadline(ctx))
+
+    def _might_admit(self, ctx: Ctx) -> bool:
+        """A cheap read: False when a finite scope has no room for this job, its queue row is
+        in place and its status already says so; an admission attempt could then only
+        repeat "wait", so the write lock is spared."""
+        with self.store.read() as session:
+            if sched.queued(session, ctx.uid) is None:
+                return True  # restore the row (after a restart) through the full step
+            scopes = []
+            for pool in ["global"] + ([ctx.spec.pool] if ctx.spec.pool else []):
+                f = sched.pool_facts(session, pool)
+                scopes.append(admission.Scope(pool, f.capacity, f.used, f.max_bypass, None))
+        verdict = admission.decide(admission.Request(ctx.uid, ctx.name, ctx.spec.slots), scopes)
+        return verdict.admit or (ctx.status.get("reason"), ctx.status.get("message")) != (verdict.reason, verdict.message)
 
     def _scopes(self, session, me: sched.QueueEntry, nodes: list[NodeView]) -> list[admission.Scope]:
         scopes = []

@@ -241,7 +241,7 @@ class RunSteps:
     def _release(self, ctx: Ctx) -> None:
         if ctx.status.pop("admission", None) is not None or ctx.phase in ("Starting", "Running", "Stopping"):
             ctx.ops.append(lambda tx: sched.release(tx, ctx.uid))
-            ctx.wake_pools.update({ctx.spec.pool, None})
+            ctx.released(ctx.spec.pool, ctx.spec.slots)
 
     def finish(self, ctx: Ctx, run: dict, end: RunEnd, *, exit_code, signal=None, reason=None, message="") -> float | None:
         outcome = end.outcome

@@ -7,6 +7,7 @@ decision a plain read-then-write without lost updates."""
 from __future__ import annotations
 
 import os
+import threading
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -70,6 +71,9 @@ class Store:
         self.url = url or default_store_url()
         self.is_sqlite = self.url.startswith("sqlite")
         self.own_writes: set[int] = set()  # resourceVersions this process wrote: watchers skip them
+        # Writers of this process queue here rather than in SQLite's busy handler, which
+        # sleeps in steps of up to 25 ms and turns contention between threads into latency.
+        self._writer = threading.Lock()
         if self.is_sqlite:
             self.path = Path(self.url.split("///", 1)[1]) if "///" in self.url else None
             if self.path is not None:
@@ -126,7 +130,7 @@ class Store:
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
-        with self._write.connect() as conn:
+        with self._writer, self._write.connect() as conn:
             transaction = conn.begin()
             try:
                 if not self.is_sqlite:
