@@ -56,11 +56,29 @@ def apply_manifests(
     prune: bool = False,
     selector: list[Requirement] | None = None,
 ) -> list[Change]:
-    with paused_gc(), store.write() as tx:
-        changes = _apply(tx, manifests, force=force, prune=prune, selector=selector)
-        if dry_run:
-            tx.discard()
+    with paused_gc():
+        try:  # most applies in a GitOps loop change nothing: find that out without the write lock
+            with store.read() as conn:
+                return _apply(_ReadOnly(conn, store), manifests, force=force, prune=prune, selector=selector)
+        except _WouldWrite:
+            pass
+        with store.write() as tx:  # validated and compared again under the lock: the store may have moved
+            changes = _apply(tx, manifests, force=force, prune=prune, selector=selector)
+            if dry_run:
+                tx.discard()
     return changes
+
+
+class _WouldWrite(Exception):
+    pass
+
+
+class _ReadOnly(Tx):
+    """A transaction that may only read: the first write (which always allocates a
+    resourceVersion) aborts the attempt."""
+
+    def rv(self) -> int:
+        raise _WouldWrite
 
 
 def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selector) -> list[Change]:
