@@ -25,8 +25,8 @@ class LineProgress:
         self.stream = stream or sys.stdout
         self.last: dict[str, str] = {}
 
-    def update(self, statuses: dict[str, dict[str, Any]]) -> None:
-        for name in sorted(statuses):
+    def update(self, statuses: dict[str, dict[str, Any]], changed: set[str]) -> None:
+        for name in sorted(changed):
             status = statuses[name]
             state = _state(status)
             detail = status.get("reason") or ""
@@ -54,7 +54,7 @@ class LiveProgress:
         self.live = Live(console=self.console, refresh_per_second=8, transient=False)
         self.live.start()
 
-    def update(self, statuses: dict[str, dict[str, Any]]) -> None:
+    def update(self, statuses: dict[str, dict[str, Any]], changed: set[str]) -> None:
         from rich.table import Table
 
         table = Table(box=None, header_style="bold")

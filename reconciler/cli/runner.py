@@ -26,16 +26,12 @@ def _duration(text: str | None, flag: str) -> float | None:
         raise InvalidInput(f"{flag}: {exc}") from None
 
 
-def _settled(status: dict) -> bool:
-    """A run job is settled when Completed; a service once it is Running (it never ends)."""
-    return status.get("phase") == "Completed" or (status.get("phase") == "Running" and status.get("service"))
-
-
 def _converge(store, names: list[str], timeout: float | None) -> int:
     """Run a controller in this process until every named job is settled; 0 if all run jobs
     Succeeded and every service is Running. Services keep running after `up` returns (the
     next controller adopts them)."""
-    from ..controller.manager import Controller, job_phases
+    from ..controller.manager import Controller
+    from ..converge import JobWatch, succeeded
     from .progress import make_progress, summary
 
     controller = Controller(store).start()
@@ -43,19 +39,20 @@ def _converge(store, names: list[str], timeout: float | None) -> int:
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     deadline = None if timeout is None else time.monotonic() + timeout
-    seq, statuses = None, {}
+    watch = JobWatch(store, names)
+    progress.update(watch.statuses, set(names))
+    look = True  # whether to check for convergence: at first and after every change
     try:
         while not stop.is_set():
-            current = store.change_seq()
-            if current != seq:
-                seq = current
-                statuses, stale = job_phases(store, names, with_stale=True)
-                progress.update(statuses)
-                if not stale and all(_settled(s) for s in statuses.values()):
+            if changed := watch.poll():
+                progress.update(watch.statuses, changed)
+                look = True
+            if look:
+                look = False
+                if not watch.unsettled() and watch.all_settled():
                     break
             if deadline is not None and time.monotonic() >= deadline:
-                err(f"error: timed out after {timeout:g}s; jobs not completed: "
-                    + ", ".join(n for n, s in statuses.items() if s.get("phase") != "Completed"))
+                err(f"error: timed out after {timeout:g}s; jobs not completed: {', '.join(watch.unsettled())}")
                 return 1
             stop.wait(0.05)
     except KeyboardInterrupt:
@@ -64,10 +61,8 @@ def _converge(store, names: list[str], timeout: float | None) -> int:
     finally:
         progress.close()
         controller.stop()
-    err(summary(statuses))
-    ok = all(s.get("outcome") == "Succeeded" or _settled(s) and s.get("service") for s in statuses.values()) \
-        and not stop.is_set()
-    return 0 if ok else 1
+    err(summary(watch.statuses))
+    return 0 if all(succeeded(s) for s in watch.statuses.values()) and not stop.is_set() else 1
 
 
 def up(

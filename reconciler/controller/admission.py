@@ -51,10 +51,12 @@ def decide(request: Request, scopes: list[Scope]) -> Decision:
         if scope.capacity is None or head is None or head.uid == request.uid:
             continue
         if scope.head_fits:
-            return Decision(False, "WaitingForTurn", f"{head.name} is ahead in {scope.name} and fits first")
+            # messages name no other job: they stay stable while the line moves, so a waiting
+            # job's status is not rewritten each time it is looked at
+            return Decision(False, "WaitingForTurn", f"an older job in {scope.name} fits first")
         if head.bypass_count >= scope.max_bypass:
             return Decision(False, "BypassLimit",
-                            f"{head.name} is ahead in {scope.name} and was already passed {head.bypass_count} times")
+                            f"the oldest job in {scope.name} was passed {scope.max_bypass} times and goes first")
         if all(b.uid != head.uid for b in bypassed):  # one pass counts once, however many scopes it shares
             bypassed.append(head)
     for scope in scopes:

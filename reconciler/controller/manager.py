@@ -93,14 +93,7 @@ class Controller:
                 self._stop.wait(0.5)
 
 
-def job_phases(store: Store, names: list[str], *, with_stale: bool = False):
-    """name -> status, with `service: True` marked for service jobs; with `with_stale`, also
-    the names whose Completed status describes an older version (see commands.stale_jobs)."""
-    from ..commands import stale_jobs
-
+def job_phases(store: Store, names: list[str]) -> dict[str, dict]:
+    """name -> status of the named jobs (benchmarks and tests read them this way)."""
     with store.read() as session:
-        objs = repo.list_objects(session, kind="Job", names=names)
-        statuses = {o.name: {**(o.status or {}), "service": o.spec.get("type") == "service"} for o in objs}
-        if not with_stale:
-            return statuses
-        return statuses, stale_jobs(session, objs)
+        return {o.name: (o.status or {}) for o in repo.list_objects(session, kind="Job", names=names)}

@@ -43,16 +43,6 @@ class StoredObject:
     deleted_at: float | None
     spec_text: str
 
-    @classmethod
-    def from_row(cls, row: ObjectRow) -> "StoredObject":
-        return cls(
-            kind=row.kind, name=row.name, uid=row.uid, generation=row.generation,
-            resource_version=row.resource_version, labels=json.loads(row.labels),
-            annotations=json.loads(row.annotations), spec=json.loads(row.spec),
-            status=json.loads(row.status) if row.status else None,
-            created_at=row.created_at, deleted_at=row.deleted_at, spec_text=row.spec,
-        )
-
     def manifest(self) -> dict[str, Any]:
         """The object as Kubernetes would print it."""
         metadata: dict[str, Any] = {
@@ -76,6 +66,7 @@ EVENTS = EventRow.__table__
 
 
 def _from_mapping(row) -> StoredObject:
+    """A StoredObject from a row of the objects table (any object with its column names)."""
     return StoredObject(
         kind=row.kind, name=row.name, uid=row.uid, generation=row.generation,
         resource_version=row.resource_version, labels=json.loads(row.labels),
@@ -103,11 +94,17 @@ def version(session: Connection, *, kind: str, name: str) -> int | None:
     return session.execute(_VERSION, {"kind": kind, "name": name}).scalar()
 
 
+_LIST = select(OBJECTS).where(OBJECTS.c.kind == bindparam("kind")).order_by(OBJECTS.c.name)
+_LIST_NAMED = select(OBJECTS).where(OBJECTS.c.kind == bindparam("kind"),
+                                    OBJECTS.c.name.in_(bindparam("names", expanding=True))).order_by(OBJECTS.c.name)
+
+
 def list_objects(session: Connection, *, kind: str, names: Iterable[str] | None = None) -> list[StoredObject]:
-    query = select(OBJECTS).where(OBJECTS.c.kind == kind)
-    if names is not None:
-        query = query.where(OBJECTS.c.name.in_(list(names)))
-    return [_from_mapping(r) for r in session.execute(query.order_by(OBJECTS.c.name))]
+    if names is None:
+        rows = session.execute(_LIST, {"kind": kind})
+    else:
+        rows = session.execute(_LIST_NAMED, {"kind": kind, "names": list(names)})
+    return [_from_mapping(r) for r in rows]
 
 
 def create(
@@ -146,6 +143,11 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
     return created
 
 
+_UPDATE_STATUS = update(OBJECTS).where(
+    OBJECTS.c.kind == bindparam("k"), OBJECTS.c.name == bindparam("n"), OBJECTS.c.resource_version == bindparam("old"),
+).values(resource_version=bindparam("resource_version"), status=bindparam("status"), phase=bindparam("phase"))
+
+
 def update_object(
     tx: Tx,
     current: StoredObject,
@@ -172,12 +174,16 @@ def update_object(
         values["phase"] = status.get("phase")
     if deleted_at is not None:
         values["deleted_at"] = deleted_at
-    result = tx.session.execute(
-        update(OBJECTS)
-        .where(OBJECTS.c.kind == current.kind, OBJECTS.c.name == current.name,
-               OBJECTS.c.resource_version == current.resource_version)
-        .values(**values)
-    )
+    if values.keys() == {"resource_version", "status", "phase"}:  # the controller's status writes
+        result = tx.session.execute(_UPDATE_STATUS, {**values, "k": current.kind, "n": current.name,
+                                                     "old": current.resource_version})
+    else:
+        result = tx.session.execute(
+            update(OBJECTS)
+            .where(OBJECTS.c.kind == current.kind, OBJECTS.c.name == current.name,
+                   OBJECTS.c.resource_version == current.resource_version)
+            .values(**values)
+        )
     if result.rowcount != 1:
         raise Conflict(
             f'Operation cannot be fulfilled on {current.kind.lower()} "{current.name}": '

@@ -9,14 +9,33 @@ from datetime import datetime
 from dataclasses import dataclass
 from typing import Iterator
 
-from sqlalchemy import Connection, delete, func, insert, select, update
+from sqlalchemy import Connection, bindparam, delete, func, insert, select, update
 
 from .engine import Tx
 from .tables import AdmissionRow, EventRow, ObjectRow, QueueRow
 
 QUEUE = QueueRow.__table__
 ADMISSIONS = AdmissionRow.__table__
-NODE_READY_WINDOW = 40.0  # seconds without a heartbeat before a node is NotReady
+NODE_READY_WINDOW = 40.0
+
+# Statements built once: on the reconcile loop's path, building and caching a statement per
+# call costs more than SQLite's work.
+_ORDER = (QUEUE.c.rank, QUEUE.c.eligible_at, QUEUE.c.job_uid)
+_QUEUED = select(QUEUE).where(QUEUE.c.job_uid == bindparam("uid"))
+_ENQUEUE = insert(QUEUE)
+_DEQUEUE = delete(QUEUE).where(QUEUE.c.job_uid == bindparam("uid"))
+_LINE = select(QUEUE).order_by(*_ORDER).limit(bindparam("limit")).offset(bindparam("offset"))
+_LINE_OF_POOL = select(QUEUE).where(QUEUE.c.pool == bindparam("pool")).order_by(*_ORDER) \
+    .limit(bindparam("limit")).offset(bindparam("offset"))
+_OBJECTS = ObjectRow.__table__
+_POOL_SPEC = select(_OBJECTS.c.spec).where(_OBJECTS.c.kind == "Pool", _OBJECTS.c.name == bindparam("name"))
+_USED_ALL = select(func.coalesce(func.sum(ADMISSIONS.c.slots), 0))
+_USED_IN_POOL = _USED_ALL.where(ADMISSIONS.c.pool == bindparam("pool"))
+_ALLOCATED = select(ADMISSIONS.c.node, func.sum(ADMISSIONS.c.slots)).group_by(ADMISSIONS.c.node)
+_NODES = select(_OBJECTS.c.name, _OBJECTS.c.spec, _OBJECTS.c.status, _OBJECTS.c.labels).where(_OBJECTS.c.kind == "Node")
+_ADMIT = insert(ADMISSIONS)
+_ADMISSION = select(ADMISSIONS).where(ADMISSIONS.c.job_uid == bindparam("uid"))
+_RELEASE = delete(ADMISSIONS).where(ADMISSIONS.c.job_uid == bindparam("uid"))  # seconds without a heartbeat before a node is NotReady
 
 
 @dataclass(frozen=True)
@@ -59,17 +78,17 @@ def enqueue(tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, priori
             bypass_count: int, node_name: str | None, node_selector: dict[str, str]) -> None:
     """Idempotent: a job already queued keeps its row (and its bypass count)."""
     if queued(tx.session, uid) is None:
-        tx.session.execute(insert(QUEUE).values(
+        tx.session.execute(_ENQUEUE, dict(
             job_uid=uid, job_name=name, pool=pool, slots=slots, rank=-priority, eligible_at=eligible_at,
             bypass_count=bypass_count, node_name=node_name, node_selector=json.dumps(node_selector, sort_keys=True)))
 
 
 def dequeue(tx: Tx, uid: str) -> None:
-    tx.session.execute(delete(QueueRow).where(QueueRow.job_uid == uid))
+    tx.session.execute(_DEQUEUE, {"uid": uid})
 
 
 def queued(session: Connection, uid: str) -> QueueEntry | None:
-    row = session.execute(select(QUEUE).where(QUEUE.c.job_uid == uid)).first()
+    row = session.execute(_QUEUED, {"uid": uid}).first()
     return QueueEntry.from_row(row) if row else None
 
 
@@ -81,13 +100,10 @@ def head(session: Connection, pool: str | None, *, scope_is_pool: bool) -> Queue
 def in_line(session: Connection, pool: str | None, *, scope_is_pool: bool, batch: int = 16) -> Iterator[QueueEntry]:
     """The queue of one scope in admission order, read `batch` rows at a time as the caller
     goes on (most callers stop at the first entry or two)."""
-    query = select(QUEUE)
-    if scope_is_pool:
-        query = query.where(QUEUE.c.pool == pool)
-    query = query.order_by(QUEUE.c.rank, QUEUE.c.eligible_at, QUEUE.c.job_uid)
+    query = _LINE_OF_POOL if scope_is_pool else _LINE
     offset = 0
     while True:
-        rows = session.execute(query.limit(batch).offset(offset)).all()
+        rows = session.execute(query, {"pool": pool, "limit": batch, "offset": offset}).all()
         yield from (QueueEntry.from_row(row) for row in rows)
         if len(rows) < batch:
             return
@@ -96,10 +112,8 @@ def in_line(session: Connection, pool: str | None, *, scope_is_pool: bool, batch
 
 def first_in_line(session: Connection, pool: str | None, limit: int) -> list[str]:
     """Names of the first `limit` queued jobs of a scope: who to wake when slots free up."""
-    query = select(QueueRow.job_name)
-    if pool is not None:
-        query = query.where(QueueRow.pool == pool)
-    return list(session.scalars(query.order_by(QueueRow.rank, QueueRow.eligible_at, QueueRow.job_uid).limit(limit)))
+    query = _LINE_OF_POOL if pool is not None else _LINE
+    return [row.job_name for row in session.execute(query, {"pool": pool, "limit": limit, "offset": 0})]
 
 
 def count_bypass(tx: Tx, uid: str) -> None:
@@ -107,23 +121,18 @@ def count_bypass(tx: Tx, uid: str) -> None:
 
 
 def pool_facts(session: Connection, name: str) -> PoolFacts:
-    spec_text = session.execute(select(ObjectRow.spec).where(ObjectRow.kind == "Pool", ObjectRow.name == name)).scalar()
+    spec_text = session.execute(_POOL_SPEC, {"name": name}).scalar()
     spec = json.loads(spec_text) if spec_text else {}
     slots = spec.get("slots", "unlimited")
-    used_q = select(func.coalesce(func.sum(AdmissionRow.slots), 0))
-    if name != "global":
-        used_q = used_q.where(AdmissionRow.pool == name)
-    return PoolFacts(name, None if slots == "unlimited" else int(slots), int(spec.get("maxBypass", 3)),
-                     int(session.scalar(used_q)))
+    used = session.execute(_USED_ALL if name == "global" else _USED_IN_POOL, {"pool": name}).scalar()
+    return PoolFacts(name, None if slots == "unlimited" else int(slots), int(spec.get("maxBypass", 3)), int(used))
 
 
 def node_facts(session: Connection, now: float | None = None) -> list[NodeFacts]:
     now = time.time() if now is None else now
-    allocated = dict(session.execute(
-        select(AdmissionRow.node, func.sum(AdmissionRow.slots)).group_by(AdmissionRow.node)).all())
+    allocated = dict(session.execute(_ALLOCATED).all())
     facts = []
-    nodes = select(ObjectRow.name, ObjectRow.spec, ObjectRow.status, ObjectRow.labels).where(ObjectRow.kind == "Node")
-    for row in session.execute(nodes):
+    for row in session.execute(_NODES):
         spec, status = json.loads(row.spec), json.loads(row.status or "{}")
         capacity = spec.get("capacity", {}).get("slots")
         if capacity is None:
@@ -140,14 +149,14 @@ def admit(tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, node: st
     """Record the admission; `owner` claims the spawn at once when the admitting controller
     is the node's own agent."""
     now = time.time()
-    tx.session.execute(insert(ADMISSIONS).values(job_uid=uid, job_name=name, pool=pool, slots=slots, node=node,
-                                                 run_number=run_number, admitted_at=now, owner=owner))
+    tx.session.execute(_ADMIT, dict(job_uid=uid, job_name=name, pool=pool, slots=slots, node=node,
+                                    run_number=run_number, admitted_at=now, owner=owner))
     dequeue(tx, uid)
     return now
 
 
 def admission(session: Connection, uid: str) -> AdmissionRow | None:
-    return session.execute(select(ADMISSIONS).where(ADMISSIONS.c.job_uid == uid)).first()
+    return session.execute(_ADMISSION, {"uid": uid}).first()
 
 
 def claim_spawn(tx: Tx, uid: str, owner: str, *, take_over_from: str | None = None) -> bool:
@@ -164,7 +173,7 @@ def release(tx: Tx, uid: str) -> AdmissionRow | None:
     """Free the slots; returns what was held so the caller can wake who waits for them."""
     row = admission(tx.session, uid)
     if row is not None:
-        tx.session.execute(delete(ADMISSIONS).where(ADMISSIONS.c.job_uid == uid))
+        tx.session.execute(_RELEASE, {"uid": uid})
     return row
 
 

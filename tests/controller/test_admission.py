@@ -99,10 +99,10 @@ def test_head_shared_by_global_and_pool_is_counted_once_per_pass():
 
 
 @pytest.mark.parametrize(("request_", "scopes", "reason", "text"), [
-    pytest.param(ME, [pool(OLD, head_fits=True)], "WaitingForTurn", "old is ahead in analysis and fits first",
+    pytest.param(ME, [pool(OLD, head_fits=True)], "WaitingForTurn", "an older job in analysis fits first",
                  id="waiting-for-turn"),
     pytest.param(ME, [pool(replace(BIG, bypass_count=3))], "BypassLimit",
-                 "big is ahead in analysis and was already passed 3 times", id="bypass-limit"),
+                 "the oldest job in analysis was passed 3 times and goes first", id="bypass-limit"),
     pytest.param(BIG, [pool(None, used=2)], "InsufficientSlots", "analysis: 2/4 slots in use, 3 needed",
                  id="insufficient-slots"),
     pytest.param(ME, [pool(None)], "SlotsGranted", "slots granted", id="granted"),

@@ -1,0 +1,66 @@
+"""Following a set of jobs until they settle, through the change feed: each look reads only
+the jobs written since the last one, so `up` on thousands of jobs stays cheap while the
+controller in the same process does the work."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .store import Store
+from .store import repository as repo
+from .store import scheduling as sched
+
+
+def settled(status: dict[str, Any]) -> bool:
+    """A run job is settled when Completed; a service once it is Running (it never ends);
+    a job deleted meanwhile is settled too."""
+    phase = status.get("phase")
+    return phase in ("Completed", "Deleted") or (phase == "Running" and bool(status.get("service")))
+
+
+def succeeded(status: dict[str, Any]) -> bool:
+    return status.get("outcome") == "Succeeded" or (status.get("service") and status.get("phase") == "Running")
+
+
+class JobWatch:
+    def __init__(self, store: Store, names: list[str]):
+        self.store = store
+        self.names = set(names)
+        self.statuses: dict[str, dict[str, Any]] = {}
+        self.seq = store.change_seq()
+        self._load(self.names)
+
+    def _load(self, names: set[str]) -> None:
+        with self.store.read() as session:
+            objs = repo.list_objects(session, kind="Job", names=sorted(names))
+        for o in objs:
+            self.statuses[o.name] = {**(o.status or {}), "service": o.spec.get("type") == "service"}
+        for missing in names - {o.name for o in objs}:
+            self.statuses[missing] = {"phase": "Deleted", "reason": "Deleted"}
+
+    def poll(self) -> set[str]:
+        """Names of watched jobs written since the last poll (their statuses are refreshed)."""
+        current = self.store.change_seq()
+        if current == self.seq:
+            return set()
+        with self.store.read() as session:
+            rows = sched.changed_since(session, self.seq)
+        self.seq = max([current] + [rv for _, _, rv in rows])
+        changed = {name for kind, name, _ in rows if kind == "Job" and name in self.names}
+        if changed:
+            self._load(changed)
+        return changed
+
+    def all_settled(self) -> bool:
+        """Every job settled, and no completion is about an older version of its job (a spec
+        change or rerun the controller has not picked up yet)."""
+        if not all(settled(s) for s in self.statuses.values()):
+            return False
+        from .commands import stale_jobs
+
+        with self.store.read() as session:
+            objs = repo.list_objects(session, kind="Job", names=sorted(self.names))
+            return not stale_jobs(session, objs)
+
+    def unsettled(self) -> list[str]:
+        return sorted(n for n, s in self.statuses.items() if not settled(s))
