@@ -19,9 +19,11 @@ from ..store import repository as repo
 from ..store import scheduling as sched
 from . import admission, deadlines, dependencies, waits
 from .context import AGAIN, DOWNSTREAM_SUFFIX, RERUN_ANNOTATION, Ctx, commit
+from .pathwatch import PathWatch
 from .placement import NodeView, place
 
 SAFETY_POLL = 30.0  # a queued or waiting job looks again at least this often, whatever wakes it
+PATH_SAFETY_POLL = 600.0  # the same for a job whose paths the path watcher checks for it
 WAIT_STATUS_REFRESH = 30.0  # unchanged wait results are written back at most this often
 MAX_STEPS = 12
 
@@ -41,6 +43,7 @@ class JobReconciler:
         self.dependents: defaultdict[str, set[str]] = defaultdict(set)
         self._specs: dict[str, JobSpec] = {}
         self.runs = RunSteps(self)
+        self.paths = PathWatch(wake, clock)
 
     # -- the entry point -------------------------------------------------------------
     def __call__(self, key: tuple[str, str]) -> float | None:
@@ -123,6 +126,7 @@ class JobReconciler:
 
     # -- endings -------------------------------------------------------------------------
     def complete(self, ctx: Ctx, outcome: str, reason: str, message: str) -> None:
+        self.paths.forget(ctx.name)
         ctx.move("Completed", reason, message, outcome=outcome)
         ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
         self.write(ctx, None)
@@ -130,6 +134,7 @@ class JobReconciler:
         return None
 
     def finalize_delete(self, ctx: Ctx) -> None:
+        self.paths.forget(ctx.name)
         with self.store.write() as tx:
             sched.dequeue(tx, ctx.uid)
             if sched.release(tx, ctx.uid) is not None:
@@ -224,6 +229,7 @@ class JobReconciler:
         if not ready and deadlines.passed(abort_at, ctx.now):
             return self.complete(ctx, "Aborted", "WaitAbortDeadline", "the wait conditions were not met before the abort deadline")
         if ready:
+            self.paths.forget(ctx.name)
             status.setdefault("eligibleAt", ctx.now_text)
             ctx.move("Queued", "Eligible", "dependencies and waits are satisfied")
             return self.queued(ctx)  # eligibility and the admission attempt share one transaction
@@ -232,10 +238,25 @@ class JobReconciler:
         status.update(reason=reason, message=message)
         if ctx.changed():
             self.write(ctx, None)
-        recheck = [ctx.now + c.recheck_in for c in checks if c.recheck_in is not None]
+        paths = self._watch_paths(ctx, checks)
+        recheck = [ctx.now + c.recheck_in for c in checks if c.recheck_in is not None and not (paths and c.type == "path")]
         due = deadlines.soonest(ctx.now, *recheck, abort_at, self.job_deadline(ctx))
         jitter = 0.9 + 0.2 * self.rand.random()
-        return min(SAFETY_POLL, due if due is not None else SAFETY_POLL) * (jitter if recheck else 1.0)
+        safety = PATH_SAFETY_POLL if paths else SAFETY_POLL
+        return min(safety, due if due is not None else safety) * (jitter if recheck else 1.0)
+
+    def _watch_paths(self, ctx: Ctx, checks: list[waits.Check]) -> bool:
+        """Hand unsatisfied path conditions to the path watcher, which wakes the job when one
+        appears; True when it took them (then no per-job poll timer is needed for them)."""
+        wait_for = ctx.spec.wait_for
+        if wait_for is None or not ctx.spec.wait_for.conditions:
+            return False
+        pending = [cond for cond, check in zip(wait_for.conditions, checks) if not check.satisfied and cond.kind == "path"]
+        if not pending:
+            self.paths.forget(ctx.name)
+            return False
+        self.paths.watch(ctx.name, [(c.path, c.type, c.interval or waits.PATH_POLL) for c in pending])
+        return True
 
     def _probe(self, cond, spec: JobSpec) -> tuple[bool, str]:
         from ..agent.probe import run_probe

@@ -64,6 +64,7 @@ class Controller:
     def stop(self) -> None:
         self._stop.set()
         self.runner.stop()
+        self.jobs.paths.close()
         self._watcher.join(2)
         self.agent.close()
 
