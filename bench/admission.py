@@ -1,12 +1,15 @@
 """Figure 3 (and 7 on PostgreSQL): the cost of one admission decision at queue depth.
 
-Pool `p` has 2 slots, held by two long-running jobs (`sleep`). D single-slot jobs are applied
-to `p` and a controller (in this process) moves them to Queued, then stops. With the queue at
-depth D, the benchmark times the reconcile of one queued job, exactly as a controller worker
+Pool `p` has 2 slots, held by two long-running jobs (`sleep`, started by a real controller).
+D single-slot jobs are applied to `p`, and each gets the reconcile a controller worker gives a
+new job (the same `JobReconciler`, driven here one job at a time), which leaves it Queued. With
+the queue at depth D, the benchmark times the reconcile of one queued job, exactly as a controller worker
 runs it when the job is woken: `JobReconciler.__call__(("Job", name))`, i.e. read the job,
 then `queued()`: one write transaction that re-enqueues idempotently, reads the queue entry,
 node facts, pool facts and the head of line, decides (no room: InsufficientSlots) and writes
-nothing. It is timed for the newest job in line (the tail) and for the head. Depths D1 and
+nothing. Two situations (VARIANTS): "no room" as above, and "head blocks" (one free slot,
+a head of line that needs two, maxBypass 0), where every decision runs the whole admission
+transaction. It is timed for the newest job in line (the tail) and for the head. Depths D1 and
 D2 each get their own fresh store, filled the same way; both stay live and their timings are
 interleaved in rounds, so load from elsewhere weighs on both alike. Figure: tail cost at D2 /
 tail cost at D1 (medians).
@@ -30,12 +33,21 @@ from bench.common import (Row, kill_run_groups, log, median, percentile, print_t
 
 AIM = 1.5
 SAFETY_POLL = 30.0  # reconciler.controller.job.SAFETY_POLL, read at run time when it exists
-HOLDERS = ["hold-0", "hold-1"]
+# Two situations, both decided by the code a controller worker runs for a woken queued job:
+# - "no room": pool p (2 slots) is full, held by two running jobs; every job needs 1 slot.
+# - "head blocks": pool p has 1 free slot (one holder) and maxBypass 0; the head of line needs
+#   2 slots, so it cannot start, and nobody may pass it. A younger job's decision then goes
+#   through the whole admission transaction (queue entry, node facts, pool facts, the head of
+#   line and whether it fits now) and ends "wait".
+VARIANTS = {
+    "no room": {"pool": "{slots: 2}", "holders": ["hold-0", "hold-1"], "head_slots": 1},
+    "head blocks": {"pool": "{slots: 2, maxBypass: 0}", "holders": ["hold-0"], "head_slots": 2},
+}
 
 
-def _docs(names: list[str], command: str) -> str:
+def _docs(names: list[str], command: str, slots: int = 1) -> str:
     return "---\n".join(f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {n}}}\n"
-                        f"spec:\n  command: {command}\n  pool: p\n  slots: 1\n" for n in names)
+                        f"spec:\n  command: {command}\n  pool: p\n  slots: {slots}\n" for n in names)
 
 
 def _apply(store, text: str, folder: Path) -> None:
@@ -73,22 +85,24 @@ def line(store) -> tuple[str, str]:
     return head, tail
 
 
-def fill(store, wired, folder: Path, depth: int, store_kind: str) -> float:
+def fill(store, wired, folder: Path, depth: int, store_kind: str, variant: str) -> float:
     """Holders running in pool p (a real controller starts them), then `depth` jobs queued
     behind them: each new job gets the reconcile a controller worker gives a new job (Waiting
-    -> eligible -> admission attempt -> Queued), driven here one job at a time. (A running
-    controller would also re-check every queued job every 30 s, which at depth 10,000 is all
-    it has time for: see the notes.) Returns the mean cost of that first reconcile, in us."""
+    -> eligible -> admission attempt -> Queued), driven here one job at a time (a running
+    controller would also re-check every queued job every 30 s; see the notes). Returns the
+    mean cost of that first reconcile, in us."""
     from reconciler.controller.manager import job_phases
     from reconciler.controller.nodes import heartbeat
 
-    _apply(store, "apiVersion: reconciler.dev/v1alpha1\nkind: Pool\nmetadata: {name: p}\nspec: {slots: 2}\n"
-           "---\n" + _docs(HOLDERS, "[sleep, '3600']"), folder)
-    _run_controller_until(store, lambda: all(s.get("phase") == "Running" for s in job_phases(store, HOLDERS).values()),
-                          60, "the two holders running")
+    v = VARIANTS[variant]
+    _apply(store, f"apiVersion: reconciler.dev/v1alpha1\nkind: Pool\nmetadata: {{name: p}}\nspec: {v['pool']}\n"
+           "---\n" + _docs(v["holders"], "[sleep, '3600']"), folder)
+    _run_controller_until(store, lambda: all(s.get("phase") == "Running"
+                                             for s in job_phases(store, v["holders"]).values()),
+                          60, "the holders running")
     names = [f"q-{i:06d}" for i in range(depth)]
     t0 = time.perf_counter()
-    _apply(store, _docs(names, "[/bin/true]"), folder)
+    _apply(store, _docs(names[:1], "[/bin/true]", v["head_slots"]) + "---\n" + _docs(names[1:], "[/bin/true]"), folder)
     t1 = time.perf_counter()
     for i, name in enumerate(names):
         if i % 2000 == 0:
@@ -97,11 +111,12 @@ def fill(store, wired, folder: Path, depth: int, store_kind: str) -> float:
     t2 = time.perf_counter()
     if queue_depth(store) != depth:
         raise RuntimeError(f"{queue_depth(store)} jobs queued, {depth} expected")
-    log(f"admission {store_kind}: depth {depth} filled (apply {t1 - t0:.1f} s, first reconciles {t2 - t1:.1f} s)")
+    log(f"admission {store_kind} ({variant}): depth {depth} filled (apply {t1 - t0:.1f} s, "
+        f"first reconciles {t2 - t1:.1f} s)")
     return (t2 - t1) / depth * 1e6
 
 
-def measure(depths: list[int], store_kind: str, reps: int, rounds: int = 6) -> dict[int, dict]:
+def measure(depths: list[int], store_kind: str, reps: int, variant: str = "no room", rounds: int = 6) -> dict[int, dict]:
     """Both depths live at once, each in its own fresh store; their timings are interleaved in
     rounds so that a noisy neighbour weighs on both alike."""
     from reconciler.controller.manager import Controller
@@ -116,15 +131,15 @@ def measure(depths: list[int], store_kind: str, reps: int, rounds: int = 6) -> d
                 stack.enter_context(state_home(folder))  # run dirs of a PostgreSQL store
             store = Store(url)
             stack.callback(store.dispose)
-            stack.callback(kill_run_groups, store, HOLDERS)
+            stack.callback(kill_run_groups, store, VARIANTS[variant]["holders"])
             wired = Controller(store)  # the same wiring as the controller process; never started
             stack.callback(wired.agent.close)
-            first = fill(store, wired, folder, depth, store_kind)
+            first = fill(store, wired, folder, depth, store_kind, variant)
             head, tail = line(store)
             setups[depth] = (store, wired, {"tail": tail, "head": head}, queue_depth(store), first)
         samples = {(d, w): [] for d in depths for w in ("tail", "head")}
         per_round = max(1, reps // rounds)
-        log(f"admission {store_kind}: timing {per_round * rounds} decisions per job and depth, interleaved")
+        log(f"admission {store_kind} ({variant}): timing {per_round * rounds} decisions per job and depth, interleaved")
         for _ in range(rounds):
             for depth, (store, wired, names, _, _) in setups.items():
                 # keep the local node Ready (placement reads its heartbeat), as a running controller does
@@ -162,21 +177,27 @@ def _safety_poll() -> float:
 
 
 def rows(depths: list[int], store_kind: str, figure: str, reps: int = 300) -> list[Row]:
+    """One row per situation; `figure` is e.g. "3 admission at depth (sqlite)"."""
     global SAFETY_POLL
     SAFETY_POLL = _safety_poll()
     lo, hi = sorted(depths)[0], sorted(depths)[-1]
-    r = measure([lo, hi], store_kind, reps)
-    a, b = r[lo]["tail"], r[hi]["tail"]
-    ratio = b["p50"] / a["p50"]
-    notes = [f"{figure}: one decision = JobReconciler.__call__ of a queued job that does not fit (read + queued() "
-             f"transaction), median of {reps}, both depths timed interleaved in one run; "
-             + "; ".join(f"depth {r[d]['depth']:,}: tail {r[d]['tail']['p50']:.0f} us (p90 {r[d]['tail']['p90']:.0f}), "
-                         f"head {r[d]['head']['p50']:.0f} us (p90 {r[d]['head']['p90']:.0f}), first reconcile of a new "
-                         f"job {r[d]['first']:.0f} us" for d in (lo, hi))
-             + f"; a running controller re-checks every queued job every {SAFETY_POLL:g} s (SAFETY_POLL): at depth "
-             f"{hi:,} that is {hi / SAFETY_POLL * b['p50'] / 1e6 * 100:.0f}% of a core at this decision cost"]
-    return [Row(figure, f"{b['p50'] / 1000:.2f} ms at depth {hi:,}", f"{a['p50'] / 1000:.2f} ms at depth {lo:,}",
-                ratio, "x", AIM, notes)]
+    number, _, kind = figure.partition(" admission at depth ")
+    out = []
+    for variant in VARIANTS:
+        label = f"{number} admission at depth, {variant} {kind}"
+        r = measure([lo, hi], store_kind, reps, variant)
+        a, b = r[lo]["tail"], r[hi]["tail"]
+        notes = [f"{label}: one decision = JobReconciler.__call__ of the newest queued job (tail), which stays "
+                 f"queued; median of {reps}, both depths timed interleaved in one run; "
+                 + "; ".join(f"depth {r[d]['depth']:,}: tail {r[d]['tail']['p50']:.0f} us (p90 "
+                             f"{r[d]['tail']['p90']:.0f}), head {r[d]['head']['p50']:.0f} us (p90 "
+                             f"{r[d]['head']['p90']:.0f}), first reconcile of a new job {r[d]['first']:.0f} us"
+                             for d in (lo, hi))
+                 + f"; a running controller re-checks every queued job every {SAFETY_POLL:g} s (SAFETY_POLL): at "
+                 f"depth {hi:,} that is {hi / SAFETY_POLL * b['p50'] / 1e6 * 100:.0f}% of a core at this cost"]
+        out.append(Row(label, f"{b['p50'] / 1000:.2f} ms at depth {hi:,}", f"{a['p50'] / 1000:.2f} ms at depth {lo:,}",
+                       b["p50"] / a["p50"], "x", AIM, notes))
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:

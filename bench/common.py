@@ -114,11 +114,34 @@ def git_revision() -> str:
     try:
         rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                              text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "reconciler"],
                                capture_output=True, text=True, timeout=5).stdout.strip()
         return rev + ("+dirty" if dirty else "") if rev else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def source_fingerprint() -> str:
+    """A digest of the product's source (reconciler/**/*.py): tells whether the code measured
+    changed while the suite ran (other people work in this tree)."""
+    import hashlib
+
+    digest = hashlib.sha1()
+    for path in sorted((ROOT / "reconciler").rglob("*.py")):
+        digest.update(str(path.relative_to(ROOT)).encode())
+        try:
+            digest.update(path.read_bytes())
+        except OSError:
+            pass
+    return digest.hexdigest()[:10]
+
+
+START = {"git": None, "source": None}
+
+
+def mark_start() -> None:
+    """Record what is measured, before the first figure."""
+    START["git"], START["source"] = git_revision(), source_fingerprint()
 
 
 def machine_facts() -> list[str]:
@@ -129,8 +152,16 @@ def machine_facts() -> list[str]:
     except AttributeError:  # pragma: no cover - not Linux
         usable = os.cpu_count() or 1
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg())
+    git, source = git_revision(), source_fingerprint()
+    if START["source"] is None:
+        code = f"git {git}; product source {source}"
+    elif START["source"] == source and START["git"] == git:
+        code = f"git {git}; product source {source} (unchanged during the run)"
+    else:
+        code = (f"git {START['git']} -> {git}; product source {START['source']} -> {source}: CHANGED during the run, "
+                "the figures mix versions")
     return [
-        f"date {datetime.now(timezone.utc).isoformat(timespec='seconds')}; git {git_revision()}",
+        f"date {datetime.now(timezone.utc).isoformat(timespec='seconds')}; {code}",
         f"nproc {usable} ({os.cpu_count()} online); CPU {cpu_model()}; load average {load}",
         f"python {platform.python_version()} ({platform.python_implementation()}); SQLite {sqlite3.sqlite_version};"
         f" {platform.system()} {platform.release()}",

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PG_URL, Row, failed_row, log, pg_available, print_table  # noqa: E402
+from bench.common import PG_URL, Row, failed_row, log, mark_start, pg_available, print_table  # noqa: E402
 
 FULL = {"dag": dict(jobs=2000, width=50), "latency": dict(jobs=300), "admission": dict(depths=[100, 10_000], reps=300),
         "apply": dict(jobs=10_000), "idle": dict(jobs=5000, settle=10.0, seconds=30.0),
@@ -126,6 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     if "pg" in names and not pg:
         log("PostgreSQL figures skipped: " + ("--no-pg" if args.pg is False else f"no server at {PG_URL}"))
     rows: list[Row] = []
+    mark_start()
     started = time.perf_counter()
     for name in NAMES:
         if name not in names:

@@ -12,9 +12,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FIGURES = ["1 DAG throughput (sqlite)", "2 dependency latency (sqlite)", "3 admission at depth (sqlite)",
-           "4 apply, first (sqlite)", "4 apply, unchanged again (sqlite)", "5 idle cost (sqlite)", "6 memory (sqlite)"]
-PG_FIGURES = ["7 DAG throughput (postgresql)", "7 admission at depth (postgresql)"]
+FIGURES = ["1 DAG throughput (sqlite)", "2 dependency latency (sqlite)", "3 admission at depth, no room (sqlite)",
+           "3 admission at depth, head blocks (sqlite)", "4 apply, first (sqlite)", "4 apply, unchanged again (sqlite)",
+           "5 idle cost (sqlite)", "6 memory (sqlite)"]
+PG_FIGURES = ["7 DAG throughput (postgresql)", "7 admission at depth, no room (postgresql)",
+              "7 admission at depth, head blocks (postgresql)"]
 
 
 def _pg_answers() -> bool:

@@ -130,7 +130,8 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
             kind=o["kind"], name=o["name"], uid=str(uuid.uuid4()), generation=1, resource_version=tx.rv(),
             labels=canonical(o["labels"]), annotations=canonical(o["annotations"]), spec=canonical(o["spec"]),
             status=canonical(status) if status is not None else None, created_at=now,
-            phase=(status or {}).get("phase"), deleted_at=None,
+            phase=(status or {}).get("phase"), observed_generation=(status or {}).get("observedGeneration"),
+            deleted_at=None,
         )
         rows.append(row)
         created.append(StoredObject(
@@ -145,7 +146,8 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
 
 _UPDATE_STATUS = update(OBJECTS).where(
     OBJECTS.c.kind == bindparam("k"), OBJECTS.c.name == bindparam("n"), OBJECTS.c.resource_version == bindparam("old"),
-).values(resource_version=bindparam("resource_version"), status=bindparam("status"), phase=bindparam("phase"))
+).values(resource_version=bindparam("resource_version"), status=bindparam("status"), phase=bindparam("phase"),
+          observed_generation=bindparam("observed_generation"))
 
 
 def update_object(
@@ -172,9 +174,10 @@ def update_object(
     if status is not None:
         values["status"] = canonical(status)
         values["phase"] = status.get("phase")
+        values["observed_generation"] = status.get("observedGeneration")
     if deleted_at is not None:
         values["deleted_at"] = deleted_at
-    if values.keys() == {"resource_version", "status", "phase"}:  # the controller's status writes
+    if values.keys() == {"resource_version", "status", "phase", "observed_generation"}:  # the controller's status writes
         result = tx.session.execute(_UPDATE_STATUS, {**values, "k": current.kind, "n": current.name,
                                                      "old": current.resource_version})
     else:

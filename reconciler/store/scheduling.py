@@ -205,17 +205,21 @@ def open_job_names(session: Connection) -> list[str]:
 
 
 def job_names_needing_revision(session: Connection) -> list[str]:
-    """Completed jobs whose spec changed since they were reconciled."""
-    rows = session.execute(select(ObjectRow.name, ObjectRow.generation, ObjectRow.status).where(
-        ObjectRow.kind == "Job", ObjectRow.phase == "Completed"))
-    return [name for name, generation, status in rows
-            if json.loads(status or "{}").get("observedGeneration") != generation]
+    """Completed jobs that may be due a new revision: their spec changed since they were
+    reconciled, or a rerun was asked for (the reconciler tells an old request from a new)."""
+    c = _OBJECTS.c
+    return list(session.scalars(select(c.name).where(
+        c.kind == "Job", c.phase == "Completed",
+        (c.observed_generation.is_(None)) | (c.observed_generation != c.generation)
+        | c.annotations.like('%"reconciler.dev/rerun"%'))))
 
 
 def dependency_graph(session: Connection) -> dict[str, list[str]]:
-    """job -> the jobs it depends on, for waking dependents when a job completes."""
-    return {name: [d["job"] for d in json.loads(spec).get("dependsOn", [])]
-            for name, spec in session.execute(select(ObjectRow.name, ObjectRow.spec).where(ObjectRow.kind == "Job"))}
+    """job -> the jobs it depends on, for waking dependents when a job completes. Specs
+    without dependencies (canonical JSON: `"dependsOn":[]`) are not even parsed."""
+    c = _OBJECTS.c
+    rows = session.execute(select(c.name, c.spec).where(c.kind == "Job", c.spec.not_like('%"dependsOn":[]%')))
+    return {name: [d["job"] for d in json.loads(spec).get("dependsOn", [])] for name, spec in rows}
 
 
 def usage(session: Connection) -> tuple[dict[str | None, int], dict[str | None, int], dict[str | None, int]]:

@@ -20,6 +20,7 @@ class ObjectRow(SQLModel, table=True):
     spec: str = Field(sa_column=Column(Text, nullable=False))
     status: str | None = Field(default=None, sa_column=Column(Text))
     phase: str | None = Field(default=None, index=True)  # copied from status so the controller finds open jobs fast
+    observed_generation: int | None = None  # copied from status: completed jobs with a newer spec are found by SQL
     created_at: float
     deleted_at: float | None = None
 
