@@ -1,7 +1,7 @@
 """Run the benchmark suite and print one table: every figure measured side by side with its
 reference in this one run, on this machine (these machines are noisy: only ratios hold).
 
-    .venv/bin/python bench/run.py                 # full size (about 5-10 minutes)
+    .venv/bin/python bench/run.py                 # full size (about 10 minutes on 2 cores)
     .venv/bin/python bench/run.py --small         # the CI size: keeps every benchmark working
     .venv/bin/python bench/run.py --only dag --only latency
     .venv/bin/python bench/run.py --no-pg         # PostgreSQL figures are on when the server answers
