@@ -22,7 +22,7 @@ from .context import AGAIN, DOWNSTREAM_SUFFIX, RERUN_ANNOTATION, Ctx, commit
 from .pathwatch import PathWatch
 from .placement import NodeView, place
 
-SAFETY_POLL = 30.0  # a queued or waiting job looks again at least this often, whatever wakes it
+SAFETY_POLL = 120.0  # a queued or waiting job looks again at least this often (jittered), whatever wakes it
 PATH_SAFETY_POLL = 600.0  # the same for a job whose paths the path watcher checks for it
 WAIT_STATUS_REFRESH = 30.0  # unchanged wait results are written back at most this often
 MAX_STEPS = 12
@@ -44,6 +44,7 @@ class JobReconciler:
         self._specs: dict[str, JobSpec] = {}
         self.runs = RunSteps(self)
         self.paths = PathWatch(wake, clock)
+        self._completed_here: set[str] = set()  # completions of this process, not yet looked at again
 
     # -- the entry point -------------------------------------------------------------
     def __call__(self, key: tuple[str, str]) -> float | None:
@@ -86,7 +87,13 @@ class JobReconciler:
         if self.revision_due(ctx):
             return self.start_revision(ctx)
         if ctx.phase == "Completed":
+            if ctx.name in self._completed_here:  # its own completion already woke who waits on it
+                self._completed_here.discard(ctx.name)
+                return None
+            # completed elsewhere (another controller): wake its dependents and whoever may
+            # use the slots it freed
             self._wake_dependents(ctx.name)
+            ctx.released(ctx.spec.pool, ctx.spec.slots)
             return None
         if ctx.cancel_requested():
             return self.complete(ctx, "Cancelled", "Cancelled", "cancelled by request")
@@ -127,6 +134,7 @@ class JobReconciler:
     # -- endings -------------------------------------------------------------------------
     def complete(self, ctx: Ctx, outcome: str, reason: str, message: str) -> None:
         self.paths.forget(ctx.name)
+        self._completed_here.add(ctx.name)
         ctx.move("Completed", reason, message, outcome=outcome)
         ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
         self.write(ctx, None)
@@ -199,6 +207,8 @@ class JobReconciler:
 
     # -- Waiting -------------------------------------------------------------------------
     def dep_states(self, names: list[str]) -> dict[str, dependencies.DepState | None]:
+        if not names:
+            return {}
         with self.store.read() as session:
             found = {o.name: o for o in repo.list_objects(session, kind="Job", names=names)}
         out: dict[str, dependencies.DepState | None] = {}
@@ -301,7 +311,7 @@ class JobReconciler:
         if not ctx.changed() and not self._might_admit(ctx):
             # no room in a finite scope: the decision can only be "wait", so spare the write
             # lock; a release of slots wakes the first in line
-            return deadlines.soonest(ctx.now, ctx.now + SAFETY_POLL, self.job_deadline(ctx))
+            return deadlines.soonest(ctx.now, ctx.now + self._safety(), self.job_deadline(ctx))
         with self.store.write() as tx:
             if repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
                 raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
@@ -340,7 +350,11 @@ class JobReconciler:
         for scope in scopes:  # a head that fits must not wait for a timer
             if scope.head is not None and scope.head_fits and scope.head.uid != ctx.uid:
                 self.wake(scope.head.name)
-        return deadlines.soonest(ctx.now, ctx.now + SAFETY_POLL, self.job_deadline(ctx))
+        return deadlines.soonest(ctx.now, ctx.now + self._safety(), self.job_deadline(ctx))
+
+    def _safety(self) -> float:
+        """The safety-net poll, jittered so that a deep queue is not re-checked in one burst."""
+        return SAFETY_POLL * (0.5 + self.rand.random())
 
     def _might_admit(self, ctx: Ctx) -> bool:
         """A cheap read: False when a finite scope has no room for this job, its queue row is

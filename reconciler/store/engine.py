@@ -83,7 +83,7 @@ class Store:
         elif self.url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
             self.path = None
             pg_url = "postgresql+psycopg://" + self.url.split("://", 1)[1]
-            self._read = self._write = create_engine(pg_url, pool_pre_ping=True, pool_size=5)
+            self._read = self._write = create_engine(pg_url, pool_size=5)  # no pre-ping: a round trip per checkout
         else:
             raise ValueError(f"unsupported store URL {self.url!r}: use sqlite:///PATH or postgresql://...")
         self._migrate()
