@@ -7,10 +7,15 @@ import re
 import time
 from typing import Any
 
+import yaml
+
+from .api.kinds import KINDS
 from .api.meta import dump
+from .api.validation import validate_apply
 from .apply import initial_job_status
 from .controller.context import CANCEL_ANNOTATION, DOWNSTREAM_SUFFIX, RERUN_ANNOTATION
 from .errors import Conflict, InvalidInput, NotFound
+from .manifests import Manifest
 from .store import Store, StoredObject
 from .store import repository as repo
 from .store.engine import Tx
@@ -63,9 +68,6 @@ _AUTO_NAME = re.compile(r"job-(\d+)")
 
 def create_job(store: Store, job: Any, *, auto_name: bool) -> str:
     """Store a job built by `run`; unnamed jobs get job-1, job-2, ... (in one transaction)."""
-    from .api.validation import validate_apply
-    from .manifests import Manifest
-
     with store.write() as tx:
         stored_jobs = {o.name: o.spec for o in repo.list_objects(tx.session, kind="Job")}
         if auto_name:
@@ -74,13 +76,11 @@ def create_job(store: Store, job: Any, *, auto_name: bool) -> str:
         elif job.metadata.name in stored_jobs:
             raise Conflict(f'jobs "{job.metadata.name}" already exists')
         pools = {o.name: o.spec for o in repo.list_objects(tx.session, kind="Pool")}
-        from .api.kinds import KINDS
-        import yaml
-
-        node = yaml.compose("{}")
-        problems = validate_apply([Manifest(KINDS["Job"], job, "run", node)], stored_jobs, pools)
+        # the same whole-set checks as apply; the job has no file, so drop the file:line prefix
+        problems = [p.removeprefix("run:1: ") for p in
+                    validate_apply([Manifest(KINDS["Job"], job, "run", yaml.compose("{}"))], stored_jobs, pools)]
         if problems:
-            raise InvalidInput(problems[0].replace("run:1: ", ""), [p.replace("run:1: ", "") for p in problems])
+            raise InvalidInput(problems[0], problems)
         obj = repo.create(tx, kind="Job", name=job.metadata.name, spec=dump(job)["spec"], labels=job.metadata.labels,
                           annotations={"reconciler.dev/created-by": "run"}, status=initial_job_status())
         repo.record_event(tx, obj, "Created", "job created by run")

@@ -82,7 +82,7 @@ def print_listing(store: Store, kind: str, names: list[str], selector, fmt: str 
             typer.echo(text)
         return
     if not objs:
-        typer.echo(f"No resources found.", err=True)
+        typer.echo("No resources found.", err=True)
         return
     headers, wide_headers, row = COLUMNS[label]
     wide = fmt == "wide"

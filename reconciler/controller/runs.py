@@ -6,7 +6,6 @@ start time). A job never completes while a process of its run is known alive."""
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -16,10 +15,9 @@ import psutil
 from ..agent.identity import ProcessIdentity, is_alive
 from ..agent.process import StartFailed
 from ..api.meta import from_epoch, to_epoch
-from ..store import repository as repo
 from ..store import scheduling as sched
 from . import deadlines, faults
-from .context import AGAIN, Ctx, commit
+from .context import AGAIN, Ctx
 from .retry import RunEnd, after_run
 
 if TYPE_CHECKING:

@@ -4,7 +4,6 @@ nothing; an active job's spec change is a conflict unless --force; rerun [--down
 from __future__ import annotations
 
 import psutil
-import pytest
 
 from .conftest import STAMP, docs, epoch, job_yaml
 

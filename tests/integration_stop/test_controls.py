@@ -4,7 +4,6 @@ job moves on, and releases the admission. Real controller, real processes, real 
 
 from __future__ import annotations
 
-import pytest
 
 from reconciler.api.meta import to_epoch
 from tests.crash.harness import job, pool, read_pids
