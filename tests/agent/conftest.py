@@ -5,9 +5,6 @@ from __future__ import annotations
 import pathlib
 import signal
 import sys
-import time
-from collections.abc import Callable
-from typing import TypeVar
 
 import psutil
 import pytest
@@ -27,19 +24,7 @@ from reconciler.agent.process import (  # noqa: E402
     spawn_run,
 )
 
-T = TypeVar("T")
-
-
-def wait_until(predicate: Callable[[], T], timeout: float = 10.0, interval: float = 0.01) -> T:
-    """Poll `predicate` until it returns something truthy; fail after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
-        time.sleep(interval)
+from tests.helpers import wait_until  # noqa: F401  (re-exported for the agent tests)
 
 
 def group_names(identity: ProcessIdentity) -> list[str]:
