@@ -173,6 +173,7 @@ class JobReconciler:
         return any(s is not None and s.propagates and s.revision > receipts[n]["revision"] for n, s in states.items())
 
     def start_revision(self, ctx: Ctx) -> float:
+        self._completed_here.discard(ctx.name)
         status = ctx.status
         ran = bool(ctx.runs_this_revision()) or ctx.phase == "Completed"
         if ran:
