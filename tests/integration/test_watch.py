@@ -1,0 +1,78 @@
+"""`controller --watch DIR` applies and prunes a folder as it changes; `get -w` follows changes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+from tests.helpers import run_cli, wait_until
+
+
+def _job(name: str) -> str:
+    return (f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\n"
+            f"spec: {{command: ['true']}}\n")
+
+
+def _names(store: str) -> set[str]:
+    result = run_cli("get", "jobs", "-o", "name", store=store)
+    return {line.split("/", 1)[1] for line in result.stdout.split()}
+
+
+def _start(args: list[str], store: str, stderr=subprocess.PIPE) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "reconciler", *args], env={**os.environ, "RECONCILER_STORE": store},
+                            stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen) -> tuple[str, str]:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        return proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        return proc.communicate()
+
+
+def test_controller_watch_applies_and_prunes_the_folder(sqlite_url, tmp_path):
+    folder = tmp_path / "gitops"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(_job("alpha"))
+    log = tmp_path / "controller.log"
+    controller = _start(["controller", "--watch", str(folder)], sqlite_url, stderr=log.open("w"))
+    try:
+        wait_until(lambda: _names(sqlite_url) == {"alpha"}, timeout=30, message="alpha applied at start")
+        (folder / "b.yaml").write_text(_job("beta"))
+        wait_until(lambda: _names(sqlite_url) == {"alpha", "beta"}, timeout=30, message="beta applied on change")
+        (folder / "a.yaml").unlink()
+        wait_until(lambda: _names(sqlite_url) == {"beta"}, timeout=30, message="alpha pruned")
+        # a bad file is reported with its line and field, and the folder stores nothing
+        (folder / "c.yaml").write_text(_job("gamma").replace("spec: {command: ['true']}", "spec:\n  comand: ['true']"))
+        wait_until(lambda: "c.yaml:5: spec.comand: unknown field" in log.read_text(), timeout=30, message="error logged")
+        assert _names(sqlite_url) == {"beta"}
+        (folder / "c.yaml").write_text(_job("gamma"))
+        wait_until(lambda: _names(sqlite_url) == {"beta", "gamma"}, timeout=30, message="gamma applied once fixed")
+    finally:
+        _stop(controller)
+    assert "watch: job.reconciler.dev/alpha pruned" in log.read_text()
+
+
+def test_get_watch_prints_a_row_when_a_job_changes(sqlite_url, tmp_path):
+    (tmp_path / "j.yaml").write_text(_job("watched"))
+    assert run_cli("apply", "-f", str(tmp_path / "j.yaml"), store=sqlite_url).code == 0
+    follower = _start(["get", "jobs", "-w"], sqlite_url)
+    try:
+        first = follower.stdout.readline()  # the table header
+        assert first.split()[:2] == ["NAME", "STATUS"]
+        assert follower.stdout.readline().split()[:2] == ["watched", "Waiting"]
+        assert run_cli("run", "--wait", "--name", "other", "--", "true", store=sqlite_url).code == 0
+        # the controller of `run --wait` also ran `watched`: the follower prints its new states
+        states = []
+        while "Succeeded" not in states:
+            line = follower.stdout.readline()
+            assert line, "get -w ended early"
+            if line.split()[0] == "watched":
+                states.append(line.split()[1])
+    finally:
+        _stop(follower)
+    assert states[-1] == "Succeeded"
