@@ -3,15 +3,4 @@ processes (optionally armed with RECONCILER_FAULT), everything killed at teardow
 
 from __future__ import annotations
 
-import pytest
-
-from tests.crash.harness import Env
-
-
-@pytest.fixture
-def env(tmp_path):
-    e = Env(tmp_path)
-    try:
-        yield e
-    finally:
-        e.close()
+from tests.crash.harness import env  # noqa: F401  (the shared fixture)

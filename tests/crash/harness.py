@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 import psutil
+import pytest
 import yaml
 from sqlmodel import Session, select
 
@@ -337,3 +338,13 @@ def marker_runs(marker_file: Path) -> dict[str, list[tuple[int, float, float | N
             runs.append((open_run[0], open_run[1], None))
         out[name] = runs
     return out
+
+
+@pytest.fixture
+def env(tmp_path):
+    """A temporary store and its controllers; everything they started is killed at teardown."""
+    e = Env(tmp_path)
+    try:
+        yield e
+    finally:
+        e.close()

@@ -6,20 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.crash.harness import Env
+from tests.crash.harness import env  # noqa: F401  (the shared fixture)
 
 
 @pytest.fixture
-def env(tmp_path):
-    e = Env(tmp_path)
-    try:
-        yield e
-    finally:
-        e.close()
-
-
-@pytest.fixture
-def controller(env):
+def controller(env):  # noqa: F811  (pytest injects the imported fixture)
     """A controller that is already running when the test applies its jobs (so a job's
     `timeout`, counted from acceptance, is not spent waiting for an interpreter to start)."""
     return env.start_controller()
