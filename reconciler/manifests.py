@@ -9,7 +9,6 @@ import gc
 import os
 import sys
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -30,19 +29,33 @@ Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 _PLAIN_TAGS: dict[str, str] = {}  # plain scalar text -> its implicit tag (shared by every file)
 _PLAIN_TAGS_MAX = 50_000  # emptied when full: a bound on memory in a long-lived controller
+_SCALAR, _MAPPING, _SEQUENCE = yaml.ScalarNode, yaml.MappingNode, yaml.SequenceNode
+_STR_TAG = "tag:yaml.org,2002:str"
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+_COLLECTION_TAGS = {_MAPPING: _MAP_TAG, _SEQUENCE: _SEQ_TAG}
 
 
 class _ManifestLoader(Loader):  # type: ignore[misc, valid-type]
-    """The safe loader, with the tag of each plain scalar resolved once: manifests repeat the
-    same keys and values (apiVersion, kind, Job, ...) over and over, and PyYAML resolves every
-    occurrence by trying its regular expressions in turn. With the safe loader's fixed implicit
-    resolvers and no path resolvers, a plain scalar's tag depends on its text alone."""
+    """The safe loader, with the tag of each node resolved cheaply: libyaml calls back into
+    Python for every node, and PyYAML resolves each plain scalar by trying its regular
+    expressions in turn although manifests repeat the same keys and values over and over.
+    With the safe loader's fixed implicit resolvers and no path resolvers, a plain scalar's
+    tag depends on its text alone and a collection's is the default one."""
+
+    yaml_path_resolvers: dict = {}  # its own and always empty: a node's place never changes its tag
+
+    def descend_resolver(self, current_node: Any, current_index: Any) -> None:
+        pass  # called around every node; only path resolvers need to follow the path
+
+    def ascend_resolver(self) -> None:
+        pass
 
     def resolve(self, kind: Any, value: Any, implicit: Any) -> str:
-        if kind is not yaml.ScalarNode or self.yaml_path_resolvers:
-            return super().resolve(kind, value, implicit)
+        if kind is not _SCALAR:
+            return _COLLECTION_TAGS[kind]
         if not implicit[0]:  # quoted, or explicitly tagged: PyYAML's answer is always str
-            return self.DEFAULT_SCALAR_TAG
+            return _STR_TAG
         tag = _PLAIN_TAGS.get(value)
         if tag is None:
             if len(_PLAIN_TAGS) >= _PLAIN_TAGS_MAX:
@@ -51,23 +64,57 @@ class _ManifestLoader(Loader):  # type: ignore[misc, valid-type]
         return tag
 
 
-@dataclass
+class _Text:
+    """One file's (or stdin's) text, whose node trees are composed again only when a message
+    must name a line inside a document: a large apply keeps no node alive (all of them
+    together would be most of its memory, and allocating and freeing them most of its time)."""
+
+    __slots__ = ("text", "nodes")
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.nodes: list[yaml.Node] = []
+
+    def node(self, index: int) -> yaml.Node:
+        """The `index`-th node of the stream, as `parse_text` saw it (the same loader)."""
+        if index >= len(self.nodes):
+            loader = _ManifestLoader(self.text)
+            try:
+                nodes = []
+                while len(nodes) <= index and loader.check_node():
+                    nodes.append(loader.get_node())
+                self.nodes = nodes
+            finally:
+                loader.dispose()
+        return self.nodes[index]
+
+
 class Manifest:
-    """One validated object and where it came from, so later checks can name the line."""
+    """One validated object and where it came from, so later checks can name the line: its
+    node, or the text and index to compose that node again when it is asked for."""
 
-    kind: KindInfo
-    obj: Any  # the pydantic model of the kind
-    source: str
-    node: yaml.Node = field(repr=False)
-    ignored_status: bool = False
+    __slots__ = ("kind", "obj", "source", "name", "line", "ignored_status", "_node", "_origin")
+
+    def __init__(self, kind: KindInfo, obj: Any, source: str, node: yaml.Node | None = None,
+                 ignored_status: bool = False, *, origin: tuple[_Text, int, int] | None = None) -> None:
+        self.kind = kind
+        self.obj = obj  # the pydantic model of the kind
+        self.source = source
+        self.name: str = obj.metadata.name  # read thousands of times by apply: once here, not through pydantic
+        self.ignored_status = ignored_status
+        self._node = node
+        self._origin = origin  # (text, index of the node in its stream, line of the document)
+        self.line: int = node.start_mark.line + 1 if node is not None else origin[2]  # type: ignore[index]
+
+    def __repr__(self) -> str:
+        return f"Manifest({self.kind.kind}/{self.name} at {self.source}:{self.line})"
 
     @property
-    def name(self) -> str:
-        return self.obj.metadata.name
-
-    @property
-    def line(self) -> int:
-        return self.node.start_mark.line + 1
+    def node(self) -> yaml.Node:
+        if self._node is None:
+            text, index, _ = self._origin  # type: ignore[misc]
+            self._node = text.node(index)
+        return self._node
 
     def where(self, *path: str | int) -> str:
         """`file:line: a.b[1].c` for a field path inside this document."""
@@ -169,9 +216,6 @@ def _surely_small(node: yaml.Node, text_has_alias: bool) -> bool:
     return not text_has_alias and node.end_mark.index - node.start_mark.index < MAX_NODES // 2 - 2
 
 
-_STR_TAG = "tag:yaml.org,2002:str"
-_MAP_TAG = "tag:yaml.org,2002:map"
-_SEQ_TAG = "tag:yaml.org,2002:seq"
 _SCALAR_CONSTRUCTORS = {  # the SafeConstructor methods for plain scalar tags, called directly
     "tag:yaml.org,2002:null": "construct_yaml_null",
     "tag:yaml.org,2002:bool": "construct_yaml_bool",
@@ -262,7 +306,6 @@ def _scalar(loader: Any, node: yaml.Node) -> Any:
     raise _Unusual
 
 
-_SCALAR, _MAPPING, _SEQUENCE = yaml.ScalarNode, yaml.MappingNode, yaml.SequenceNode
 _PLAIN_KEY_TAGS = frozenset((_STR_TAG, *_SCALAR_CONSTRUCTORS))
 
 
@@ -310,10 +353,13 @@ def parse_text(text: str, source: str, base_dir: Path) -> tuple[list[Manifest], 
     manifests: list[Manifest] = []
     problems: list[str] = []
     loader = _ManifestLoader(text)
+    held = _Text(text)
     text_has_alias = "*" in text
+    index = -1  # of the node in the stream, so that it can be composed again
     try:
         while loader.check_node():
             node = loader.get_node()
+            index += 1
             if node is None or (isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")):
                 continue
             line = node.start_mark.line + 1
@@ -324,7 +370,7 @@ def parse_text(text: str, source: str, base_dir: Path) -> tuple[list[Manifest], 
             if dupes:
                 problems.extend(dupes)
                 continue
-            manifest, found = _to_manifest(data, source, node, base_dir)
+            manifest, found = _to_manifest(data, source, node, base_dir, (held, index, line))
             problems.extend(found)
             if manifest is not None:
                 manifests.append(manifest)
@@ -341,7 +387,8 @@ def parse_text(text: str, source: str, base_dir: Path) -> tuple[list[Manifest], 
     return manifests, problems
 
 
-def _to_manifest(data: Any, source: str, node: yaml.Node, base_dir: Path) -> tuple[Manifest | None, list[str]]:
+def _to_manifest(data: Any, source: str, node: yaml.Node, base_dir: Path,
+                 origin: tuple[_Text, int, int]) -> tuple[Manifest | None, list[str]]:
     line = node.start_mark.line + 1
     if not isinstance(data, dict):
         return None, [f"{source}:{line}: (document): must be a mapping with apiVersion, kind, metadata and spec"]
@@ -357,7 +404,7 @@ def _to_manifest(data: Any, source: str, node: yaml.Node, base_dir: Path) -> tup
         return None, validation_problems(exc, source, node)
     if info.kind == "Job":
         resolve_working_dir(obj.spec, base_dir)
-    return Manifest(info, obj, source, node, ignored_status), []
+    return Manifest(info, obj, source, ignored_status=ignored_status, origin=origin), []
 
 
 def resolve_working_dir(spec: Any, base_dir: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import datetime, timezone
 from typing import Annotated, Any
@@ -38,6 +39,7 @@ def check_name(value: str) -> str:
 Name = Annotated[str, AfterValidator(check_name)]
 
 
+@functools.lru_cache(maxsize=4096)  # label keys and values repeat across objects; errors are not cached
 def check_label_key(key: str) -> str:
     prefix, _, name = key.rpartition("/")
     if prefix and (len(prefix) > 253 or not _DNS_SUBDOMAIN.fullmatch(prefix)):
@@ -47,6 +49,7 @@ def check_label_key(key: str) -> str:
     return key
 
 
+@functools.lru_cache(maxsize=4096)
 def check_label_value(value: str) -> str:
     if value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value)):
         raise ValueError(f"invalid label value {value!r}: at most 63 of [A-Za-z0-9-_.], alphanumeric at both ends")

@@ -3,6 +3,7 @@ into plain numbers and written back in one canonical spelling so that specs comp
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Annotated
@@ -24,6 +25,13 @@ def parse_duration(value: object) -> float:
     because `timeout: 30` is ambiguous."""
     if isinstance(value, bool) or not isinstance(value, str):
         raise ValueError("must be a duration string such as 500ms, 30s, 5m, 1h30m or 2d")
+    return _duration_seconds(value)
+
+
+# Manifests spell the same few durations over and over, and defaults (`1s`, `5m`, `10s`) are
+# parsed again for every object: parse and format each spelling once (errors are not cached).
+@functools.lru_cache(maxsize=4096)
+def _duration_seconds(value: str) -> float:
     text = value.strip()
     pos, total = 0, 0.0
     for match in _DURATION_PART.finditer(text):
@@ -36,6 +44,7 @@ def parse_duration(value: object) -> float:
     return total
 
 
+@functools.lru_cache(maxsize=4096)
 def format_duration(seconds: float) -> str:
     """The canonical spelling: largest units first, e.g. 5400 -> `1h30m`."""
     ms = round(seconds * 1000)
