@@ -31,8 +31,17 @@ class Change:
     kind: KindInfo
     name: str
     action: str  # created | configured | unchanged | pruned
-    before: dict[str, Any] | None = field(default=None, repr=False)
-    after: dict[str, Any] | None = field(default=None, repr=False)
+    old: StoredObject | None = field(default=None, repr=False)  # as stored before, if it was
+    new: StoredObject | None = field(default=None, repr=False)  # as stored after, if it is
+
+    # The documents are built when asked for: most applies print one line per object.
+    @property
+    def before(self) -> dict[str, Any] | None:
+        return self.old.manifest() if self.old is not None else None
+
+    @property
+    def after(self) -> dict[str, Any] | None:
+        return self.new.manifest() if self.new is not None else None
 
 
 def initial_job_status(accepted_at: str | None = None) -> dict[str, Any]:
@@ -107,12 +116,11 @@ def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selec
             creations.append((change, creation))
         if event is not None:
             events.append(event)
-    created: dict[int, StoredObject] = {}
     for (change, _), obj in zip(creations, repo.create_many(tx, [c for _, c in creations])):
-        change.after = obj.manifest()
-        created[id(change)] = obj
-    repo.record_events(tx, [(created[id(o)] if isinstance(o, Change) else o, reason, message)
-                            for o, reason, message in events])
+        change.new = obj
+    if events:
+        repo.record_events(tx, [(o.new if isinstance(o, Change) else o, reason, message)
+                                for o, reason, message in events])
     if prune:
         applied = {(m.kind.kind, m.name) for m in manifests}
         for key, obj in sorted(stored.items()):
@@ -121,7 +129,7 @@ def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selec
             if selector and not matches(selector, obj.labels):
                 continue
             delete_object(tx, obj)
-            changes.append(Change(KINDS[obj.kind], obj.name, "pruned", before=obj.manifest()))
+            changes.append(Change(KINDS[obj.kind], obj.name, "pruned", old=obj))
     return changes
 
 
@@ -136,7 +144,7 @@ def _apply_one(
     annotations = {**_user_annotations(meta.annotations), MANAGED_BY: "apply"}
     if current is None:
         status = initial_job_status() if m.kind.kind == "Job" else None
-        change = Change(m.kind, m.name, "created")  # `after` is filled in once the object is created
+        change = Change(m.kind, m.name, "created")  # `new` is filled in once the object is created
         creation = dict(kind=m.kind.kind, name=m.name, spec=spec, labels=meta.labels, annotations=annotations,
                         status=status)
         return change, creation, (change, "Created", f"{m.kind.kind.lower()} created by apply")
@@ -148,8 +156,7 @@ def _apply_one(
     annotations[MANAGED_BY] = "apply"
     spec_changed = repo.canonical(spec) != current.spec_text
     if not spec_changed and meta.labels == current.labels and annotations == current.annotations:
-        document = current.manifest()  # one document, shared: nothing changed
-        return Change(m.kind, m.name, "unchanged", before=document, after=document), None, None
+        return Change(m.kind, m.name, "unchanged", old=current, new=current), None, None
     phase = (current.status or {}).get("phase")
     if spec_changed and m.kind.kind == "Job" and phase in ACTIVE_PHASES and not force \
             and execution_hash(spec) != execution_hash(current.spec):
@@ -158,7 +165,7 @@ def _apply_one(
     obj = repo.update_object(tx, current, spec=spec, labels=meta.labels, annotations=annotations)
     event = (obj, "Configured",
              f"spec changed (generation {obj.generation})" if spec_changed else "labels or annotations changed")
-    return Change(m.kind, m.name, "configured", before=current.manifest(), after=obj.manifest()), None, event
+    return Change(m.kind, m.name, "configured", old=current, new=obj), None, event
 
 
 def delete_object(tx: Tx, obj: StoredObject) -> str:

@@ -19,6 +19,12 @@ class Context:
 
         return Store(self.store_url)
 
+    def close(self) -> None:
+        """Release the store's connections when the verb is done (SQLite checkpoints and
+        removes its -wal file on the last close), not whenever the interpreter gets to them."""
+        if "store" in self.__dict__:
+            self.store.dispose()
+
 
 def ctx_of(ctx: typer.Context) -> Context:
     return ctx.obj

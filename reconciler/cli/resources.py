@@ -54,9 +54,9 @@ def apply(
     if output == "json":
         typer.echo(dump_json(as_list([c.after or c.before for c in changes])))
         return
-    for c in changes:
-        ref = f"{c.kind.qualified}/{c.name}"
-        typer.echo(ref if output == "name" else f"{ref} {c.action}{suffix}")
+    if changes:  # one write: a line per object, and an apply may hold thousands
+        typer.echo("\n".join(f"{c.kind.qualified}/{c.name}" if output == "name" else
+                             f"{c.kind.qualified}/{c.name} {c.action}{suffix}" for c in changes))
 
 
 def diff(
