@@ -69,11 +69,12 @@ class _Text:
     must name a line inside a document: a large apply keeps no node alive (all of them
     together would be most of its memory, and allocating and freeing them most of its time)."""
 
-    __slots__ = ("text", "nodes")
+    __slots__ = ("text", "nodes", "working_dirs")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.nodes: list[yaml.Node] = []
+        self.working_dirs: dict[str | None, str] = {}  # for resolve_working_dir: one folder per text
 
     def node(self, index: int) -> yaml.Node:
         """The `index`-th node of the stream, as `parse_text` saw it (the same loader)."""
@@ -403,14 +404,21 @@ def _to_manifest(data: Any, source: str, node: yaml.Node, base_dir: Path,
     except ValidationError as exc:
         return None, validation_problems(exc, source, node)
     if info.kind == "Job":
-        resolve_working_dir(obj.spec, base_dir)
+        resolve_working_dir(obj.spec, base_dir, origin[0].working_dirs)
     return Manifest(info, obj, source, ignored_status=ignored_status, origin=origin), []
 
 
-def resolve_working_dir(spec: Any, base_dir: Path) -> None:
-    """Relative working dirs resolve against the manifest's folder, stored absolute."""
-    wd = os.path.expanduser(spec.working_dir or ".")
-    spec.working_dir = os.path.normpath(wd if os.path.isabs(wd) else os.path.join(base_dir, wd))
+def resolve_working_dir(spec: Any, base_dir: Path, known: dict[str | None, str] | None = None) -> None:
+    """Relative working dirs resolve against the manifest's folder, stored absolute. `known`
+    holds the answers for this folder so far: a file's jobs mostly share one working dir."""
+    given = spec.working_dir
+    path = known.get(given) if known is not None else None
+    if path is None:
+        wd = os.path.expanduser(given or ".")
+        path = os.path.normpath(wd if os.path.isabs(wd) else os.path.join(base_dir, wd))
+        if known is not None:
+            known[given] = path
+    spec.working_dir = path
 
 
 def _files(path: Path, recursive: bool) -> list[Path]:

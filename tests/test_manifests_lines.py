@@ -4,6 +4,7 @@ These must name the same lines as if the nodes had been kept, in any document of
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -78,3 +79,19 @@ def test_loaded_manifests_keep_no_nodes(tmp_path, files):
     manifests = load([str(tmp_path)])
     assert [m._node for m in manifests] == [None] * files  # composed only when a line is asked for
     assert manifests[-1].where("spec", "dependsOn", 1) == f"{tmp_path / f'f{files - 1}.yaml'}:9: spec.dependsOn[1]"
+
+
+def test_working_dirs_of_one_file_resolve_each_on_its_own(tmp_path, monkeypatch):
+    """Answers are remembered per file: equal spellings agree, different ones do not mix."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    given = ["work", None, "work", "/abs/x/../y", "~/w", "work/../other", None]
+    text = "---\n".join(
+        f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: w{i}}}\nspec:\n  command: [x]\n"
+        + (f"  workingDir: {wd}\n" if wd is not None else "") for i, wd in enumerate(given))
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "w.yaml").write_text(text)
+    (tmp_path / "w.yaml").write_text(text)
+    for folder in (tmp_path / "sub", tmp_path):
+        dirs = [m.obj.spec.working_dir for m in load([str(folder / "w.yaml")])]
+        real = os.path.realpath(folder)  # stored as the folder's real path
+        assert dirs == [f"{real}/work", real, f"{real}/work", "/abs/y", f"{tmp_path}/home/w", f"{real}/other", real]
