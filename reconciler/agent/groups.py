@@ -15,10 +15,47 @@ its ticks, never a blocking sleep:
 from __future__ import annotations
 
 import os
+import select
+import threading
+import time
 
 import psutil
 
 from reconciler.agent.identity import ProcessIdentity, same_process
+
+# Wrappers whose traps may not be armed yet: pid -> the read end of the pipe that
+# reaches EOF once they are (see spawn_run). Spawning returns without waiting, which
+# keeps a sh startup off the reconcile loop's path; only a signal must wait for it.
+_arming: dict[int, int] = {}
+_arming_lock = threading.Lock()
+
+
+def arming(pid: int, ready_r: int) -> None:
+    """Note a freshly spawned wrapper whose traps are not armed yet."""
+    with _arming_lock:
+        stale = _arming.pop(pid, None)  # a reused pid whose wrapper nobody waited on
+        _arming[pid] = ready_r
+    if stale is not None:
+        os.close(stale)
+
+
+def wait_armed(pid: int, timeout: float = 5.0) -> None:
+    """Return once the wrapper `pid` can no longer be killed by a signal before it records
+    its exit (at once for wrappers not spawned by this process, or armed long ago). EOF on
+    the pipe means its traps are set; the timeout only guards against a process forked
+    (without exec) elsewhere in this program inheriting the pipe."""
+    with _arming_lock:
+        ready_r = _arming.pop(pid, None)
+    if ready_r is None:
+        return
+    deadline = time.monotonic() + timeout
+    try:
+        while (left := deadline - time.monotonic()) > 0:
+            readable, _, _ = select.select([ready_r], [], [], left)
+            if readable and not os.read(ready_r, 4096):
+                return
+    finally:
+        os.close(ready_r)
 
 
 def _group_is_ours(identity: ProcessIdentity) -> bool:
@@ -78,12 +115,13 @@ def signal_group(identity: ProcessIdentity, sig: int) -> bool:
     (it must live to record the status); the run's own processes get the
     default action unless they changed it. SIGKILL here also kills the
     wrapper, so no exit code gets recorded: prefer kill_group_except_wrapper.
-    A signal sent within about a millisecond of spawn_run returning may be
+    A signal sent within about a millisecond of the wrapper being armed may be
     absorbed by the not-yet-exec'd child (see wrapper.py): a stop must always
     be followed by the SIGKILL step if the group outlives the grace period.
     """
     if not _members(identity):
         return False
+    wait_armed(identity.pid)
     try:
         os.killpg(identity.pid, sig)
     except ProcessLookupError:
@@ -102,6 +140,7 @@ def kill_group_except_wrapper(identity: ProcessIdentity) -> int:
     milliseconds), the caller may signal_group(identity, SIGKILL).
     """
     killed = 0
+    wait_armed(identity.pid)
     for proc in _members(identity):
         if proc.pid == identity.pid:
             continue
@@ -113,4 +152,4 @@ def kill_group_except_wrapper(identity: ProcessIdentity) -> int:
     return killed
 
 
-__all__ = ["group_alive", "group_pids", "kill_group_except_wrapper", "signal_group"]
+__all__ = ["arming", "group_alive", "group_pids", "kill_group_except_wrapper", "signal_group", "wait_armed"]

@@ -47,7 +47,7 @@ class LocalAgent:
         """A live wrapper started for `run_dir` (after a crash between spawn and record).
         The wrapper's argv names its run dir, so a stranger is never mistaken for it; and the
         wrapper leads its own process group, which tells it from its forked children (they
-        carry its argv until they exec the command or `mv`)."""
+        carry its argv until they exec the command or `sync`)."""
         if not run_dir.exists():
             return None  # spawn creates the run dir first: no dir, no process
         target = str(run_dir.resolve())

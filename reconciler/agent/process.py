@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import pathlib
-import select
 import shutil
 import subprocess
 import threading
@@ -19,10 +18,12 @@ from dataclasses import dataclass
 import psutil
 
 from reconciler.agent.groups import (
+    arming,
     group_alive,
     group_pids,
     kill_group_except_wrapper,
     signal_group,
+    wait_armed,
 )
 from reconciler.agent.identity import ProcessIdentity, is_alive, same_process
 from reconciler.agent.wrapper import wrapper_argv
@@ -71,22 +72,6 @@ def _open_private(path: pathlib.Path) -> int:
     return fd
 
 
-def _wait_until_armed(ready_r: int, timeout: float = 5.0) -> None:
-    # The wrapper re-points its stderr to the file right after setting its
-    # traps, which closes the pipe's last write end: EOF here means a signal
-    # can no longer kill it before it records an exit. Costs one sh startup
-    # of latency (~0.5 ms), no CPU. The timeout only guards against a process
-    # forked (without exec) elsewhere in this program inheriting the pipe.
-    deadline = time.monotonic() + timeout
-    try:
-        while (left := deadline - time.monotonic()) > 0:
-            readable, _, _ = select.select([ready_r], [], [], left)
-            if readable and not os.read(ready_r, 4096):
-                return
-    finally:
-        os.close(ready_r)
-
-
 def spawn_run(
     *,
     argv: list[str] | None = None,
@@ -123,12 +108,11 @@ def spawn_run(
     run_dir = pathlib.Path(run_dir)
     run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
     os.chmod(run_dir, 0o700)  # mkdir's mode is masked by umask and skipped if it existed
-    for stale in ("exit", "exit.tmp"):  # a leftover record would end the new run at once
-        (run_dir / stale).unlink(missing_ok=True)
+    (run_dir / "exit").unlink(missing_ok=True)  # a leftover record would end the new run at once
 
     out = _open_private(run_dir / "stdout")
     os.close(_open_private(run_dir / "stderr"))  # created here; the wrapper appends to it
-    ready_r, ready_w = os.pipe()  # the wrapper's first stderr; see _wait_until_armed
+    ready_r, ready_w = os.pipe()  # the wrapper's first stderr: EOF once its traps are armed
     try:
         popen = subprocess.Popen(
             wrapper_argv(run_dir.resolve(), command, fsync=fsync_exit),
@@ -146,7 +130,10 @@ def spawn_run(
     finally:
         os.close(out)
         os.close(ready_w)
-    _wait_until_armed(ready_r)
+    # The wrapper re-points its stderr to the file right after setting its traps, which
+    # closes the pipe's last write end. Signals sent through groups.py wait for that
+    # (wait_armed); spawning does not, so a sh startup (~1 ms) stays off the caller's path.
+    arming(popen.pid, ready_r)
 
     try:
         start_time = psutil.Process(popen.pid).create_time()  # a zombie still answers
@@ -161,13 +148,15 @@ def spawn_run(
 def read_exit(run_dir: pathlib.Path) -> ExitRecord | None:
     """The exit record the wrapper left, or None while there is none (yet)."""
     try:
-        text = (pathlib.Path(run_dir) / "exit").read_text().strip()
+        text = (pathlib.Path(run_dir) / "exit").read_text()
     except FileNotFoundError:
         return None
+    if not text.endswith("\n"):
+        return None  # not written yet (or lost to a machine crash without fsync_exit): no record
     try:
         code = int(text)
     except ValueError:
-        return None  # only after a machine crash without fsync_exit: no proof, no record
+        return None
     return ExitRecord(exit_code=code, signal=code - 128 if code > 128 else None)
 
 
@@ -185,6 +174,7 @@ def reap(identity: ProcessIdentity) -> int | None:
         if code is not None:
             with _children_lock:
                 _children.pop(identity.pid, None)
+            wait_armed(identity.pid, timeout=0)  # closes the arming pipe if nobody waited on it
         return code
     proc = same_process(identity)  # never waitpid a pid that was reused
     if proc is None:
@@ -208,4 +198,5 @@ __all__ = [
     "reap",
     "signal_group",
     "spawn_run",
+    "wait_armed",
 ]

@@ -27,23 +27,24 @@ _TRAPS = "\n".join(
 # Positional parameters: $1 = run dir, $2 = 1 to fsync the record, the rest =
 # the argv to run (argv[0] an absolute path, so no shell builtin can stand in
 # for the program, and "$@" means no splitting, globbing or redirection).
-# - `exec 2>>`: spawn_run gives the wrapper a pipe as stderr and waits for it
-#   to close, so it returns only once the traps are armed: a signal sent after
-#   spawn_run returned can no longer kill the wrapper before it records.
+# - `exec 2>>`: spawn_run gives the wrapper a pipe as stderr, which closes once
+#   the traps are armed; groups.py waits for that before it sends a signal, so
+#   no signal of ours can kill the wrapper before it records.
 # - A signal landing after the `[ -z "$t" ]` test and before the forked child
 #   has exec'd the program is absorbed: dash's (v)forked child still runs the
 #   wrapper's handler until exec. Measured: up to a millisecond or so after
 #   spawn_run returns, under load. A stop in that window ends by the SIGKILL
 #   step (137) instead of SIGTERM; nothing in sh can close it.
-# - After the command, signals are ignored (and inherited by sync/mv) so a late
-#   SIGTERM cannot kill the helpers; mv is retried because a SIGKILL sent to
-#   "every member but the wrapper" may hit it.
+# - After the command, signals are ignored (and inherited by sync) so a late
+#   SIGTERM cannot kill the helper.
 # - umask 077 only after the command: the user's umask stays the user's.
-# - The rename makes `exit` appear whole or not at all to readers. With $2 = 1,
-#   exit.tmp is also fsynced first, so even after a power loss `exit` is never
-#   empty; that costs a fork of `sync` plus a disk flush (~1-1.5 ms a run,
-#   about as much as the rest of the wrapper). Without it, a machine crash
-#   may lose or empty the record, which readers treat as "no record".
+# - The record is one write(2) of a few bytes by sh's builtin printf, ending in
+#   a newline: readers see it whole or see no complete line, and no process is
+#   forked for it (a `mv` from a temporary file cost a fork and exec per run,
+#   about a third of the wrapper's cost). With $2 = 1 the record is also
+#   fsynced (a fork of `sync` plus a disk flush, ~1-1.5 ms a run). Without it,
+#   a machine crash may lose or empty the record, which readers treat as "no
+#   record".
 SCRIPT = f"""t=
 {_TRAPS}
 d=$1
@@ -58,13 +59,8 @@ else
 fi
 trap '' {" ".join(_CAUGHT)}
 umask 077
-printf '%s\\n' "$c" >"$d/exit.tmp"
-[ "$s" = 1 ] && sync -- "$d/exit.tmp" 2>/dev/null
-n=0
-until mv -f -- "$d/exit.tmp" "$d/exit" 2>/dev/null; do
-  n=$((n + 1))
-  [ "$n" -lt 5 ] || break
-done
+printf '%s\\n' "$c" >"$d/exit"
+[ "$s" = 1 ] && sync -- "$d/exit" 2>/dev/null
 exit "$c"
 """
 

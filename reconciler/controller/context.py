@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -38,8 +40,9 @@ class Ctx:
     written: bool = False  # a commit made `obj` the latest stored state
 
     def __post_init__(self) -> None:
-        if not self.status:
-            self.status = copy.deepcopy(self.obj.status or {"phase": "Waiting", "revision": 1})
+        if not self.status:  # a private copy: decoding the stored text is cheaper than deepcopy
+            text = self.obj.status_text
+            self.status = json.loads(text) if text else copy.deepcopy(self.obj.status or {"phase": "Waiting", "revision": 1})
 
     @property
     def name(self) -> str:
@@ -84,10 +87,20 @@ class Ctx:
         observed = self.status.get("observedGeneration")
         if observed is None or observed == self.obj.generation:
             return False
-        return self.status.get("specHash") != execution_hash(self.obj.spec)
+        return self.status.get("specHash") != _spec_hash(self.obj)
 
     def changed(self) -> bool:
         return self.status != (self.obj.status or {})
+
+
+@functools.lru_cache(maxsize=4096)
+def _hash_of(spec_text: str) -> str:
+    return execution_hash(json.loads(spec_text))
+
+
+def _spec_hash(obj: StoredObject) -> str:
+    """execution_hash of the object's spec, computed once per distinct spec text."""
+    return _hash_of(obj.spec_text)
 
 
 def commit(tx: Tx, ctx: Ctx) -> StoredObject:
@@ -96,10 +109,9 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     for op in ctx.ops:
         op(tx)
     ctx.status["observedGeneration"] = ctx.obj.generation
-    ctx.status["specHash"] = execution_hash(ctx.obj.spec)
+    ctx.status["specHash"] = _spec_hash(ctx.obj)
     obj = repo.update_object(tx, ctx.obj, status=ctx.status)
-    for event in ctx.events:
-        repo.record_event(tx, obj, event.reason, event.message, warning=event.warning)
+    repo.record_typed_events(tx, ((obj, e.reason, e.message, e.warning) for e in ctx.events))
     ctx.obj, ctx.written = obj, True
     ctx.ops.clear()
     ctx.events.clear()

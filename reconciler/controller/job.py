@@ -45,6 +45,7 @@ class JobReconciler:
         self.runs = RunSteps(self)
         self.paths = PathWatch(wake, clock)
         self._completed_here: set[str] = set()  # completions of this process, not yet looked at again
+        self.admitted: dict[str, sched.Admission] = {}  # admissions this process just made, by uid, until Starting
 
     # -- the entry point -------------------------------------------------------------
     def __call__(self, key: tuple[str, str]) -> float | None:
@@ -134,6 +135,7 @@ class JobReconciler:
     # -- endings -------------------------------------------------------------------------
     def complete(self, ctx: Ctx, outcome: str, reason: str, message: str) -> None:
         self.paths.forget(ctx.name)
+        self.admitted.pop(ctx.uid, None)
         self._completed_here.add(ctx.name)
         ctx.move("Completed", reason, message, outcome=outcome)
         ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
@@ -143,6 +145,7 @@ class JobReconciler:
 
     def finalize_delete(self, ctx: Ctx) -> None:
         self.paths.forget(ctx.name)
+        self.admitted.pop(ctx.uid, None)
         with self.store.write() as tx:
             sched.dequeue(tx, ctx.uid)
             if sched.release(tx, ctx.uid) is not None:
@@ -211,19 +214,21 @@ class JobReconciler:
         if not names:
             return {}
         with self.store.read() as session:
-            found = {o.name: o for o in repo.list_objects(session, kind="Job", names=names)}
+            found = repo.statuses(session, kind="Job", names=names)
         out: dict[str, dependencies.DepState | None] = {}
         for name in names:
-            o = found.get(name)
-            s = (o.status or {}) if o else {}
-            out[name] = None if o is None else dependencies.DepState(
-                o.uid, int(s.get("revision", 1)), s.get("phase", "Waiting"), s.get("outcome"), s.get("propagate", True))
+            uid, s = found.get(name, (None, {}))
+            out[name] = None if uid is None else dependencies.DepState(
+                uid, int(s.get("revision", 1)), s.get("phase", "Waiting"), s.get("outcome"), s.get("propagate", True))
         return out
 
     def waiting(self, ctx: Ctx) -> float | None:
         spec, status = ctx.spec, ctx.status
-        verdict = dependencies.evaluate(spec.depends_on, self.dep_states([d.job for d in spec.depends_on]),
-                                        status.get("dependencies", []), ctx.now_text)
+        states = self.dep_states([d.job for d in spec.depends_on])
+        # a receipt's observedAt is when the states were read: the dependency may have completed
+        # after this step began (another worker), never after it was observed
+        observed = from_epoch(max(ctx.now, self.clock.now())) if states else ctx.now_text
+        verdict = dependencies.evaluate(spec.depends_on, states, status.get("dependencies", []), observed)
         status["dependencies"] = verdict.receipts
         if verdict.broken is not None:
             message = dependencies.describe_broken(verdict.broken, spec.depends_on)
@@ -316,8 +321,7 @@ class JobReconciler:
         with self.store.write() as tx:
             if repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
                 raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
-            self._enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
-            me = sched.queued(tx.session, ctx.uid)
+            me = self._enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
             nodes = [NodeView(n.name, n.ready, n.unschedulable, n.capacity, n.allocated, n.labels)
                      for n in sched.node_facts(tx.session, ctx.now)]
             scopes = self._scopes(tx.session, me, nodes)
@@ -328,9 +332,9 @@ class JobReconciler:
                 if decision.admit else None
             if decision.admit and placed.node is not None:
                 number = max((r["number"] for r in status.get("runs", [])), default=0) + 1
+                owner = self.owner if placed.node == self.agent.node else None
                 admitted_at = sched.admit(tx, uid=ctx.uid, name=ctx.name, pool=spec.pool, slots=spec.slots,
-                                          node=placed.node, run_number=number,
-                                          owner=self.owner if placed.node == self.agent.node else None)
+                                          node=placed.node, run_number=number, owner=owner)
                 for passed in decision.bypassed:
                     sched.count_bypass(tx, passed.uid)
                 status["admission"] = {"pool": spec.pool, "slots": spec.slots, "admittedAt": from_epoch(admitted_at)}
@@ -340,6 +344,8 @@ class JobReconciler:
                          + (f" in pool {spec.pool}" if spec.pool else ""))
                 ctx.note("Scheduled", placed.message)
                 commit(tx, ctx)
+                # what Starting would read back at once: it is what this transaction wrote
+                self.admitted[ctx.uid] = sched.Admission(placed.node, number, owner)
                 return AGAIN
             reason, message = ("Unschedulable", placed.message) if decision.admit else (decision.reason, decision.message)
             if (status.get("reason"), status.get("message")) != (reason, message):

@@ -73,8 +73,10 @@ class RunSteps:
 
     # -- Starting ------------------------------------------------------------------------
     def starting(self, ctx: Ctx) -> float | None:
-        with self.store.read() as session:
-            held = sched.admission(session, ctx.uid)
+        held = self.jobs.admitted.pop(ctx.uid, None)
+        if held is None:
+            with self.store.read() as session:
+                held = sched.admission(session, ctx.uid)
         if held is None:  # cannot happen through the transition table; recover by queueing again
             ctx.move("Queued", "AdmissionLost", "no admission found for a starting job; queued again")
             self.jobs._enqueue(ctx)

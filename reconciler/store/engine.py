@@ -16,6 +16,7 @@ from sqlalchemy import Connection, create_engine, event, text
 from sqlalchemy.engine import Engine
 
 from .migrations import current_version, migrate
+from .prepared import Prepared
 
 BUSY_TIMEOUT_MS = 30_000
 
@@ -37,8 +38,10 @@ def _owner_only_file(path: Path) -> None:
     os.close(fd)
 
 
-_NEXT_RV = text("UPDATE meta SET value = value + 1 WHERE key = 'seq' RETURNING value")
-_SEQ = text("SELECT value FROM meta WHERE key = 'seq'")
+_NEXT_RV = Prepared(text("UPDATE meta SET value = value + 1 WHERE key = 'seq' RETURNING value"))
+_SEQ = Prepared(text("SELECT value FROM meta WHERE key = 'seq'"))
+_LOCK_SEQ = Prepared(text("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE"))
+_NOTIFY = Prepared(text("SELECT pg_notify('reconciler', :rv)"))
 
 
 class Tx:
@@ -58,7 +61,7 @@ class Tx:
 
     def rv(self) -> int:
         if self._rv is None:
-            self._rv = int(self.session.execute(_NEXT_RV).scalar_one())
+            self._rv = int(_NEXT_RV.execute(self.session).scalar())
         return self._rv
 
     @property
@@ -74,6 +77,12 @@ class Store:
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 25 ms and turns contention between threads into latency.
         self._writer = threading.Lock()
+        # Connections are kept, one per reading thread and one for the writer: a pool
+        # checkout and return per transaction cost more than the reconcile loop's queries.
+        self._local = threading.local()
+        self._write_conn: Connection | None = None
+        self._kept: list[Connection] = []
+        self._kept_lock = threading.Lock()
         if self.is_sqlite:
             self.path = Path(self.url.split("///", 1)[1]) if "///" in self.url else None
             if self.path is not None:
@@ -83,7 +92,9 @@ class Store:
         elif self.url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
             self.path = None
             pg_url = "postgresql+psycopg://" + self.url.split("://", 1)[1]
-            self._read = self._write = create_engine(pg_url, pool_size=5)  # no pre-ping: a round trip per checkout
+            # No pre-ping (a round trip per checkout). No server-side prepared statements: a plan
+            # cached while the queue was short (a sort of the whole table) outlives its growth.
+            self._read = self._write = create_engine(pg_url, pool_size=5, connect_args={"prepare_threshold": None})
         else:
             raise ValueError(f"unsupported store URL {self.url!r}: use sqlite:///PATH or postgresql://...")
         self._migrate()
@@ -121,27 +132,50 @@ class Store:
                 conn.execute(text("SELECT pg_advisory_xact_lock(727274)"))
             migrate(conn, current_version(conn))
 
+    def _keep(self, engine: Engine) -> Connection:
+        conn = engine.connect()
+        with self._kept_lock:
+            self._kept = [c for c in self._kept if not c.closed]
+            self._kept.append(conn)
+        return conn
+
+    @staticmethod
+    def _usable(conn: Connection | None) -> bool:
+        return conn is not None and not conn.closed and not conn.invalidated
+
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read-only transaction (a consistent snapshot under WAL)."""
-        with self._read.connect() as conn:
-            with conn.begin():
-                yield conn
+        conn = getattr(self._local, "conn", None)
+        if not self._usable(conn):
+            conn = self._local.conn = self._keep(self._read)
+        if conn.in_transaction():  # a read inside a read on this thread: a connection of its own
+            with self._read.connect() as other, other.begin():
+                yield other
+            return
+        with conn.begin():
+            yield conn
+
+    def _writer_connection(self) -> Connection:
+        if not self._usable(self._write_conn):
+            self._write_conn = self._keep(self._write)
+        return self._write_conn
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
-        with self._writer, self._write.connect() as conn:
+        with self._writer:
+            conn = self._writer_connection()
             transaction = conn.begin()
             try:
                 if not self.is_sqlite:
-                    conn.execute(text("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE"))
+                    _LOCK_SEQ.execute(conn)
                 tx = Tx(conn, self)
                 yield tx
                 if tx.discarded:
                     transaction.rollback()
                     return
                 if tx.changed and not self.is_sqlite:
-                    conn.execute(text("SELECT pg_notify('reconciler', :rv)"), {"rv": str(tx.rv())})
+                    _NOTIFY.execute(conn, {"rv": str(tx.rv())})
                 transaction.commit()
                 if tx.changed:
                     self.own_writes.add(tx.rv())
@@ -152,10 +186,19 @@ class Store:
 
     def change_seq(self) -> int:
         """The cheap "did anything change" probe other processes poll."""
-        with self._read.connect() as conn:
-            return int(conn.execute(_SEQ).scalar_one())
+        with self.read() as conn:
+            return int(_SEQ.execute(conn).scalar())
 
     def dispose(self) -> None:
+        with self._kept_lock:
+            kept, self._kept = self._kept, []
+        for conn in kept:
+            try:
+                conn.close()
+            except Exception:  # a connection another thread still uses, or already broken
+                pass
+        self._write_conn = None
+        self._local = threading.local()
         self._read.dispose()
         if self._write is not self._read:
             self._write.dispose()

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 
 from tests.helpers import run_cli, wait_until
 
@@ -57,19 +59,35 @@ def test_controller_watch_applies_and_prunes_the_folder(sqlite_url, tmp_path):
     assert "watch: job.reconciler.dev/alpha pruned" in log.read_text()
 
 
+def _lines(proc: subprocess.Popen) -> "queue.Queue[str]":
+    """The process's stdout lines as they come ('' at its end), read by a thread so that a
+    test can wait for the next one with a deadline."""
+    lines: queue.Queue[str] = queue.Queue()
+
+    def pump() -> None:
+        for line in proc.stdout:
+            lines.put(line)
+        lines.put("")
+
+    threading.Thread(target=pump, daemon=True).start()
+    return lines
+
+
 def test_get_watch_prints_a_row_when_a_job_changes(sqlite_url, tmp_path):
     (tmp_path / "j.yaml").write_text(_job("watched"))
     assert run_cli("apply", "-f", str(tmp_path / "j.yaml"), store=sqlite_url).code == 0
     follower = _start(["get", "jobs", "-w"], sqlite_url)
     try:
-        first = follower.stdout.readline()  # the table header
+        lines = _lines(follower)
+        first = lines.get(timeout=30)  # the table header
         assert first.split()[:2] == ["NAME", "STATUS"]
-        assert follower.stdout.readline().split()[:2] == ["watched", "Waiting"]
-        assert run_cli("run", "--wait", "--name", "other", "--", "true", store=sqlite_url).code == 0
-        # the controller of `run --wait` also ran `watched`: the follower prints its new states
+        assert lines.get(timeout=30).split()[:2] == ["watched", "Waiting"]
+        # `other` runs after `watched`, so the controller of `run --wait` runs `watched` to its end
+        assert run_cli("run", "--wait", "--name", "other", "--after-success", "watched", "--", "true",
+                       store=sqlite_url).code == 0
         states = []
         while "Succeeded" not in states:
-            line = follower.stdout.readline()
+            line = lines.get(timeout=30)
             assert line, "get -w ended early"
             if line.split()[0] == "watched":
                 states.append(line.split()[1])
