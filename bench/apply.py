@@ -211,6 +211,9 @@ def in_process(url: str, folder: Path, objects: int, profile: bool) -> dict[str,
 
 
 def through_cli(url: str, folder: Path, objects: int) -> dict[str, float]:
+    """The two applies through `python -m reconciler`, and (`startup`) what every CLI call pays
+    whatever it applies: interpreter, imports, opening the store, exit (the same verb on a file
+    without documents, on a fresh SQLite store: an apply reads every stored object)."""
     from reconciler.store import Store
 
     figures: dict[str, float] = {}
@@ -235,7 +238,29 @@ def through_cli(url: str, folder: Path, objects: int) -> dict[str, float]:
             figures[f"{label}.total"] = elapsed
     finally:
         store.dispose()
+    figures["startup.total"] = cli_startup(folder.parent)
     return figures
+
+
+def cli_startup(work: Path) -> float:
+    """Wall time of `apply -f` of a file without documents on a fresh SQLite store in `work`."""
+    from reconciler.store import Store
+
+    empty, scratch = work / "empty.yaml", work / "startup-store"
+    empty.write_text("# no documents\n")
+    try:
+        env = {**os.environ, "RECONCILER_STORE": f"sqlite:///{scratch / 'state.db'}"}
+        Store(env["RECONCILER_STORE"]).dispose()  # created and migrated beforehand: that is not start-up
+        t0 = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "reconciler", "apply", "-f", str(empty)],
+                              capture_output=True, text=True, env=env, cwd=work)
+        elapsed = time.perf_counter() - t0
+        if proc.returncode != 0 or proc.stdout:
+            raise SystemExit(f"cli apply of no documents: exit {proc.returncode}, stdout {proc.stdout[:200]!r}")
+        return elapsed
+    finally:
+        empty.unlink()
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def best_of(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -252,6 +277,9 @@ def report(title: str, figures: dict[str, float], objects: int) -> None:
             parts = (f"  (load+validate {figures[f'{label}.load']:.2f} s, store {figures[f'{label}.store']:.2f} s;"
                      f" CPU {figures[f'{label}.cpu']:.2f} s)")
         print(f"  {name:28s} {total:7.2f} s  {objects / total:9.0f} objects/s{parts}")
+    if "startup.total" in figures:
+        print(f"  {'start-up and exit':28s} {figures['startup.total']:7.2f} s  (paid by each call: the same verb "
+              "on a file without documents, fresh store)")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -5,6 +5,7 @@ InvalidInput, so the user fixes a whole folder in one pass and nothing is stored
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import sys
@@ -69,12 +70,11 @@ class _Text:
     must name a line inside a document: a large apply keeps no node alive (all of them
     together would be most of its memory, and allocating and freeing them most of its time)."""
 
-    __slots__ = ("text", "nodes", "working_dirs")
+    __slots__ = ("text", "nodes")
 
     def __init__(self, text: str) -> None:
         self.text = text
         self.nodes: list[yaml.Node] = []
-        self.working_dirs: dict[str | None, str] = {}  # for resolve_working_dir: one folder per text
 
     def node(self, index: int) -> yaml.Node:
         """The `index`-th node of the stream, as `parse_text` saw it (the same loader)."""
@@ -404,21 +404,23 @@ def _to_manifest(data: Any, source: str, node: yaml.Node, base_dir: Path,
     except ValidationError as exc:
         return None, validation_problems(exc, source, node)
     if info.kind == "Job":
-        resolve_working_dir(obj.spec, base_dir, origin[0].working_dirs)
+        resolve_working_dir(obj.spec, base_dir)
     return Manifest(info, obj, source, ignored_status=ignored_status, origin=origin), []
 
 
-def resolve_working_dir(spec: Any, base_dir: Path, known: dict[str | None, str] | None = None) -> None:
-    """Relative working dirs resolve against the manifest's folder, stored absolute. `known`
-    holds the answers for this folder so far: a file's jobs mostly share one working dir."""
-    given = spec.working_dir
-    path = known.get(given) if known is not None else None
-    if path is None:
-        wd = os.path.expanduser(given or ".")
-        path = os.path.normpath(wd if os.path.isabs(wd) else os.path.join(base_dir, wd))
-        if known is not None:
-            known[given] = path
-    spec.working_dir = path
+def resolve_working_dir(spec: Any, base_dir: Path) -> None:
+    """Relative working dirs resolve against the manifest's folder, stored absolute."""
+    given = spec.working_dir or "."
+    if given.startswith("~"):
+        given = os.path.expanduser(given)  # not remembered: it depends on the environment
+    spec.working_dir = _joined(str(base_dir), given)
+
+
+@functools.lru_cache(maxsize=4096)
+def _joined(base_dir: str, path: str) -> str:
+    """`path` made absolute against `base_dir`, normalised: a folder's jobs mostly share one
+    working dir, and the path functions were 5 us of each job's load."""
+    return os.path.normpath(path if os.path.isabs(path) else os.path.join(base_dir, path))
 
 
 def _files(path: Path, recursive: bool) -> list[Path]:
@@ -442,13 +444,14 @@ def _folder_of(file: Path, resolved: dict[Path, Path]) -> Path:
 
 
 def _read(path: Path, display: str) -> str:
-    size = path.stat().st_size
-    if size > MAX_FILE_BYTES:
-        raise InvalidInput(f"{display}:1: file too large ({size} bytes; at most {MAX_FILE_BYTES})")
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise InvalidInput(f"{display}:1: not UTF-8 text ({exc.reason})") from None
+    with open(path, encoding="utf-8") as f:  # sized through the open file: one path lookup, not two
+        size = os.fstat(f.fileno()).st_size
+        if size > MAX_FILE_BYTES:
+            raise InvalidInput(f"{display}:1: file too large ({size} bytes; at most {MAX_FILE_BYTES})")
+        try:
+            return f.read()
+        except UnicodeDecodeError as exc:
+            raise InvalidInput(f"{display}:1: not UTF-8 text ({exc.reason})") from None
 
 
 def load(paths: list[str], *, recursive: bool = False, stdin: Any = None) -> list[Manifest]:
