@@ -63,8 +63,10 @@ def validate_apply(
     pools = {name: spec for name, spec in stored_pools.items()}
     pools.update({m.name: m.obj.spec.model_dump(by_alias=True) for m in manifests if m.kind.kind == "Pool"})
     new_jobs = {m.name: m for m in manifests if m.kind.kind == "Job"}
-    graph = {name: [d["job"] for d in spec.get("dependsOn", [])] for name, spec in stored_jobs.items()}
-    job_slots = {name: (spec.get("pool"), spec.get("slots", 1)) for name, spec in stored_jobs.items()}
+    # stored jobs as stored, unless this apply replaces them (their entries are set below)
+    others = [(name, spec) for name, spec in stored_jobs.items() if name not in new_jobs]
+    graph = {name: [d["job"] for d in spec.get("dependsOn", [])] for name, spec in others}
+    job_slots = {name: (spec.get("pool"), spec.get("slots", 1)) for name, spec in others}
     global_cap = _capacity(pools.get(GLOBAL_POOL))
 
     for name, m in new_jobs.items():
