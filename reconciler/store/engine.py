@@ -116,7 +116,9 @@ class Store:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn):
-            conn.connection.dbapi_connection.execute(begin)  # straight to sqlite3: this runs per transaction
+            dbapi = conn.connection.dbapi_connection
+            if not dbapi.in_transaction:  # Store.read/write may have begun it already
+                dbapi.execute(begin)
 
         return engine
 
@@ -143,18 +145,47 @@ class Store:
     def _usable(conn: Connection | None) -> bool:
         return conn is not None and not conn.closed and not conn.invalidated
 
+    # Transactions on the kept connections are begun and ended on the DB-API connection
+    # itself: SQLAlchemy's transaction objects and events cost more than a point query. If a
+    # Core statement inside makes SQLAlchemy begin one too, it is ended through SQLAlchemy.
+    def _begin(self, conn: Connection, sqlite_begin: str):
+        dbapi = conn.connection.dbapi_connection
+        if self.is_sqlite:
+            dbapi.execute(sqlite_begin)  # PostgreSQL (psycopg) begins with the first statement
+        return dbapi
+
+    @staticmethod
+    def _end(conn: Connection, dbapi, *, commit: bool) -> None:
+        if conn.invalidated:
+            return  # the connection was lost (its transaction with it); the next use reconnects
+        if conn.in_transaction():
+            conn.commit() if commit else conn.rollback()
+        elif commit:
+            dbapi.commit()
+        else:
+            dbapi.rollback()
+
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read-only transaction (a consistent snapshot under WAL)."""
-        conn = getattr(self._local, "conn", None)
-        if not self._usable(conn):
-            conn = self._local.conn = self._keep(self._read)
-        if conn.in_transaction():  # a read inside a read on this thread: a connection of its own
+        if getattr(self._local, "reading", False):  # a read inside a read on this thread
             with self._read.connect() as other, other.begin():
                 yield other
             return
-        with conn.begin():
-            yield conn
+        conn = getattr(self._local, "conn", None)
+        if not self._usable(conn):
+            conn = self._local.conn = self._keep(self._read)
+        self._local.reading = True
+        try:
+            dbapi = self._begin(conn, "BEGIN")
+            done = False
+            try:
+                yield conn
+                done = True
+            finally:
+                self._end(conn, dbapi, commit=done)
+        finally:
+            self._local.reading = False
 
     def _writer_connection(self) -> Connection:
         if not self._usable(self._write_conn):
@@ -165,24 +196,20 @@ class Store:
     def write(self) -> Iterator[Tx]:
         with self._writer:
             conn = self._writer_connection()
-            transaction = conn.begin()
+            dbapi = self._begin(conn, "BEGIN IMMEDIATE")
+            commit = False
             try:
                 if not self.is_sqlite:
                     _LOCK_SEQ.execute(conn)
                 tx = Tx(conn, self)
                 yield tx
-                if tx.discarded:
-                    transaction.rollback()
-                    return
-                if tx.changed and not self.is_sqlite:
+                if tx.changed and not tx.discarded and not self.is_sqlite:
                     _NOTIFY.execute(conn, {"rv": str(tx.rv())})
-                transaction.commit()
-                if tx.changed:
-                    self.own_writes.add(tx.rv())
-            except BaseException:
-                if transaction.is_active:
-                    transaction.rollback()
-                raise
+                commit = not tx.discarded
+            finally:
+                self._end(conn, dbapi, commit=commit)
+            if commit and tx.changed:
+                self.own_writes.add(tx.rv())
 
     def change_seq(self) -> int:
         """The cheap "did anything change" probe other processes poll."""
