@@ -32,6 +32,7 @@ class Ctx:
     ops: list[Callable[[Tx], None]] = field(default_factory=list)
     wake: set[str] = field(default_factory=set)
     wake_pools: dict[str | None, int] = field(default_factory=dict)  # released slots per scope (None = global)
+    dep_states: dict[str, Any] | None = None  # dependency states read with the job, if any
 
     def released(self, pool: str | None, slots: int) -> None:
         """Slots came free: after the write, wake as many jobs first in line as could use them."""

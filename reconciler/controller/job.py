@@ -51,13 +51,18 @@ class JobReconciler:
     def __call__(self, key: tuple[str, str]) -> float | None:
         name, obj = key[1], None
         for _ in range(MAX_STEPS):
+            deps = None
             if obj is None:
                 with self.store.read() as session:
                     obj = repo.get(session, kind="Job", name=name)
+                    if obj is not None and (obj.status or {}).get("phase", "Waiting") == "Waiting":
+                        # what the Waiting step reads next, in the same snapshot
+                        deps = self._read_dep_states(session, [d.job for d in self.spec_of(obj).depends_on])
             if obj is None:
                 self._wake_dependents(name)
                 return None
             ctx = Ctx(obj, self.spec_of(obj), self.clock.now())
+            ctx.dep_states = deps
             try:
                 result = self.step(ctx)
             except Conflict:
@@ -214,7 +219,11 @@ class JobReconciler:
         if not names:
             return {}
         with self.store.read() as session:
-            found = repo.statuses(session, kind="Job", names=names)
+            return self._read_dep_states(session, names)
+
+    @staticmethod
+    def _read_dep_states(session, names: list[str]) -> dict[str, dependencies.DepState | None]:
+        found = repo.statuses(session, kind="Job", names=names) if names else {}
         out: dict[str, dependencies.DepState | None] = {}
         for name in names:
             uid, s = found.get(name, (None, {}))
@@ -224,7 +233,7 @@ class JobReconciler:
 
     def waiting(self, ctx: Ctx) -> float | None:
         spec, status = ctx.spec, ctx.status
-        states = self.dep_states([d.job for d in spec.depends_on])
+        states = ctx.dep_states if ctx.dep_states is not None else self.dep_states([d.job for d in spec.depends_on])
         # a receipt's observedAt is when the states were read: the dependency may have completed
         # after this step began (another worker), never after it was observed
         observed = from_epoch(max(ctx.now, self.clock.now())) if states else ctx.now_text

@@ -107,6 +107,11 @@ class RunSteps:
         ctx.status.setdefault("startTime", run["startedAt"])
         ctx.move("Running", "Started", f"run {number} started on {held.node}" + (f" (pid {identity.pid})" if identity else ""))
         self.jobs.write(ctx, None)
+        if identity is not None and started_at is None:
+            # just spawned here and watched: the exit watcher wakes the job when it ends, so
+            # only the deadlines need a timer (a Running step now would find it alive)
+            return deadlines.soonest(ctx.now, deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"])),
+                                     self.jobs.job_deadline(ctx))
         return AGAIN
 
     def _claim(self, ctx: Ctx, held) -> bool:
