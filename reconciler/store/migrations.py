@@ -5,14 +5,13 @@ from __future__ import annotations
 from typing import Callable
 
 from sqlalchemy import Connection, inspect, text
-from sqlmodel import SQLModel
 
 from ..errors import ReconcilerError
-from . import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+from .tables import metadata
 
 
 def _v1(conn: Connection) -> None:
-    SQLModel.metadata.create_all(conn)
+    metadata.create_all(conn)
 
 
 MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
