@@ -113,6 +113,7 @@ def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selec
         change, creation, event = _apply_one(tx, m, current, force=force)
         changes.append(change)
         if creation is not None:
+            tx.rv()  # the creations are written after the loop: a read-only attempt ends here, not there
             creations.append((change, creation))
         if event is not None:
             events.append(event)
