@@ -5,13 +5,14 @@ from __future__ import annotations
 from typing import Callable
 
 from sqlalchemy import Connection, inspect, text
+from sqlmodel import SQLModel
 
 from ..errors import ReconcilerError
-from .tables import metadata
+from . import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 
 
 def _v1(conn: Connection) -> None:
-    metadata.create_all(conn)
+    SQLModel.metadata.create_all(conn)
 
 
 MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
