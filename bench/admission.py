@@ -45,9 +45,10 @@ VARIANTS = {
 }
 
 
-def _docs(names: list[str], command: str, slots: int = 1) -> str:
+def _docs(names: list[str], command: str, slots: int = 1, priority: int = 0) -> str:
     return "---\n".join(f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {n}}}\n"
-                        f"spec:\n  command: {command}\n  pool: p\n  slots: {slots}\n" for n in names)
+                        f"spec:\n  command: {command}\n  pool: p\n  slots: {slots}\n  priority: {priority}\n"
+                        for n in names)
 
 
 def _apply(store, text: str, folder: Path) -> None:
@@ -102,7 +103,10 @@ def fill(store, wired, folder: Path, depth: int, store_kind: str, variant: str) 
                           60, "the holders running")
     names = [f"q-{i:06d}" for i in range(depth)]
     t0 = time.perf_counter()
-    _apply(store, _docs(names[:1], "[/bin/true]", v["head_slots"]) + "---\n" + _docs(names[1:], "[/bin/true]"), folder)
+    # the head of line by priority: eligibleAt has millisecond resolution, and two jobs made
+    # eligible within one millisecond are ordered by uid, which is random
+    _apply(store, _docs(names[:1], "[/bin/true]", v["head_slots"], priority=1) + "---\n"
+           + _docs(names[1:], "[/bin/true]"), folder)
     t1 = time.perf_counter()
     for i, name in enumerate(names):
         if i % 2000 == 0:

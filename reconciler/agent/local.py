@@ -11,7 +11,7 @@ from typing import Callable
 import psutil
 
 from ..api.job import JobSpec
-from .identity import ProcessIdentity, is_alive
+from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .process import ExitRecord, group_alive, group_pids, kill_group_except_wrapper, read_exit, signal_group, spawn_run
 from .watcher import ExitWatcher
 from .wrapper import WRAPPER_NAME
@@ -61,6 +61,11 @@ class LocalAgent:
                     continue
                 return ProcessIdentity(proc.info["pid"], proc.info["create_time"])
         return None
+
+    @staticmethod
+    def started_at(identity: ProcessIdentity) -> float:
+        """Wall-clock start of a found process (an adopted run's startedAt)."""
+        return wall_clock_start(identity.pid) or identity.start_time
 
     @staticmethod
     def exit_of(run_dir: Path) -> ExitRecord | None:

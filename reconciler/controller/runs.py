@@ -84,6 +84,10 @@ class RunSteps:
             return AGAIN
         if held.node != self.agent.node:
             return OTHER_AGENT_POLL  # another node's agent starts it
+        if not self._claim(ctx, held):
+            # another live controller owns this spawn: it starts the run (or already has, and
+            # records it); adopting that process from here would race it for the record
+            return OTHER_AGENT_POLL
         number, run_dir = held.run_number, self.run_dir(ctx, held.run_number)
         identity = self.agent.find(run_dir)
         exited = self.agent.exit_of(run_dir)
@@ -91,8 +95,6 @@ class RunSteps:
         if identity is None and exited is None:
             if (stop := self.stop_reason(ctx)) is not None:
                 return self.after_stop(ctx, stop[0], stop[1], run=None)
-            if not self._claim(ctx, held):
-                return OTHER_AGENT_POLL
             faults.point("after-admission")
             try:
                 identity = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
@@ -102,7 +104,7 @@ class RunSteps:
                 return self.finish(ctx, run, RunEnd("StartFailed"), exit_code=None, reason="StartFailed", message=str(exc))
         elif identity is not None:  # spawned before a crash: adopt it, with its real start (runTimeout counts from it)
             self.agent.watch(ctx.name, identity)
-            started_at = from_epoch(min(identity.start_time, ctx.now))
+            started_at = from_epoch(min(self.agent.started_at(identity), ctx.now))
         run = self._new_run(ctx, number, identity, started_at)
         ctx.status.setdefault("startTime", run["startedAt"])
         ctx.move("Running", "Started", f"run {number} started on {held.node}" + (f" (pid {identity.pid})" if identity else ""))
@@ -115,14 +117,14 @@ class RunSteps:
         return AGAIN
 
     def _claim(self, ctx: Ctx, held) -> bool:
-        """Only one agent may start a given admission's run, even with two controllers."""
+        """Only one agent may start (or adopt) a given admission's run, even with two
+        controllers: the unclaimed spawn, or that of an owner proven gone (a crash)."""
         if held.owner == self.jobs.owner:
             return True  # claimed at admission
+        if held.owner is not None and not owner_gone(held.owner):
+            return False
         with self.store.write() as tx:
-            if sched.claim_spawn(tx, ctx.uid, self.jobs.owner):
-                return True
-            return held.owner is not None and owner_gone(held.owner) and \
-                sched.claim_spawn(tx, ctx.uid, self.jobs.owner, take_over_from=held.owner)
+            return sched.claim_spawn(tx, ctx.uid, self.jobs.owner, take_over_from=held.owner)
 
     def _new_run(self, ctx: Ctx, number: int, identity: ProcessIdentity | None, started_at: str | None = None) -> dict:
         run = {"number": number, "revision": ctx.revision, "node": self.agent.node, "startedAt": started_at or ctx.now_text}

@@ -5,10 +5,13 @@ from __future__ import annotations
 import os
 import pathlib
 import stat
+import subprocess
+import time
 
 import psutil
 import pytest
 
+from reconciler.agent.identity import wall_clock_start
 from reconciler.agent.process import (
     ExitRecord,
     ProcessIdentity,
@@ -147,6 +150,20 @@ def test_is_alive_requires_the_same_start_time():
     assert is_alive(ProcessIdentity(pid=me.pid, start_time=me.create_time()))
     assert not is_alive(ProcessIdentity(pid=me.pid, start_time=me.create_time() - 5))
     assert not is_alive(ProcessIdentity(pid=me.pid, start_time=me.create_time() + 0.5))
+
+
+def test_wall_clock_start_is_when_the_process_started():
+    before = time.time()
+    proc = subprocess.Popen(["sleep", "5"])
+    after = time.time()
+    try:
+        started = wall_clock_start(proc.pid)
+        # ticks and uptime are counted in 1/100 s: allow two of them either side
+        assert before - 0.02 <= started <= after + 0.02, (before, started, after)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert wall_clock_start(proc.pid) is None  # gone (and reaped)
 
 
 def test_exit_record_decodes_signals(tmp_path):
