@@ -4,6 +4,7 @@ controller in the same process does the work."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from .store import Store
@@ -32,11 +33,11 @@ class JobWatch:
 
     def _load(self, names: set[str]) -> None:
         with self.store.read() as session:
-            objs = repo.list_objects(session, kind="Job", names=sorted(names))
-        for o in objs:
-            self.statuses[o.name] = {**(o.status or {}), "service": o.spec.get("type") == "service"}
-        for missing in names - {o.name for o in objs}:
-            self.statuses[missing] = {"phase": "Deleted", "reason": "Deleted"}
+            found = repo.statuses(session, kind="Job", names=names)
+        for name in names:
+            o = found.get(name)
+            self.statuses[name] = {"phase": "Deleted", "reason": "Deleted"} if o is None else \
+                {**o.status, "service": json.loads(o.spec_text).get("type") == "service"}
 
     def poll(self) -> set[str]:
         """Names of watched jobs written since the last poll (their statuses are refreshed)."""

@@ -226,9 +226,10 @@ class JobReconciler:
         found = repo.statuses(session, kind="Job", names=names) if names else {}
         out: dict[str, dependencies.DepState | None] = {}
         for name in names:
-            uid, s = found.get(name, (None, {}))
-            out[name] = None if uid is None else dependencies.DepState(
-                uid, int(s.get("revision", 1)), s.get("phase", "Waiting"), s.get("outcome"), s.get("propagate", True))
+            o = found.get(name)
+            s = o.status if o else {}
+            out[name] = None if o is None else dependencies.DepState(
+                o.uid, int(s.get("revision", 1)), s.get("phase", "Waiting"), s.get("outcome"), s.get("propagate", True))
         return out
 
     def waiting(self, ctx: Ctx) -> float | None:

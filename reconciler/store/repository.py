@@ -97,18 +97,27 @@ def version(session: Connection, *, kind: str, name: str) -> int | None:
     return _VERSION.execute(session, {"kind": kind, "name": name}).scalar()
 
 
-_STATUS = Prepared(select(OBJECTS.c.name, OBJECTS.c.uid, OBJECTS.c.status)
+_STATUS = Prepared(select(OBJECTS.c.name, OBJECTS.c.uid, OBJECTS.c.status, OBJECTS.c.spec)
                    .where(OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name == bindparam("name")))
 
 
-def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[str, tuple[str, dict[str, Any]]]:
-    """name -> (uid, status) of the named objects that exist: what a dependency check reads,
-    one point query per name (cheaper than a list query for the few names a job waits on)."""
+@dataclass(frozen=True)
+class Observed:
+    """What followers of an object's progress read: no labels or annotations decoded."""
+    uid: str
+    status: dict[str, Any]
+    spec_text: str
+
+
+def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[str, Observed]:
+    """name -> uid, status and spec text of the named objects that exist: what a dependency
+    check or a follower reads, one point query per name (cheaper than a list query for a
+    few names, and only the status is decoded)."""
     found = {}
     for name in names:
         row = _STATUS.execute(session, {"kind": kind, "name": name}).first()
         if row is not None:
-            found[name] = (row.uid, json.loads(row.status) if row.status else {})
+            found[name] = Observed(row.uid, json.loads(row.status) if row.status else {}, row.spec)
     return found
 
 
