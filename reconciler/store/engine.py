@@ -7,18 +7,22 @@ decision a plain read-then-write without lost updates."""
 from __future__ import annotations
 
 import os
+import random
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
 from sqlalchemy import Connection, create_engine, event, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.engine import Engine
 
 from .migrations import current_version, migrate
 from .prepared import Prepared
 
 BUSY_TIMEOUT_MS = 30_000
+CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
 
 
 def state_home() -> Path:
@@ -128,11 +132,22 @@ class Store:
         return self.path.parent if self.path is not None else state_home()
 
     def _migrate(self) -> None:
-        with self._write.begin() as conn:
-            if not self.is_sqlite:
-                # one migrator at a time across processes
-                conn.execute(text("SELECT pg_advisory_xact_lock(727274)"))
-            migrate(conn, current_version(conn))
+        for attempt in range(CREATE_ATTEMPTS):
+            try:
+                with self._write.begin() as conn:
+                    if not self.is_sqlite:
+                        # one migrator at a time across processes
+                        conn.execute(text("SELECT pg_advisory_xact_lock(727274)"))
+                    migrate(conn, current_version(conn))
+                return
+            except OperationalError as exc:
+                # Two processes opening a new SQLite store at once (`controller` and `apply`
+                # started together): switching the new file to WAL takes an exclusive lock,
+                # and SQLite answers the deadlock between two such switches with an immediate
+                # "database is locked" to one of them, not a wait. That one tries again.
+                if not self.is_sqlite or "locked" not in str(exc) or attempt == CREATE_ATTEMPTS - 1:
+                    raise
+                time.sleep(min(0.5, 0.01 * 2 ** attempt) * random.uniform(0.5, 1.0))
 
     def _keep(self, engine: Engine) -> Connection:
         conn = engine.connect()
