@@ -12,6 +12,7 @@ import psutil
 
 from ..api.job import JobSpec
 from .identity import ProcessIdentity, is_alive, wall_clock_start
+from .logs import run_dir
 from .process import ExitRecord, group_alive, group_pids, kill_group_except_wrapper, read_exit, signal_group, spawn_run
 from .watcher import ExitWatcher
 from .wrapper import WRAPPER_NAME
@@ -20,15 +21,14 @@ from .wrapper import WRAPPER_NAME
 class LocalAgent:
     def __init__(self, node: str, state_dir: Path, on_exit: Callable[[str], None]):
         self.node = node
-        self.runs_dir = Path(state_dir) / "runs"
-        self.runs_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.state_dir = Path(state_dir)
+        (self.state_dir / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
         self._on_exit = on_exit
         self._watcher = ExitWatcher()
         self._watched: set[ProcessIdentity] = set()
 
     def run_dir(self, job: str, uid: str, number: int) -> Path:
-        # job names are DNS-1123 labels and uids are ours: safe as path parts
-        return self.runs_dir / job / uid / str(number)
+        return run_dir(self.state_dir, job, uid, number)
 
     def start(self, job: str, uid: str, number: int, spec: JobSpec, revision: int) -> ProcessIdentity:
         """Spawn run `number`; raises process.StartFailed when it cannot start."""

@@ -8,10 +8,17 @@ from __future__ import annotations
 
 import codecs
 import os
+import pathlib
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 _BLOCK = 64 * 1024
+
+
+def run_dir(state_dir: str | os.PathLike[str], job: str, uid: str, number: int) -> pathlib.Path:
+    """Where run `number` of a job keeps its stdout, stderr and exit record. Job names are
+    DNS-1123 labels and uids are ours: both are safe as path parts."""
+    return pathlib.Path(state_dir) / "runs" / job / uid / str(number)
 
 
 def _decode(data: bytes) -> str:

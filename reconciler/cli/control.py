@@ -119,7 +119,7 @@ def logs(
     tail: Optional[int] = typer.Option(None, "--tail", help="Only the last N lines."),
 ) -> None:
     """Print the captured output of a run."""
-    from ..agent.logs import follow as follow_files, read_log
+    from ..agent.logs import follow as follow_files, read_log, run_dir as run_dir_of
     from ..store import repository as repo
 
     name = _job_name(ref)
@@ -136,7 +136,7 @@ def logs(
     chosen = runs[-1] if run is None else next((r for r in runs if r["number"] == run), None)
     if chosen is None:
         raise NotFound(f'job "{name}" has no run {run} (runs: {", ".join(str(r["number"]) for r in runs)})')
-    run_dir = store.state_dir / "runs" / name / obj.uid / str(chosen["number"])
+    run_dir = run_dir_of(store.state_dir, name, obj.uid, chosen["number"])
     streams = [stream] if stream else ["stdout", "stderr"]
     if not follow:
         for s in streams:
