@@ -55,14 +55,16 @@ class JobReconciler:
             if obj is None:
                 with self.store.read() as session:
                     obj = repo.get(session, kind="Job", name=name)
-                    if obj is not None and (obj.status or {}).get("phase", "Waiting") == "Waiting":
+                    spec = self.spec_of(obj) if obj is not None else None
+                    if spec is not None and (obj.status or {}).get("phase", "Waiting") == "Waiting":
                         # what the Waiting step reads next, in the same snapshot
-                        deps = self._read_dep_states(session, [d.job for d in self.spec_of(obj).depends_on])
+                        deps = self._read_dep_states(session, [d.job for d in spec.depends_on])
+            else:
+                spec = self.spec_of(obj)
             if obj is None:
                 self._wake_dependents(name)
                 return None
-            ctx = Ctx(obj, self.spec_of(obj), self.clock.now())
-            ctx.dep_states = deps
+            ctx = Ctx(obj, spec, self.clock.now(), dep_states=deps)
             try:
                 result = self.step(ctx)
             except Conflict:

@@ -49,9 +49,6 @@ class Result:
     def all(self) -> list:
         return [self._make(row) for row in self._cursor.fetchall()]
 
-    def __iter__(self):
-        return iter(self.all())
-
 
 class Prepared:
     def __init__(self, statement: ClauseElement):

@@ -116,11 +116,6 @@ def queued(session: Connection, uid: str) -> QueueEntry | None:
     return QueueEntry.from_row(row) if row else None
 
 
-def head(session: Connection, pool: str | None, *, scope_is_pool: bool) -> QueueEntry | None:
-    """First in line in one scope: the named pool's queue, or every queued job (global)."""
-    return next(in_line(session, pool, scope_is_pool=scope_is_pool, batch=1), None)
-
-
 @functools.lru_cache(maxsize=None)
 def _line(scope_is_pool: bool, after: bool, batch: int):
     """A page of one scope's queue in admission order. Keyset paging (after the last row
