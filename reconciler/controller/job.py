@@ -29,7 +29,7 @@ MAX_STEPS = 12
 
 
 class JobReconciler:
-    def __init__(self, store: Store, agent, *, clock, wake: Callable[[str], None], owner: str,
+    def __init__(self, store: Store, agent, *, clock, wake: Callable[..., None], owner: str,
                  rand: random.Random | None = None, strategy: str = "spread"):
         from .runs import RunSteps
 
@@ -130,7 +130,7 @@ class JobReconciler:
             with self.store.read() as session:
                 for pool, slots in ctx.wake_pools.items():
                     for name in sched.first_in_line(session, pool, slots + 1):
-                        self.wake(name)
+                        self.wake(name, urgent=True)  # a free slot must not wait behind a backlog
 
     def _wake_dependents(self, name: str) -> None:
         for dependent in list(self.dependents.get(name, ())):
@@ -368,7 +368,7 @@ class JobReconciler:
                 commit(tx, ctx)
         for scope in scopes:  # a head that fits must not wait for a timer
             if scope.head is not None and scope.head_fits and scope.head.uid != ctx.uid:
-                self.wake(scope.head.name)
+                self.wake(scope.head.name, urgent=True)
         return deadlines.soonest(ctx.now, ctx.now + self._safety(), self.job_deadline(ctx))
 
     def _safety(self) -> float:

@@ -31,9 +31,9 @@ class Controller:
         self.node = node or local_node_name()
         self.owner = controller_identity()
         self.queue = WorkQueue()
-        self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(("Job", job)))
+        self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(("Job", job), urgent=True))
         self.jobs = JobReconciler(store, self.agent, clock=self.clock, owner=self.owner, strategy=strategy,
-                                  wake=lambda job: self.queue.add(("Job", job)))
+                                  wake=lambda job, urgent=False: self.queue.add(("Job", job), urgent))
         self.runner = Runner(self.queue, self._route, workers=workers)
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="change-watcher", daemon=True)
@@ -88,7 +88,7 @@ class Controller:
                 if any(kind in ("Pool", "Node") for kind, _ in foreign):
                     with self.store.read() as session:
                         for name in sched.first_in_line(session, None, 8):
-                            self.queue.add(("Job", name))
+                            self.queue.add(("Job", name), urgent=True)  # a pool or node may have room now
             except Exception:  # the database may be briefly unavailable; try on the next tick
                 log.warning("change watcher failed", exc_info=True)
                 self._stop.wait(0.5)

@@ -21,29 +21,37 @@ ERROR_BASE, ERROR_MAX = 0.005, 30.0
 
 class WorkQueue:
     """A key is queued at most once; a key being processed is never handed out again until
-    `done`, and if it was added meanwhile it is queued again then (no lost wake-ups)."""
+    `done`, and if it was added meanwhile it is queued again then (no lost wake-ups).
+
+    Two lanes: urgent keys (a run ended, slots came free: work that starts or finishes a
+    run) are handed out before the rest (status bookkeeping, timers, the initial list), so a
+    free slot is not left idle behind a backlog. Adding a queued key as urgent promotes it."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._ready: deque[Hashable] = deque()
-        self._queued: set[Hashable] = set()
+        self._ready: deque[tuple[Hashable, int]] = deque()  # (key, entry number)
+        self._urgent: deque[tuple[Hashable, int]] = deque()
+        self._queued: dict[Hashable, tuple[bool, int]] = {}  # key -> (urgent, its live entry); others are stale
         self._processing: set[Hashable] = set()
-        self._dirty: set[Hashable] = set()
+        self._dirty: dict[Hashable, bool] = {}
         self._timers: list[tuple[float, int, Hashable]] = []
         self._due: dict[Hashable, float] = {}  # earliest pending timer per key
         self._seq = 0
         self._closed = False
 
-    def add(self, key: Hashable) -> None:
+    def add(self, key: Hashable, urgent: bool = False) -> None:
         with self._cond:
-            self._add_locked(key)
+            self._add_locked(key, urgent)
 
-    def _add_locked(self, key: Hashable) -> None:
+    def _add_locked(self, key: Hashable, urgent: bool = False) -> None:
         if key in self._processing:
-            self._dirty.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._ready.append(key)
+            self._dirty[key] = self._dirty.get(key, False) or urgent
+            return
+        queued = self._queued.get(key)
+        if queued is None or (urgent and not queued[0]):
+            self._seq += 1
+            self._queued[key] = (urgent, self._seq)
+            (self._urgent if urgent else self._ready).append((key, self._seq))
             self._cond.notify()
 
     def add_after(self, key: Hashable, delay: float) -> None:
@@ -71,20 +79,28 @@ class WorkQueue:
                     if self._due.get(key) == at:
                         del self._due[key]
                         self._add_locked(key)
-                if self._ready:
-                    key = self._ready.popleft()
-                    self._queued.discard(key)
+                key = self._pop()
+                if key is not None:
                     self._processing.add(key)
                     return key
                 timeout = self._timers[0][0] - now if self._timers else None
                 self._cond.wait(timeout)
 
+    def _pop(self) -> Hashable | None:
+        for lane in (self._urgent, self._ready):
+            while lane:
+                key, entry = lane.popleft()
+                if self._queued.get(key, (None, None))[1] == entry:  # else stale: promoted or handed out
+                    del self._queued[key]
+                    return key
+        return None
+
     def done(self, key: Hashable) -> None:
         with self._cond:
             self._processing.discard(key)
-            if key in self._dirty:
-                self._dirty.discard(key)
-                self._add_locked(key)
+            urgent = self._dirty.pop(key, None)
+            if urgent is not None:
+                self._add_locked(key, urgent)
 
     def close(self) -> None:
         with self._cond:
@@ -93,11 +109,11 @@ class WorkQueue:
 
     def idle(self) -> bool:
         with self._cond:
-            return not self._ready and not self._processing
+            return not self._queued and not self._processing
 
     def __len__(self) -> int:
         with self._cond:
-            return len(self._ready)
+            return len(self._queued)
 
 
 class Runner:

@@ -121,6 +121,61 @@ def test_idle_tracks_queued_and_processing_keys():
     assert q.idle()
 
 
+# --- WorkQueue: the urgent lane ------------------------------------------------------------
+
+def test_urgent_keys_are_handed_out_before_earlier_normal_keys():
+    q = WorkQueue()
+    for key in ("n1", "n2"):
+        q.add(key)
+    q.add("u1", urgent=True)
+    q.add("u2", urgent=True)
+    assert [q.get() for _ in range(4)] == ["u1", "u2", "n1", "n2"]  # each lane in its own order
+
+
+def test_adding_a_queued_key_as_urgent_promotes_it_once():
+    q = WorkQueue()
+    for key in ("a", "b", "c"):
+        q.add(key)
+    q.add("c", urgent=True)
+    assert len(q) == 3
+    assert [q.get() for _ in range(3)] == ["c", "a", "b"]  # c is not handed out a second time
+    assert len(q) == 0
+    for key in ("a", "b", "c"):
+        q.done(key)
+    assert q.idle()
+
+
+def test_a_normal_add_does_not_demote_an_urgent_key():
+    q = WorkQueue()
+    q.add("n")
+    q.add("u", urgent=True)
+    q.add("u")
+    assert [q.get(), q.get()] == ["u", "n"]
+
+
+def test_a_promoted_key_added_again_after_it_was_handed_out_comes_once():
+    q = WorkQueue()
+    q.add("k")
+    q.add("other")
+    q.add("k", urgent=True)
+    assert q.get() == "k"
+    q.done("k")
+    q.add("k")  # its old place in the normal lane is stale, not a second entry
+    assert len(q) == 2
+    assert [q.get(), q.get()] == ["other", "k"]
+    assert len(q) == 0
+
+
+def test_a_key_made_urgent_while_processed_is_requeued_urgent():
+    q = WorkQueue()
+    q.add("k")
+    assert q.get() == "k"
+    q.add("k", urgent=True)
+    q.add("n")
+    q.done("k")
+    assert [q.get(), q.get()] == ["k", "n"]
+
+
 # --- WorkQueue: timers ---------------------------------------------------------------------
 
 def test_add_after_with_no_delay_is_an_immediate_add():
