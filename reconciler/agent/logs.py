@@ -16,9 +16,21 @@ _BLOCK = 64 * 1024
 
 
 def run_dir(state_dir: str | os.PathLike[str], job: str, uid: str, number: int) -> pathlib.Path:
-    """Where run `number` of a job keeps its stdout, stderr and exit record. Job names are
-    DNS-1123 labels and uids are ours: both are safe as path parts."""
-    return pathlib.Path(state_dir) / "runs" / job / uid / str(number)
+    """Where run `number` of a job keeps its stdout, stderr and exit record:
+    `runs/<job>.<uid>.<number>`. Job names are DNS-1123 labels (no dots) and uids are ours:
+    both are safe as path parts, and the name splits back unambiguously.
+
+    One directory per run, not a tree: a run's new inodes (directory, two logs, the exit
+    record) are on the path from one job's end to the next one's start, and on a busy disk
+    each costs up to a millisecond. Runs started under the earlier layout
+    (`runs/<job>/<uid>/<number>`) are still found there."""
+    runs = pathlib.Path(state_dir) / "runs"
+    flat = runs / f"{job}.{uid}.{number}"
+    if not flat.exists():
+        legacy = runs / job / uid / str(number)
+        if legacy.exists():
+            return legacy
+    return flat
 
 
 def _decode(data: bytes) -> str:

@@ -106,9 +106,13 @@ def spawn_run(
         command = ["/bin/sh", "-c", shell]
 
     run_dir = pathlib.Path(run_dir)
-    run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(run_dir, 0o700)  # mkdir's mode is masked by umask and skipped if it existed
-    (run_dir / "exit").unlink(missing_ok=True)  # a leftover record would end the new run at once
+    try:
+        os.mkdir(run_dir, 0o700)  # the common case: a new run, its parent in place
+    except FileNotFoundError:
+        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileExistsError:  # a restart of this run: a leftover record would end it at once
+        (run_dir / "exit").unlink(missing_ok=True)
+    os.chmod(run_dir, 0o700)  # mkdir's mode is masked by umask and not applied if it existed
 
     out = _open_private(run_dir / "stdout")
     os.close(_open_private(run_dir / "stderr"))  # created here; the wrapper appends to it

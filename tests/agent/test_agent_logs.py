@@ -91,3 +91,19 @@ def test_follow_starts_over_after_truncation(tmp_path):
     path.write_text("x\n")  # shorter than what was read: truncated and rewritten
     finished = True
     assert list(stream) == ["x\n"]
+
+
+def test_a_run_has_one_directory_named_after_job_uid_and_number(tmp_path):
+    uid = "0b5e6f3a-8c1d-4f2e-9a7b-1c2d3e4f5a6b"
+    assert logs.run_dir(tmp_path, "build-1", uid, 2) == tmp_path / "runs" / f"build-1.{uid}.2"
+
+
+def test_a_run_started_under_the_earlier_layout_is_found_there(tmp_path):
+    uid = "0b5e6f3a-8c1d-4f2e-9a7b-1c2d3e4f5a6b"
+    legacy = tmp_path / "runs" / "build-1" / uid / "1"
+    legacy.mkdir(parents=True)
+    assert logs.run_dir(tmp_path, "build-1", uid, 1) == legacy  # logs and adoption still find it
+    assert logs.run_dir(tmp_path, "build-1", uid, 2) == tmp_path / "runs" / f"build-1.{uid}.2"  # new runs: flat
+    flat = tmp_path / "runs" / f"build-1.{uid}.1"
+    flat.mkdir()
+    assert logs.run_dir(tmp_path, "build-1", uid, 1) == flat  # the current layout wins when both exist

@@ -32,6 +32,7 @@ import pytest
 import yaml
 from sqlmodel import Session, select
 
+from reconciler.agent.logs import run_dir
 from reconciler.agent.wrapper import WRAPPER_NAME
 from reconciler.api.meta import to_epoch
 from reconciler.controller.nodes import local_node_name
@@ -240,7 +241,7 @@ class Env:
         return self.rows(select(EventRow).where(EventRow.name == name).order_by(EventRow.id))
 
     def run_dir(self, name: str, number: int) -> Path:
-        return self.root / "state" / "runs" / name / self.obj(name).uid / str(number)
+        return run_dir(self.root / "state", name, self.obj(name).uid, number)
 
     def logs(self) -> str:
         return "".join(f"--- {c.log_path.name} ---\n{c.log()[-4000:]}" for c in self.controllers)

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import psutil
 import pytest
 
+from reconciler.agent.logs import run_dir
 from tests.helpers import Result, run_cli, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -171,7 +172,7 @@ class Env:
     def run_dir(self, name: str, number: int) -> Path:
         doc = self.peek(name)
         base = self.store.state_dir if self.url.startswith("sqlite") else self.xdg / "reconciler"
-        return base / "runs" / name / doc["metadata"]["uid"] / str(number)
+        return run_dir(base, name, doc["metadata"]["uid"], number)
 
     # -- a controller process ----------------------------------------------------------------
     def controller(self) -> "ControllerProcess":
