@@ -28,6 +28,7 @@ class JobWatch:
         self.store = store
         self.names = set(names)
         self.statuses: dict[str, dict[str, Any]] = {}
+        self._unsettled: set[str] = set()  # kept up to date per change: a look costs the changes, not the jobs
         self.seq = store.change_seq()
         self._load(self.names)
 
@@ -36,8 +37,12 @@ class JobWatch:
             found = repo.statuses(session, kind="Job", names=names)
         for name in names:
             o = found.get(name)
-            self.statuses[name] = {"phase": "Deleted", "reason": "Deleted"} if o is None else \
+            status = self.statuses[name] = {"phase": "Deleted", "reason": "Deleted"} if o is None else \
                 {**o.status, "service": json.loads(o.spec_text).get("type") == "service"}
+            if settled(status):
+                self._unsettled.discard(name)
+            else:
+                self._unsettled.add(name)
 
     def poll(self) -> set[str]:
         """Names of watched jobs written since the last poll (their statuses are refreshed)."""
@@ -55,7 +60,7 @@ class JobWatch:
     def all_settled(self) -> bool:
         """Every job settled, and no completion is about an older version of its job (a spec
         change or rerun the controller has not picked up yet)."""
-        if not all(settled(s) for s in self.statuses.values()):
+        if self._unsettled:
             return False
         from .commands import stale_jobs
 
@@ -64,4 +69,4 @@ class JobWatch:
             return not stale_jobs(session, objs)
 
     def unsettled(self) -> list[str]:
-        return sorted(n for n, s in self.statuses.items() if not settled(s))
+        return sorted(self._unsettled)

@@ -49,7 +49,7 @@ def _converge(store, names: list[str], timeout: float | None) -> int:
                 look = True
             if look:
                 look = False
-                if not watch.unsettled() and watch.all_settled():
+                if watch.all_settled():
                     break
             if deadline is not None and time.monotonic() >= deadline:
                 err(f"error: timed out after {timeout:g}s; jobs not completed: {', '.join(watch.unsettled())}")
