@@ -19,6 +19,7 @@ from ..store import repository as repo
 from ..store import scheduling as sched
 from . import admission, deadlines, dependencies, waits
 from .context import AGAIN, DOWNSTREAM_SUFFIX, RERUN_ANNOTATION, Ctx, commit
+from ..agent.probe import Probes
 from .pathwatch import PathWatch
 from .placement import NodeView, place
 
@@ -44,6 +45,7 @@ class JobReconciler:
         self._specs: dict[str, JobSpec] = {}
         self.runs = RunSteps(self)
         self.paths = PathWatch(wake, clock)
+        self.probes = Probes(wake)
         self._completed_here: set[str] = set()  # completions of this process, not yet looked at again
         self.admitted: dict[str, sched.Admission] = {}  # admissions this process just made, by uid, until Starting
 
@@ -142,6 +144,7 @@ class JobReconciler:
     # -- endings -------------------------------------------------------------------------
     def complete(self, ctx: Ctx, outcome: str, reason: str, message: str) -> None:
         self.paths.forget(ctx.name)
+        self.probes.forget(ctx.name)
         self.admitted.pop(ctx.uid, None)
         self._completed_here.add(ctx.name)
         ctx.move("Completed", reason, message, outcome=outcome)
@@ -152,6 +155,7 @@ class JobReconciler:
 
     def finalize_delete(self, ctx: Ctx) -> None:
         self.paths.forget(ctx.name)
+        self.probes.forget(ctx.name)
         self.admitted.pop(ctx.uid, None)
         with self.store.write() as tx:
             sched.dequeue(tx, ctx.uid)
@@ -247,7 +251,7 @@ class JobReconciler:
             return self.complete(ctx, "Aborted", "DependencyUnsatisfied", message)
         accepted = to_epoch(status["acceptedAt"])
         checks = waits.evaluate(spec.wait_for, accepted_at=accepted, now=ctx.now, previous=status.get("waits"),
-                                probe=lambda cond: self._probe(cond, spec))
+                                probe=lambda cond: self._probe(ctx.name, cond, spec))
         self._record_waits(ctx, checks)
         if any(c.fatal for c in checks):
             failed = next(c for c in checks if c.fatal)
@@ -258,6 +262,7 @@ class JobReconciler:
             return self.complete(ctx, "Aborted", "WaitAbortDeadline", "the wait conditions were not met before the abort deadline")
         if ready:
             self.paths.forget(ctx.name)
+            self.probes.forget(ctx.name)
             status.setdefault("eligibleAt", ctx.now_text)
             ctx.move("Queued", "Eligible", "dependencies and waits are satisfied")
             return self.queued(ctx)  # eligibility and the admission attempt share one transaction
@@ -286,10 +291,8 @@ class JobReconciler:
         self.paths.watch(ctx.name, [(c.path, c.type, c.interval or waits.PATH_POLL) for c in pending])
         return True
 
-    def _probe(self, cond, spec: JobSpec) -> tuple[bool, str]:
-        from ..agent.probe import run_probe
-
-        return run_probe(cond, cwd=spec.working_dir)
+    def _probe(self, name: str, cond, spec: JobSpec) -> tuple[bool, str] | None:
+        return self.probes.result(name, cond, spec.working_dir)
 
     def _record_waits(self, ctx: Ctx, checks: list[waits.Check]) -> None:
         """Write each evaluation, but an unchanged result only every WAIT_STATUS_REFRESH s."""

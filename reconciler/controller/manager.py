@@ -22,7 +22,7 @@ WATCH_INTERVAL = 0.05  # how far behind other processes' writes we may be
 
 
 class Controller:
-    def __init__(self, store: Store, *, node: str | None = None, workers: int = 4, clock=None,
+    def __init__(self, store: Store, *, node: str | None = None, workers: int = 1, clock=None,
                  strategy: str = "spread"):
         from ..agent.local import LocalAgent
 
@@ -65,6 +65,7 @@ class Controller:
         self._stop.set()
         self.runner.stop()
         self.jobs.paths.close()
+        self.jobs.probes.close()
         self._watcher.join(2)
         self.agent.close()
 

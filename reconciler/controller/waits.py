@@ -21,7 +21,8 @@ class Check:
     recheck_in: float | None = None  # seconds until this condition may change
 
 
-ProbeRunner = Callable[[WaitCondition], tuple[bool, str]]
+# A probe's verdict, or None while it runs (whoever runs it wakes the job when it ends)
+ProbeRunner = Callable[[WaitCondition], "tuple[bool, str] | None"]
 
 
 def check_path(path: str, kind: str | None) -> tuple[bool, str]:
@@ -33,7 +34,8 @@ def check_path(path: str, kind: str | None) -> tuple[bool, str]:
 
 
 def check(cond: WaitCondition, *, accepted_at: float, now: float, probe: ProbeRunner,
-          path_check: Callable[[str, str | None], tuple[bool, str]] = check_path) -> Check:
+          path_check: Callable[[str, str | None], tuple[bool, str]] = check_path,
+          previous: dict | None = None) -> Check:
     kind = cond.kind
     if kind == "until":
         at = cond.until.timestamp()
@@ -46,7 +48,11 @@ def check(cond: WaitCondition, *, accepted_at: float, now: float, probe: ProbeRu
     if kind == "path":
         ok, message = path_check(cond.path, cond.type)
         return Check(kind, ok, message, recheck_in=None if ok else (cond.interval or PATH_POLL))
-    ok, message = probe(cond)
+    answer = probe(cond)
+    if answer is None:  # running: the last verdict stands (no status churn), and its end wakes the job
+        last = (previous or {}).get("message") if (previous or {}).get("type") == "probe" else None
+        return Check(kind, False, last or "probe running")
+    ok, message = answer
     return Check(kind, ok, message, fatal=not ok and cond.probe.fatal_on_error,
                  recheck_in=None if ok else cond.probe.interval)
 
@@ -71,5 +77,6 @@ def evaluate(wait_for: WaitFor | None, *, accepted_at: float, now: float, probe:
             prev = previous[i]
             checks.append(Check(prev["type"], True, prev.get("message") or "satisfied"))
         else:
-            checks.append(check(cond, accepted_at=accepted_at, now=now, probe=probe))
+            last = previous[i] if previous and i < len(previous) else None
+            checks.append(check(cond, accepted_at=accepted_at, now=now, probe=probe, previous=last))
     return checks

@@ -25,11 +25,11 @@ def wait_for(*conditions: dict, mode: str = "all") -> WaitFor:
 class FakeProbe:
     """A probe runner that answers from a script and records what it was asked."""
 
-    def __init__(self, *answers: tuple[bool, str]):
+    def __init__(self, *answers: tuple[bool, str] | None):
         self.answers = list(answers)
         self.calls: list[WaitCondition] = []
 
-    def __call__(self, condition: WaitCondition) -> tuple[bool, str]:
+    def __call__(self, condition: WaitCondition) -> tuple[bool, str] | None:
         self.calls.append(condition)
         return self.answers.pop(0)
 
@@ -141,6 +141,18 @@ def test_probe(probe, answer, satisfied, fatal, recheck):
     result = check(c, accepted_at=T0, now=T0, probe=runner)
     assert result == Check("probe", satisfied, answer[1], fatal=fatal, recheck_in=recheck)
     assert runner.calls == [c]
+
+
+def test_a_running_probe_is_unsatisfied_with_its_last_verdict_and_no_timer():
+    """The probe runner wakes the job when the probe ends; meanwhile the last verdict
+    stands, so the status does not flip between it and "running" on every probe."""
+    wf = wait_for({"probe": {"command": ["x"], "fatalOnError": True}})
+    running = FakeProbe(None, None)
+    [first] = evaluate(wf, accepted_at=T0, now=T0, probe=running)
+    assert first == Check("probe", False, "probe running", fatal=False, recheck_in=None)
+    previous = [{"type": "probe", "satisfied": False, "message": "probe exited 1: not yet"}]
+    [again] = evaluate(wf, accepted_at=T0, now=T0 + 5, probe=running, previous=previous)
+    assert again == Check("probe", False, "probe exited 1: not yet", fatal=False, recheck_in=None)
 
 
 # --- gate ------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@ abortAfter; diagnostics in status.waits and `describe`; waits gate the first run
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime, timedelta, timezone
 
@@ -102,3 +103,31 @@ def test_waits_gate_only_the_first_run(env):
     assert [(r["number"], r["exitCode"]) for r in status["runs"]] == [(1, 1), (2, 0)]
     assert not gate.exists()
     assert env.ok("logs", "job/gated").stdout == "second\n"
+
+
+def test_a_slow_probe_holds_up_no_other_job(env):
+    """Probes run beside the reconcile loop (agent/probe.Probes), not in it: with the
+    controller's one reconcile worker, a probe that takes long must not stop other jobs."""
+    gate = env.root / "gate"
+    os.mkfifo(gate)
+    manifest = env.write("slow.yaml", docs(
+        job_yaml("w-slow", f"command: ['true']\nwaitFor: {{conditions: [{{probe: {{command: [sh, -c, 'read x < {gate}'], "
+                           "timeout: 60s}}]}"),
+        job_yaml("other", "command: ['true']"),
+    ))
+    env.controller()
+    env.ok("apply", "-f", str(manifest))
+    try:
+        env.wait_phase("other", "Completed")
+        slow = env.status("w-slow")
+        assert slow["phase"] == "Waiting" and slow["waits"][0]["message"] == "probe running", slow
+        gate.write_text("go\n")
+        env.wait_phase("w-slow", "Completed")
+        assert env.status("w-slow")["outcome"] == "Succeeded"
+    finally:
+        try:  # never leave the probe blocked on its fifo
+            fd = os.open(gate, os.O_WRONLY | os.O_NONBLOCK)
+            os.write(fd, b"go\n")
+            os.close(fd)
+        except OSError:
+            pass
