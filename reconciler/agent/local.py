@@ -12,7 +12,7 @@ import psutil
 
 from ..api.job import JobSpec
 from .identity import ProcessIdentity, is_alive, wall_clock_start
-from .logs import run_dir
+from .logs import has_legacy_runs, run_dir
 from .process import ExitRecord, group_alive, group_pids, kill_group_except_wrapper, read_exit, signal_group, spawn_run
 from .watcher import ExitWatcher
 from .wrapper import WRAPPER_NAME
@@ -23,12 +23,13 @@ class LocalAgent:
         self.node = node
         self.state_dir = Path(state_dir)
         (self.state_dir / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._legacy_runs = has_legacy_runs(self.state_dir)  # else run_dir needs no look at the disk
         self._on_exit = on_exit
         self._watcher = ExitWatcher()
         self._watched: set[ProcessIdentity] = set()
 
     def run_dir(self, job: str, uid: str, number: int) -> Path:
-        return run_dir(self.state_dir, job, uid, number)
+        return run_dir(self.state_dir, job, uid, number, legacy=self._legacy_runs)
 
     def start(self, job: str, uid: str, number: int, spec: JobSpec, revision: int) -> ProcessIdentity:
         """Spawn run `number`; raises process.StartFailed when it cannot start."""

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Iterator
 _BLOCK = 64 * 1024
 
 
-def run_dir(state_dir: str | os.PathLike[str], job: str, uid: str, number: int) -> pathlib.Path:
+def run_dir(state_dir: str | os.PathLike[str], job: str, uid: str, number: int, *,
+            legacy: bool = True) -> pathlib.Path:
     """Where run `number` of a job keeps its stdout, stderr and exit record:
     `runs/<job>.<uid>.<number>`. Job names are DNS-1123 labels (no dots) and uids are ours:
     both are safe as path parts, and the name splits back unambiguously.
@@ -23,14 +24,25 @@ def run_dir(state_dir: str | os.PathLike[str], job: str, uid: str, number: int) 
     One directory per run, not a tree: a run's new inodes (directory, two logs, the exit
     record) are on the path from one job's end to the next one's start, and on a busy disk
     each costs up to a millisecond. Runs started under the earlier layout
-    (`runs/<job>/<uid>/<number>`) are still found there."""
+    (`runs/<job>/<uid>/<number>`) are still found there, unless `legacy` is False (the
+    caller knows there are none: see `has_legacy_runs`)."""
     runs = pathlib.Path(state_dir) / "runs"
     flat = runs / f"{job}.{uid}.{number}"
-    if not flat.exists():
-        legacy = runs / job / uid / str(number)
-        if legacy.exists():
-            return legacy
+    if legacy and not flat.exists():
+        earlier = runs / job / uid / str(number)
+        if earlier.exists():
+            return earlier
     return flat
+
+
+def has_legacy_runs(state_dir: str | os.PathLike[str]) -> bool:
+    """Whether any run dir of the earlier layout exists (a directory name without a dot).
+    Nothing creates them any more, so one look at start-up holds for the process."""
+    try:
+        with os.scandir(pathlib.Path(state_dir) / "runs") as entries:
+            return any("." not in e.name and e.is_dir(follow_symlinks=False) for e in entries)
+    except FileNotFoundError:
+        return False
 
 
 def _decode(data: bytes) -> str:

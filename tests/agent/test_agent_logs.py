@@ -107,3 +107,27 @@ def test_a_run_started_under_the_earlier_layout_is_found_there(tmp_path):
     flat = tmp_path / "runs" / f"build-1.{uid}.1"
     flat.mkdir()
     assert logs.run_dir(tmp_path, "build-1", uid, 1) == flat  # the current layout wins when both exist
+
+
+def test_legacy_runs_are_looked_for_once_by_directory_name(tmp_path):
+    assert not logs.has_legacy_runs(tmp_path)  # no runs folder yet
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    (runs / "build-1.0b5e6f3a-8c1d-4f2e-9a7b-1c2d3e4f5a6b.1").mkdir()
+    assert not logs.has_legacy_runs(tmp_path)
+    (runs / "build-1").mkdir()  # runs/<job>/<uid>/<number>
+    assert logs.has_legacy_runs(tmp_path)
+
+
+def test_the_agent_finds_runs_of_the_earlier_layout_only_when_there_are_any(tmp_path):
+    from reconciler.agent.local import LocalAgent
+
+    uid = "0b5e6f3a-8c1d-4f2e-9a7b-1c2d3e4f5a6b"
+    legacy = tmp_path / "old" / "runs" / "build-1" / uid / "1"
+    legacy.mkdir(parents=True)
+    for state, expected in ((tmp_path / "old", legacy), (tmp_path / "new", tmp_path / "new" / "runs" / f"build-1.{uid}.1")):
+        agent = LocalAgent("node-a", state, on_exit=lambda job: None)
+        try:
+            assert agent.run_dir("build-1", uid, 1) == expected
+        finally:
+            agent.close()
