@@ -1,5 +1,5 @@
 """Wait probes: a command run directly (no shell) with a timeout and an output limit, off
-the reconcile workers (`Probes`): a probe may take up to its timeout, and a worker that
+the reconcile worker (`Probes`): a probe may take up to its timeout, and the worker that
 waited for it would hold up every other job."""
 
 from __future__ import annotations
@@ -7,8 +7,11 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import subprocess
 import threading
+import time
+from dataclasses import dataclass
 from typing import Callable
 
 from ..api.job import WaitCondition
@@ -18,88 +21,116 @@ log = logging.getLogger(__name__)
 PROBE_THREADS = 8  # probes in flight at once; more wait their turn
 
 
-def run_probe(cond: WaitCondition, cwd: str | None = None) -> tuple[bool, str]:
-    """(exit 0?, a short diagnostic with the output cut to outputLimit bytes)."""
+def run_probe(cond: WaitCondition, cwd: str | None = None,
+              running: Callable[[subprocess.Popen | None], None] = lambda proc: None) -> tuple[bool, str]:
+    """(exit 0?, a short diagnostic with the output cut to outputLimit bytes). `running` is
+    told of the probe's process while it runs (then None), so that it can be killed."""
     probe = cond.probe
     try:
         proc = subprocess.Popen(probe.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
     except OSError as exc:
         return False, f"probe could not start: {exc.strerror or exc}"
+    running(proc)
     try:
         out, _ = proc.communicate(timeout=probe.timeout)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, 9)
-        except ProcessLookupError:
-            pass
+        _kill(proc)
         proc.communicate()
         return False, f"probe timed out after {probe.timeout:g}s"
+    finally:
+        running(None)
     text = out[: probe.output_limit].decode("utf-8", "replace").strip()
     verdict = "succeeded" if proc.returncode == 0 else f"exited {proc.returncode}"
     return proc.returncode == 0, f"probe {verdict}" + (f": {text}" if text else "")
 
 
-Key = tuple[str, str]  # (job, the condition's JSON)
+def _kill(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)  # its own session: the probe and whatever it started
+    except ProcessLookupError:
+        pass
+
+
+Key = tuple[str, str, str]  # (job name, job uid, the condition's JSON)
+
+
+@dataclass
+class _Probe:
+    running: bool = False
+    verdict: tuple[bool, str] | None = None  # the last probe's, once one ended
+    ended_at: float = 0.0
 
 
 class Probes:
-    """Runs a job's probes in background threads and wakes the job when one ends.
+    """Runs jobs' probes in background threads; the end of each wakes its job.
 
-    `result(job, cond, cwd)` hands out the result of a probe that ended since the last
-    call, once; otherwise it starts the probe (unless it is running) and returns None. A
-    job therefore sees each probe's verdict exactly once, and a new probe starts only when
-    a step asks for one (the step's recheck timer paces them by the probe's interval)."""
+    `verdict(...)` answers with the condition's last verdict (None before the first probe
+    ended), and starts a probe when none runs and the last one ended `interval` ago or
+    more. The last verdict stands while the next probe runs, as a Kubernetes readiness
+    state does: the status does not churn, and a step that asks again (after a conflict,
+    or woken by anything else) gets the same answer instead of losing it."""
 
-    def __init__(self, wake: Callable[[str], None], threads: int = PROBE_THREADS):
+    def __init__(self, wake: Callable[[str], None], threads: int = PROBE_THREADS, clock: Callable[[], float] = time.monotonic):
         self._wake = wake
+        self._clock = clock
         self._lock = threading.Lock()
-        self._running: set[Key] = set()
-        self._ended: dict[Key, tuple[bool, str]] = {}
-        self._dropped: set[Key] = set()  # running for a job that stopped waiting: no result, no wake
+        self._probes: dict[Key, _Probe] = {}
+        self._procs: dict[int, subprocess.Popen] = {}  # running probe processes, by thread id
         self._todo: queue.SimpleQueue = queue.SimpleQueue()
-        # daemon threads: a probe still running when the controller stops must not hold up
-        # the process's exit (it is killed at its own timeout)
+        self._closed = False
+        # daemon threads: close() kills the probes they wait for, so they end promptly
         self._threads = [threading.Thread(target=self._work, name=f"probe-{i}", daemon=True) for i in range(threads)]
         for thread in self._threads:
             thread.start()
 
-    def result(self, job: str, cond: WaitCondition, cwd: str | None) -> tuple[bool, str] | None:
-        key = (job, cond.model_dump_json())
+    def verdict(self, job: str, uid: str, cond: WaitCondition, cwd: str | None) -> tuple[bool, str] | None:
+        key = (job, uid, cond.model_dump_json())
         with self._lock:
-            if key in self._ended:
-                return self._ended.pop(key)
-            if key in self._running:
-                return None
-            self._running.add(key)
-        self._todo.put((key, cond, cwd))
-        return None
+            probe = self._probes.setdefault(key, _Probe())
+            due = probe.verdict is None or self._clock() - probe.ended_at >= cond.probe.interval
+            if not probe.running and due and not self._closed:
+                probe.running = True
+                self._todo.put((key, probe, cond, cwd))
+            return probe.verdict
 
     def forget(self, job: str) -> None:
-        """The job stopped waiting: drop its results, and those of its probes still running."""
+        """The job stopped waiting (or is gone): drop its probes' state; a probe of it that
+        is still running ends without a verdict or a wake."""
         with self._lock:
-            for key in [k for k in self._ended if k[0] == job]:
-                del self._ended[key]
-            for key in [k for k in self._running if k[0] == job]:
-                self._running.discard(key)
-                self._dropped.add(key)
+            for key in [k for k in self._probes if k[0] == job]:
+                del self._probes[key]
 
     def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            procs = list(self._procs.values())
+        for proc in procs:
+            _kill(proc)
         for _ in self._threads:
             self._todo.put(None)
 
+    def _running(self, proc: subprocess.Popen | None) -> None:
+        with self._lock:
+            if proc is None:
+                self._procs.pop(threading.get_ident(), None)
+            elif self._closed:
+                _kill(proc)
+            else:
+                self._procs[threading.get_ident()] = proc
+
     def _work(self) -> None:
         while (item := self._todo.get()) is not None:
-            key, cond, cwd = item
+            key, probe, cond, cwd = item
+            if self._closed:
+                continue
             try:
-                outcome = run_probe(cond, cwd)
+                verdict = run_probe(cond, cwd, self._running)
             except Exception as exc:  # a probe that cannot run is a failed probe, not a dead thread
                 log.warning("probe for job %s failed to run", key[0], exc_info=True)
-                outcome = (False, f"probe could not run: {exc}")
+                verdict = (False, f"probe could not run: {exc}")
             with self._lock:
-                if key in self._dropped:
-                    self._dropped.discard(key)
-                    continue
-                self._running.discard(key)
-                self._ended[key] = outcome
-            self._wake(key[0])
+                probe.running, probe.verdict, probe.ended_at = False, verdict, self._clock()
+                current = self._probes.get(key) is probe  # else forgotten meanwhile
+            if current and not self._closed:
+                self._wake(key[0])

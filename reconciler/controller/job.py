@@ -64,6 +64,8 @@ class JobReconciler:
             else:
                 spec = self.spec_of(obj)
             if obj is None:
+                self.paths.forget(name)
+                self.probes.forget(name)
                 self._wake_dependents(name)
                 return None
             ctx = Ctx(obj, spec, self.clock.now(), dep_states=deps)
@@ -112,6 +114,7 @@ class JobReconciler:
         if ctx.spec.suspend:
             if ctx.phase == "Suspended":
                 return None
+            self.probes.forget(ctx.name)
             ctx.move("Suspended", "Suspended", "suspended: no new run is admitted")
             ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
             return self.write(ctx, None)
@@ -188,6 +191,7 @@ class JobReconciler:
 
     def start_revision(self, ctx: Ctx) -> float:
         self._completed_here.discard(ctx.name)
+        self.probes.forget(ctx.name)  # the new revision's waits start afresh
         status = ctx.status
         ran = bool(ctx.runs_this_revision()) or ctx.phase == "Completed"
         if ran:
@@ -251,7 +255,7 @@ class JobReconciler:
             return self.complete(ctx, "Aborted", "DependencyUnsatisfied", message)
         accepted = to_epoch(status["acceptedAt"])
         checks = waits.evaluate(spec.wait_for, accepted_at=accepted, now=ctx.now, previous=status.get("waits"),
-                                probe=lambda cond: self._probe(ctx.name, cond, spec))
+                                probe=lambda cond: self._probe(ctx, cond))
         self._record_waits(ctx, checks)
         if any(c.fatal for c in checks):
             failed = next(c for c in checks if c.fatal)
@@ -291,8 +295,8 @@ class JobReconciler:
         self.paths.watch(ctx.name, [(c.path, c.type, c.interval or waits.PATH_POLL) for c in pending])
         return True
 
-    def _probe(self, name: str, cond, spec: JobSpec) -> tuple[bool, str] | None:
-        return self.probes.result(name, cond, spec.working_dir)
+    def _probe(self, ctx: Ctx, cond) -> tuple[bool, str] | None:
+        return self.probes.verdict(ctx.name, ctx.uid, cond, ctx.spec.working_dir)
 
     def _record_waits(self, ctx: Ctx, checks: list[waits.Check]) -> None:
         """Write each evaluation, but an unchanged result only every WAIT_STATUS_REFRESH s."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Hashable
 
 from ..clock import RealClock
@@ -40,11 +41,7 @@ class Controller:
         self._seen = 0
 
     def _route(self, key: Hashable):
-        return self.jobs if key[0] == "Job" else self._heartbeat
-
-    def _heartbeat(self, key: Hashable) -> float:
-        heartbeat(self.store, self.node, self.owner, self.clock.now())
-        return HEARTBEAT_INTERVAL
+        return self.jobs
 
     def start(self) -> "Controller":
         heartbeat(self.store, self.node, self.owner, self.clock.now())
@@ -56,7 +53,6 @@ class Controller:
             names = sched.open_job_names(session) + sched.job_names_needing_revision(session)
         for name in names:
             self.queue.add(("Job", name))
-        self.queue.add_after(("Node", self.node), HEARTBEAT_INTERVAL)
         self.runner.start()
         self._watcher.start()
         return self
@@ -71,8 +67,17 @@ class Controller:
 
     def _watch(self) -> None:
         """Notice other processes' writes through the change sequence: the cost of a look is
-        one tiny query, and of a change the rows that changed."""
+        one tiny query, and of a change the rows that changed. Also post the node's
+        heartbeat, here rather than through the work queue, where a backlog of thousands of
+        jobs could hold it past the node's readiness window."""
+        next_beat = time.monotonic() + HEARTBEAT_INTERVAL
         while not self._stop.wait(WATCH_INTERVAL):
+            if time.monotonic() >= next_beat:
+                try:
+                    heartbeat(self.store, self.node, self.owner, self.clock.now())
+                    next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+                except Exception:  # the store may be briefly unavailable: the next tick tries again
+                    log.warning("node heartbeat failed", exc_info=True)
             try:
                 seq = self.store.change_seq()
                 if seq == self._seen:

@@ -17,6 +17,7 @@ log = logging.getLogger("reconciler.runtime")
 Reconcile = Callable[[Hashable], "float | None"]  # returns seconds until it wants to run again
 
 ERROR_BASE, ERROR_MAX = 0.005, 30.0
+URGENT_STREAK = 4  # urgent keys in a row before one normal key goes (the normal lane gets >= 1/5)
 
 
 class WorkQueue:
@@ -25,7 +26,8 @@ class WorkQueue:
 
     Two lanes: urgent keys (a run ended, slots came free: work that starts or finishes a
     run) are handed out before the rest (status bookkeeping, timers, the initial list), so a
-    free slot is not left idle behind a backlog. Adding a queued key as urgent promotes it."""
+    free slot is not left idle behind a backlog; but one normal key goes after every
+    URGENT_STREAK urgent ones. Adding a queued key as urgent promotes it."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -34,6 +36,7 @@ class WorkQueue:
         self._queued: dict[Hashable, tuple[bool, int]] = {}  # key -> (urgent, its live entry); others are stale
         self._processing: set[Hashable] = set()
         self._dirty: dict[Hashable, bool] = {}
+        self._streak = 0  # urgent keys handed out in a row
         self._timers: list[tuple[float, int, Hashable]] = []
         self._due: dict[Hashable, float] = {}  # earliest pending timer per key
         self._seq = 0
@@ -87,11 +90,15 @@ class WorkQueue:
                 self._cond.wait(timeout)
 
     def _pop(self) -> Hashable | None:
-        for lane in (self._urgent, self._ready):
+        # after URGENT_STREAK urgent keys in a row, one normal key goes, if any waits: timers
+        # and other processes' changes are never starved by a stream of short runs
+        lanes = (self._ready, self._urgent) if self._streak >= URGENT_STREAK else (self._urgent, self._ready)
+        for lane in lanes:
             while lane:
                 key, entry = lane.popleft()
                 if self._queued.get(key, (None, None))[1] == entry:  # else stale: promoted or handed out
-                    del self._queued[key]
+                    urgent = self._queued.pop(key)[0]
+                    self._streak = self._streak + 1 if urgent else 0
                     return key
         return None
 

@@ -21,7 +21,8 @@ class Check:
     recheck_in: float | None = None  # seconds until this condition may change
 
 
-# A probe's verdict, or None while it runs (whoever runs it wakes the job when it ends)
+# A probe's current verdict, or None before its first probe ended (whoever runs the probes
+# wakes the job when one ends)
 ProbeRunner = Callable[[WaitCondition], "tuple[bool, str] | None"]
 
 
@@ -34,8 +35,7 @@ def check_path(path: str, kind: str | None) -> tuple[bool, str]:
 
 
 def check(cond: WaitCondition, *, accepted_at: float, now: float, probe: ProbeRunner,
-          path_check: Callable[[str, str | None], tuple[bool, str]] = check_path,
-          previous: dict | None = None) -> Check:
+          path_check: Callable[[str, str | None], tuple[bool, str]] = check_path) -> Check:
     kind = cond.kind
     if kind == "until":
         at = cond.until.timestamp()
@@ -49,9 +49,8 @@ def check(cond: WaitCondition, *, accepted_at: float, now: float, probe: ProbeRu
         ok, message = path_check(cond.path, cond.type)
         return Check(kind, ok, message, recheck_in=None if ok else (cond.interval or PATH_POLL))
     answer = probe(cond)
-    if answer is None:  # running: the last verdict stands (no status churn), and its end wakes the job
-        last = (previous or {}).get("message") if (previous or {}).get("type") == "probe" else None
-        return Check(kind, False, last or "probe running")
+    if answer is None:  # the first probe runs: its end wakes the job, no timer needed
+        return Check(kind, False, "probe running")
     ok, message = answer
     return Check(kind, ok, message, fatal=not ok and cond.probe.fatal_on_error,
                  recheck_in=None if ok else cond.probe.interval)
@@ -77,6 +76,5 @@ def evaluate(wait_for: WaitFor | None, *, accepted_at: float, now: float, probe:
             prev = previous[i]
             checks.append(Check(prev["type"], True, prev.get("message") or "satisfied"))
         else:
-            last = previous[i] if previous and i < len(previous) else None
-            checks.append(check(cond, accepted_at=accepted_at, now=now, probe=probe, previous=last))
+            checks.append(check(cond, accepted_at=accepted_at, now=now, probe=probe))
     return checks

@@ -1,22 +1,46 @@
-"""Probes: wait probes run off the reconcile workers. Real probe processes, gated by fifos;
-every wait is a condition with a deadline."""
+"""Probes: wait probes run off the reconcile worker. Real probe processes, gated by fifos;
+the interval is paced by an injected clock; every wait is a condition with a deadline."""
 
 from __future__ import annotations
 
 import os
 import threading
 
+import psutil
+
 from reconciler.agent.probe import Probes
 from reconciler.api.job import WaitCondition
 from tests.helpers import wait_until
 
+UID = "0b5e6f3a-8c1d-4f2e-9a7b-1c2d3e4f5a6b"
 
-def gated_probe(tmp_path, name: str, code: int) -> WaitCondition:
-    """A probe that runs until its gate fifo is written, then exits `code`."""
+
+def gated_probe(tmp_path, name: str, code: int, interval: str = "2s") -> WaitCondition:
+    """A probe that notes each run in `name`.runs, waits for its gate fifo, then exits `code`."""
     gate = tmp_path / name
     os.mkfifo(gate)
-    return WaitCondition.model_validate(
-        {"probe": {"command": ["sh", "-c", f"read x < '{gate}'; echo said $x; exit {code}"], "timeout": "60s"}})
+    script = f"echo run >> '{gate}.runs'; read x < '{gate}'; echo said $x; exit {code}"
+    return WaitCondition.model_validate({"probe": {"command": ["sh", "-c", script], "timeout": "60s", "interval": interval}})
+
+
+def runs(tmp_path, name: str) -> int:
+    path = tmp_path / f"{name}.runs"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def open_gate(tmp_path, name: str) -> bool:
+    """Let a waiting probe go; False when none waits (never blocks, so a failing test ends)."""
+    try:
+        fd = os.open(tmp_path / name, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"go\n")
+    except BrokenPipeError:  # the reader went away meanwhile (killed by close)
+        return False
+    finally:
+        os.close(fd)
+    return True
 
 
 class Wakes:
@@ -29,23 +53,36 @@ class Wakes:
             self.names.append(name)
 
 
-def test_a_probe_runs_in_the_background_and_its_end_wakes_the_job(tmp_path):
-    wakes = Wakes()
-    probes = Probes(wakes)
-    cond = gated_probe(tmp_path, "gate", 3)
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_the_last_verdict_stands_and_the_next_probe_waits_for_the_interval(tmp_path):
+    wakes, clock = Wakes(), Clock()
+    probes = Probes(wakes, clock=clock)
+    cond = gated_probe(tmp_path, "gate", 3, interval="5s")
     try:
-        assert probes.result("job-a", cond, str(tmp_path)) is None  # started, not waited for
-        assert probes.result("job-a", cond, str(tmp_path)) is None  # still running: not started twice
-        assert wakes.names == []
-        (tmp_path / "gate").write_text("hello\n")
+        assert probes.verdict("job-a", UID, cond, str(tmp_path)) is None  # started, not waited for
+        wait_until(lambda: runs(tmp_path, "gate") == 1)
+        assert probes.verdict("job-a", UID, cond, str(tmp_path)) is None  # running: not started twice
+        wait_until(lambda: open_gate(tmp_path, "gate"), message="the probe never waited at its gate")
         wait_until(lambda: wakes.names == ["job-a"], message="the probe's end did not wake its job")
-        assert probes.result("job-a", cond, str(tmp_path)) == (False, "probe exited 3: said hello")
-        # handed out once: the next ask starts a new probe
-        assert probes.result("job-a", cond, str(tmp_path)) is None
+        verdict = (False, "probe exited 3: said go")
+        for _ in range(3):  # asked again (a conflict, another wake): the same verdict, no new probe
+            assert probes.verdict("job-a", UID, cond, str(tmp_path)) == verdict
+        clock.now += 4.9
+        assert probes.verdict("job-a", UID, cond, str(tmp_path)) == verdict
+        assert runs(tmp_path, "gate") == 1
+        clock.now += 0.1  # the interval after the last probe ended: the next one starts
+        assert probes.verdict("job-a", UID, cond, str(tmp_path)) == verdict  # which stands meanwhile
+        wait_until(lambda: runs(tmp_path, "gate") == 2)
     finally:
-        with open(tmp_path / "gate", "w") as gate:  # let the second probe end
-            gate.write("bye\n")
         probes.close()
+        open_gate(tmp_path, "gate")
 
 
 def test_probes_of_different_jobs_run_side_by_side(tmp_path):
@@ -53,29 +90,47 @@ def test_probes_of_different_jobs_run_side_by_side(tmp_path):
     probes = Probes(wakes)
     slow, quick = gated_probe(tmp_path, "slow", 0), WaitCondition.model_validate({"probe": {"command": ["true"]}})
     try:
-        assert probes.result("slow-job", slow, None) is None
-        assert probes.result("quick-job", quick, None) is None
+        assert probes.verdict("slow-job", UID, slow, None) is None
+        assert probes.verdict("quick-job", UID, quick, None) is None
         wait_until(lambda: "quick-job" in wakes.names, message="a quick probe waited for a slow one")
-        assert probes.result("quick-job", quick, None) == (True, "probe succeeded")
+        assert probes.verdict("quick-job", UID, quick, None) == (True, "probe succeeded")
         assert "slow-job" not in wakes.names
     finally:
-        (tmp_path / "slow").write_text("go\n")
         probes.close()
+        open_gate(tmp_path, "slow")
 
 
-def test_a_forgotten_jobs_running_probe_neither_wakes_nor_leaves_a_result(tmp_path):
+def test_a_forgotten_jobs_running_probe_neither_wakes_nor_leaves_a_verdict(tmp_path):
     wakes = Wakes()
-    probes = Probes(wakes)
-    cond = gated_probe(tmp_path, "gate", 0)
+    probes = Probes(wakes, threads=1)  # one thread: it handles the probes strictly in turn
+    cond, marker = gated_probe(tmp_path, "gate", 0), WaitCondition.model_validate({"probe": {"command": ["true"]}})
     try:
-        assert probes.result("gone", cond, None) is None
+        assert probes.verdict("gone", UID, cond, None) is None
+        wait_until(lambda: runs(tmp_path, "gate") == 1)
         probes.forget("gone")  # e.g. it became eligible through another condition
-        (tmp_path / "gate").write_text("late\n")
-        # the drop mark is cleared exactly when the probe thread has handled the probe's end
-        wait_until(lambda: not probes._dropped, message="the forgotten probe did not end")
-        assert wakes.names == []
-        assert probes.result("gone", cond, None) is None  # no stale verdict: a new probe starts
+        assert probes.verdict("marker", UID, marker, None) is None  # queued behind the forgotten probe
+        wait_until(lambda: open_gate(tmp_path, "gate"))
+        wait_until(lambda: "marker" in wakes.names)  # so the forgotten probe's end was handled
+        assert wakes.names == ["marker"]
+        assert probes.verdict("gone", UID, cond, None) is None  # no stale verdict: a new probe starts
     finally:
-        with open(tmp_path / "gate", "w") as gate:
-            gate.write("bye\n")
         probes.close()
+        open_gate(tmp_path, "gate")
+
+
+def test_close_kills_the_probes_still_running(tmp_path):
+    probes = Probes(Wakes())
+    cond = WaitCondition.model_validate(
+        {"probe": {"command": ["sh", "-c", f"echo $$ > '{tmp_path}/pid'; exec sleep 60"], "timeout": "120s"}})
+    assert probes.verdict("job", UID, cond, None) is None
+    pid = int(wait_until(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip()))
+    assert psutil.pid_exists(pid)
+    probes.close()
+    wait_until(lambda: gone(pid), message="the probe outlived close()")
+
+
+def gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True

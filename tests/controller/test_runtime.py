@@ -176,6 +176,18 @@ def test_a_key_made_urgent_while_processed_is_requeued_urgent():
     assert [q.get(), q.get()] == ["k", "n"]
 
 
+def test_a_stream_of_urgent_keys_lets_one_normal_key_through_every_few():
+    q = WorkQueue()
+    q.add("n1")
+    q.add("n2")
+    for i in range(10):
+        q.add(f"u{i}", urgent=True)
+    order = [q.get() for _ in range(12)]
+    streak = runtime.URGENT_STREAK
+    assert order.index("n1") == streak and order.index("n2") == 2 * streak + 1
+    assert [k for k in order if k.startswith("u")] == [f"u{i}" for i in range(10)]
+
+
 # --- WorkQueue: timers ---------------------------------------------------------------------
 
 def test_add_after_with_no_delay_is_an_immediate_add():

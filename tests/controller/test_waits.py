@@ -143,16 +143,11 @@ def test_probe(probe, answer, satisfied, fatal, recheck):
     assert runner.calls == [c]
 
 
-def test_a_running_probe_is_unsatisfied_with_its_last_verdict_and_no_timer():
-    """The probe runner wakes the job when the probe ends; meanwhile the last verdict
-    stands, so the status does not flip between it and "running" on every probe."""
+def test_a_probe_without_a_verdict_yet_is_unsatisfied_and_needs_no_timer():
+    """The probe runner wakes the job when the first probe ends."""
     wf = wait_for({"probe": {"command": ["x"], "fatalOnError": True}})
-    running = FakeProbe(None, None)
-    [first] = evaluate(wf, accepted_at=T0, now=T0, probe=running)
+    [first] = evaluate(wf, accepted_at=T0, now=T0, probe=FakeProbe(None))
     assert first == Check("probe", False, "probe running", fatal=False, recheck_in=None)
-    previous = [{"type": "probe", "satisfied": False, "message": "probe exited 1: not yet"}]
-    [again] = evaluate(wf, accepted_at=T0, now=T0 + 5, probe=running, previous=previous)
-    assert again == Check("probe", False, "probe exited 1: not yet", fatal=False, recheck_in=None)
 
 
 # --- gate ------------------------------------------------------------------------------------

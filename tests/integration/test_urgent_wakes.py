@@ -68,3 +68,31 @@ def test_an_ended_run_and_the_job_next_in_line_go_before_a_backlog(sqlite_url, t
     finally:
         wired.agent.close()
         store.dispose()
+
+
+def test_the_node_heartbeat_does_not_wait_for_the_work_queue(sqlite_url, tmp_path, monkeypatch):
+    """The change watcher posts it: a backlog of keys (here, a queue nobody serves at all)
+    cannot hold it past the node's readiness window."""
+    from reconciler.controller import manager
+    from reconciler.store import repository as repo
+
+    monkeypatch.setattr(manager, "HEARTBEAT_INTERVAL", 0.05)
+    store = Store(sqlite_url)
+    wired = Controller(store)
+    for key in BACKLOG:
+        wired.queue.add(key)
+
+    def beat() -> str | None:
+        with store.read() as session:
+            node = repo.get(session, kind="Node", name=wired.node)
+        return node and node.status.get("heartbeatAt")
+
+    wired._watcher.start()  # the change watcher alone: no reconcile worker runs
+    try:
+        first = wait_until(beat, message="no heartbeat was posted")
+        wait_until(lambda: beat() != first, message="the heartbeat did not advance")
+    finally:
+        wired._stop.set()
+        wired._watcher.join(5)
+        wired.agent.close()
+        store.dispose()
