@@ -19,6 +19,9 @@ from ..api.job import WaitCondition
 log = logging.getLogger(__name__)
 
 PROBE_THREADS = 8  # probes in flight at once; more wait their turn
+# the next probe is due once this share of its interval has passed since the last one ended:
+# the step's recheck timer that asks for it is jittered to 90-110% of the interval
+DUE_AFTER = 0.9
 
 
 def run_probe(cond: WaitCondition, cwd: str | None = None,
@@ -66,8 +69,8 @@ class Probes:
     """Runs jobs' probes in background threads; the end of each wakes its job.
 
     `verdict(...)` answers with the condition's last verdict (None before the first probe
-    ended), and starts a probe when none runs and the last one ended `interval` ago or
-    more. The last verdict stands while the next probe runs, as a Kubernetes readiness
+    ended), and starts a probe when none runs and the last one ended an `interval` ago
+    (less the timer's jitter) or more. The last verdict stands while the next probe runs, as a Kubernetes readiness
     state does: the status does not churn, and a step that asks again (after a conflict,
     or woken by anything else) gets the same answer instead of losing it."""
 
@@ -88,7 +91,7 @@ class Probes:
         key = (job, uid, cond.model_dump_json())
         with self._lock:
             probe = self._probes.setdefault(key, _Probe())
-            due = probe.verdict is None or self._clock() - probe.ended_at >= cond.probe.interval
+            due = probe.verdict is None or self._clock() - probe.ended_at >= DUE_AFTER * cond.probe.interval
             if not probe.running and due and not self._closed:
                 probe.running = True
                 self._todo.put((key, probe, cond, cwd))

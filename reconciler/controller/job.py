@@ -11,6 +11,7 @@ import random
 from collections import defaultdict
 from typing import Callable
 
+from ..agent.probe import Probes
 from ..api.job import JobSpec
 from ..api.meta import from_epoch, to_epoch
 from ..errors import Conflict
@@ -19,7 +20,6 @@ from ..store import repository as repo
 from ..store import scheduling as sched
 from . import admission, deadlines, dependencies, waits
 from .context import AGAIN, DOWNSTREAM_SUFFIX, RERUN_ANNOTATION, Ctx, commit
-from ..agent.probe import Probes
 from .pathwatch import PathWatch
 from .placement import NodeView, place
 

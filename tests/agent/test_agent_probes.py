@@ -74,10 +74,10 @@ def test_the_last_verdict_stands_and_the_next_probe_waits_for_the_interval(tmp_p
         verdict = (False, "probe exited 3: said go")
         for _ in range(3):  # asked again (a conflict, another wake): the same verdict, no new probe
             assert probes.verdict("job-a", UID, cond, str(tmp_path)) == verdict
-        clock.now += 4.9
+        clock.now += 4.4
         assert probes.verdict("job-a", UID, cond, str(tmp_path)) == verdict
         assert runs(tmp_path, "gate") == 1
-        clock.now += 0.1  # the interval after the last probe ended: the next one starts
+        clock.now += 0.1  # 90% of the interval (the recheck timer's earliest jitter): the next one starts
         assert probes.verdict("job-a", UID, cond, str(tmp_path)) == verdict  # which stands meanwhile
         wait_until(lambda: runs(tmp_path, "gate") == 2)
     finally:
