@@ -88,8 +88,8 @@ def up(
 def controller(
     ctx: typer.Context,
     watch: Optional[str] = typer.Option(None, "--watch", help="Apply and prune this folder on every change."),
-    workers: int = typer.Option(1, "--workers", help="Reconcile workers. One is fastest: steps are short and "
-                                "never block, and threads of one interpreter contend for its lock."),
+    workers: int = typer.Option(1, "--workers", help="Reconcile workers. One is fastest: steps do not wait for "
+                                "other processes, and threads of one interpreter contend for its lock."),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
     """The reconcile loop as a long-running process, with this machine's agent inside it."""
