@@ -182,8 +182,8 @@ def delete_object(tx: Tx, obj: StoredObject) -> str:
             updated = repo.update_object(tx, obj, deleted_at=time.time())
             repo.record_event(tx, updated, "Deleting", "deletion requested; stopping the running process tree")
         return "deleting"
+    repo.remove(tx, obj)  # first: it allocates the resourceVersion, which ends a read-only attempt before any write
     if obj.kind == "Job":
         sched.dequeue(tx, obj.uid)  # a deleted job must not hold its place in line
-    repo.remove(tx, obj)
     repo.record_event(tx, obj, "Deleted", f"{obj.kind.lower()} deleted")
     return "deleted"

@@ -236,6 +236,20 @@ def test_events_are_written_in_the_same_transaction(store):
     assert store.change_seq() == seq
 
 
+def test_a_read_is_one_snapshot_for_all_its_statements(store):
+    """What a reconcile step reads together (a job and its dependencies) is from one moment,
+    on PostgreSQL too (REPEATABLE READ reads; its default would give each statement its own)."""
+    obj = _create(store, "snap")
+    with store.read() as conn:
+        before = repo.get(conn, kind="Job", name="snap")
+        with store.write() as tx:  # another connection commits meanwhile
+            repo.update_object(tx, obj, labels={"seen": "later"})
+        again = repo.get(conn, kind="Job", name="snap")
+    assert again.labels == before.labels == {"app": "snap"}
+    with store.read() as conn:
+        assert repo.get(conn, kind="Job", name="snap").labels == {"seen": "later"}
+
+
 def test_resource_versions_grow_monotonically_across_transactions(store):
     seen: list[int] = []
     obj = _create(store, "counter", labels={"n": "0"})

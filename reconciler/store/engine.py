@@ -182,7 +182,9 @@ class Store:
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
-        """A read-only transaction (a consistent snapshot under WAL)."""
+        """A read-only transaction: one consistent snapshot for all its statements (SQLite's
+        WAL read transaction; PostgreSQL's REPEATABLE READ, READ ONLY on this thread's kept
+        connection, where the default READ COMMITTED would give each statement its own)."""
         if getattr(self._local, "reading", False):  # a read inside a read on this thread
             with self._read.connect() as other, other.begin():
                 yield other
@@ -190,6 +192,11 @@ class Store:
         conn = getattr(self._local, "conn", None)
         if not self._usable(conn):
             conn = self._local.conn = self._keep(self._read)
+            if not self.is_sqlite:  # psycopg opens each transaction with these: no extra round trip
+                import psycopg
+
+                pg = conn.connection.dbapi_connection
+                pg.isolation_level, pg.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
         self._local.reading = True
         try:
             dbapi = self._begin(conn, "BEGIN")
