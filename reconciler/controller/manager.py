@@ -6,7 +6,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Hashable
 
 from ..clock import RealClock
 from ..store import Store
@@ -35,13 +34,10 @@ class Controller:
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(("Job", job), urgent=True))
         self.jobs = JobReconciler(store, self.agent, clock=self.clock, owner=self.owner, strategy=strategy,
                                   wake=lambda job, urgent=False: self.queue.add(("Job", job), urgent))
-        self.runner = Runner(self.queue, self._route, workers=workers)
+        self.runner = Runner(self.queue, lambda key: self.jobs, workers=workers)  # every key is a job's
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="change-watcher", daemon=True)
         self._seen = 0
-
-    def _route(self, key: Hashable):
-        return self.jobs
 
     def start(self) -> "Controller":
         heartbeat(self.store, self.node, self.owner, self.clock.now())
