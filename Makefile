@@ -1,4 +1,5 @@
 # The two commands of the README: `make up` runs the seed pipeline, `make test` runs every test.
+# `make check` holds the house rules (lint, format, types, layers); CI runs it before the tests.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -6,10 +7,10 @@ BIN := $(VENV)/bin
 $(BIN)/reconciler: pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,check]'
 	touch $@
 
-.PHONY: install up test bench crds
+.PHONY: install up test check bench crds
 install: $(BIN)/reconciler
 
 up: install
@@ -17,6 +18,12 @@ up: install
 
 test: install
 	$(BIN)/pytest -q
+
+check: install
+	$(BIN)/ruff check reconciler tests bench
+	$(BIN)/ruff format --check reconciler tests bench
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 bench: install
 	$(BIN)/python bench/run.py

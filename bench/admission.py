@@ -28,8 +28,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (Row, kill_run_groups, log, median, percentile, print_table, scratch,  # noqa: E402
-                          sql_scalar, state_home, wait_for)
+from bench.common import (
+    Row,
+    kill_run_groups,
+    log,
+    median,
+    percentile,
+    print_table,
+    scratch,
+    sql_scalar,
+    state_home,
+    wait_for,
+)
 
 AIM = 1.5
 SAFETY_POLL = 30.0  # reconciler.controller.job.SAFETY_POLL, read at run time when it exists
@@ -46,9 +56,11 @@ VARIANTS = {
 
 
 def _docs(names: list[str], command: str, slots: int = 1, priority: int = 0) -> str:
-    return "---\n".join(f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {n}}}\n"
-                        f"spec:\n  command: {command}\n  pool: p\n  slots: {slots}\n  priority: {priority}\n"
-                        for n in names)
+    return "---\n".join(
+        f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {n}}}\n"
+        f"spec:\n  command: {command}\n  pool: p\n  slots: {slots}\n  priority: {priority}\n"
+        for n in names
+    )
 
 
 def _apply(store, text: str, folder: Path) -> None:
@@ -81,8 +93,9 @@ def line(store) -> tuple[str, str]:
 
     with store.read() as session:
         head = sched.first_in_line(session, "p", 1)[0]
-    tail = sql_scalar(store, "SELECT job_name FROM queue WHERE pool = 'p' "
-                             "ORDER BY rank DESC, eligible_at DESC, job_uid DESC LIMIT 1")
+    tail = sql_scalar(
+        store, "SELECT job_name FROM queue WHERE pool = 'p' ORDER BY rank DESC, eligible_at DESC, job_uid DESC LIMIT 1"
+    )
     return head, tail
 
 
@@ -96,17 +109,27 @@ def fill(store, wired, folder: Path, depth: int, store_kind: str, variant: str) 
     from reconciler.controller.nodes import heartbeat
 
     v = VARIANTS[variant]
-    _apply(store, f"apiVersion: reconciler.dev/v1alpha1\nkind: Pool\nmetadata: {{name: p}}\nspec: {v['pool']}\n"
-           "---\n" + _docs(v["holders"], "[sleep, '3600']"), folder)
-    _run_controller_until(store, lambda: all(s.get("phase") == "Running"
-                                             for s in job_phases(store, v["holders"]).values()),
-                          60, "the holders running")
+    _apply(
+        store,
+        f"apiVersion: reconciler.dev/v1alpha1\nkind: Pool\nmetadata: {{name: p}}\nspec: {v['pool']}\n"
+        "---\n" + _docs(v["holders"], "[sleep, '3600']"),
+        folder,
+    )
+    _run_controller_until(
+        store,
+        lambda: all(s.get("phase") == "Running" for s in job_phases(store, v["holders"]).values()),
+        60,
+        "the holders running",
+    )
     names = [f"q-{i:06d}" for i in range(depth)]
     t0 = time.perf_counter()
     # the head of line by priority: eligibleAt has millisecond resolution, and two jobs made
     # eligible within one millisecond are ordered by uid, which is random
-    _apply(store, _docs(names[:1], "[/bin/true]", v["head_slots"], priority=1) + "---\n"
-           + _docs(names[1:], "[/bin/true]"), folder)
+    _apply(
+        store,
+        _docs(names[:1], "[/bin/true]", v["head_slots"], priority=1) + "---\n" + _docs(names[1:], "[/bin/true]"),
+        folder,
+    )
     t1 = time.perf_counter()
     for i, name in enumerate(names):
         if i % 2000 == 0:
@@ -115,12 +138,16 @@ def fill(store, wired, folder: Path, depth: int, store_kind: str, variant: str) 
     t2 = time.perf_counter()
     if queue_depth(store) != depth:
         raise RuntimeError(f"{queue_depth(store)} jobs queued, {depth} expected")
-    log(f"admission {store_kind} ({variant}): depth {depth} filled (apply {t1 - t0:.1f} s, "
-        f"first reconciles {t2 - t1:.1f} s)")
+    log(
+        f"admission {store_kind} ({variant}): depth {depth} filled (apply {t1 - t0:.1f} s, "
+        f"first reconciles {t2 - t1:.1f} s)"
+    )
     return (t2 - t1) / depth * 1e6
 
 
-def measure(depths: list[int], store_kind: str, reps: int, variant: str = "no room", rounds: int = 6) -> dict[int, dict]:
+def measure(
+    depths: list[int], store_kind: str, reps: int, variant: str = "no room", rounds: int = 6
+) -> dict[int, dict]:
     """Both depths live at once, each in its own fresh store; their timings are interleaved in
     rounds so that a noisy neighbour weighs on both alike."""
     from reconciler.controller.manager import Controller
@@ -165,9 +192,14 @@ def measure(depths: list[int], store_kind: str, reps: int, variant: str = "no ro
             phases = {s.get("phase") for s in job_phases(store, list(names.values())).values()}
             if phases != {"Queued"}:
                 raise RuntimeError(f"measured jobs left the queue: {phases}")
-            results[depth] = {"depth": actual, "first": first, **{w: {"p50": median(samples[(depth, w)]),
-                                                      "p90": percentile(samples[(depth, w)], 0.9)}
-                                                  for w in ("tail", "head")}}
+            results[depth] = {
+                "depth": actual,
+                "first": first,
+                **{
+                    w: {"p50": median(samples[(depth, w)]), "p90": percentile(samples[(depth, w)], 0.9)}
+                    for w in ("tail", "head")
+                },
+            }
         return results
 
 
@@ -191,16 +223,29 @@ def rows(depths: list[int], store_kind: str, figure: str, reps: int = 300) -> li
         label = f"{number} admission at depth, {variant} {kind}"
         r = measure([lo, hi], store_kind, reps, variant)
         a, b = r[lo]["tail"], r[hi]["tail"]
-        notes = [f"{label}: one decision = JobReconciler.__call__ of the newest queued job (tail), which stays "
-                 f"queued; median of {reps}, both depths timed interleaved in one run; "
-                 + "; ".join(f"depth {r[d]['depth']:,}: tail {r[d]['tail']['p50']:.0f} us (p90 "
-                             f"{r[d]['tail']['p90']:.0f}), head {r[d]['head']['p50']:.0f} us (p90 "
-                             f"{r[d]['head']['p90']:.0f}), first reconcile of a new job {r[d]['first']:.0f} us"
-                             for d in (lo, hi))
-                 + f"; a running controller re-checks every queued job every {SAFETY_POLL:g} s (SAFETY_POLL): at "
-                 f"depth {hi:,} that is {hi / SAFETY_POLL * b['p50'] / 1e6 * 100:.0f}% of a core at this cost"]
-        out.append(Row(label, f"{b['p50'] / 1000:.2f} ms at depth {hi:,}", f"{a['p50'] / 1000:.2f} ms at depth {lo:,}",
-                       b["p50"] / a["p50"], "x", AIM, notes))
+        notes = [
+            f"{label}: one decision = JobReconciler.__call__ of the newest queued job (tail), which stays "
+            f"queued; median of {reps}, both depths timed interleaved in one run; "
+            + "; ".join(
+                f"depth {r[d]['depth']:,}: tail {r[d]['tail']['p50']:.0f} us (p90 "
+                f"{r[d]['tail']['p90']:.0f}), head {r[d]['head']['p50']:.0f} us (p90 "
+                f"{r[d]['head']['p90']:.0f}), first reconcile of a new job {r[d]['first']:.0f} us"
+                for d in (lo, hi)
+            )
+            + f"; a running controller re-checks every queued job every {SAFETY_POLL:g} s (SAFETY_POLL): at "
+            f"depth {hi:,} that is {hi / SAFETY_POLL * b['p50'] / 1e6 * 100:.0f}% of a core at this cost"
+        ]
+        out.append(
+            Row(
+                label,
+                f"{b['p50'] / 1000:.2f} ms at depth {hi:,}",
+                f"{a['p50'] / 1000:.2f} ms at depth {lo:,}",
+                b["p50"] / a["p50"],
+                "x",
+                AIM,
+                notes,
+            )
+        )
     return out
 
 

@@ -24,9 +24,9 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 import yaml
 
@@ -36,6 +36,7 @@ PER_FILE = 500  # documents per multi-document file
 
 
 # --------------------------------------------------------------------------- generation
+
 
 def job_document(i: int, rng: random.Random) -> dict:
     name = f"job-{i:05d}"
@@ -72,8 +73,12 @@ def job_document(i: int, rng: random.Random) -> dict:
         if rng.random() < 0.5:
             retry["onExitCodes"] = sorted(rng.sample([1, 2, 75, 137, 143], 2))
         if rng.random() < 0.5:
-            retry["backoff"] = {"policy": rng.choice(["constant", "linear", "exponential"]),
-                                "delay": rng.choice(["500ms", "1s", "5s"]), "maxDelay": "1m", "jitter": "200ms"}
+            retry["backoff"] = {
+                "policy": rng.choice(["constant", "linear", "exponential"]),
+                "delay": rng.choice(["500ms", "1s", "5s"]),
+                "maxDelay": "1m",
+                "jitter": "200ms",
+            }
         retry["onTimeout"] = rng.random() < 0.3
         spec["retry"] = retry
     if rng.random() < 0.3:
@@ -85,16 +90,22 @@ def job_document(i: int, rng: random.Random) -> dict:
         spec["resources"] = {"cpu": rng.choice(["500m", "1", "2"]), "memory": rng.choice(["256Mi", "1Gi"])}
     if rng.random() < 0.05:
         spec["waitFor"] = {"conditions": [{"delay": "30s"}], "abortAfter": "2h"}
-    document = {"apiVersion": "reconciler.dev/v1alpha1", "kind": "Job",
-                "metadata": {"name": name, "labels": labels}, "spec": spec}
+    document = {
+        "apiVersion": "reconciler.dev/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name, "labels": labels},
+        "spec": spec,
+    }
     if rng.random() < 0.1:
         document["metadata"]["annotations"] = {"owner": f"team-{i % 7}"}
     return document
 
 
 def pool_documents() -> list[dict]:
-    return [{"apiVersion": "reconciler.dev/v1alpha1", "kind": "Pool", "metadata": {"name": name},
-             "spec": {"slots": slots}} for name, slots in POOLS.items()]
+    return [
+        {"apiVersion": "reconciler.dev/v1alpha1", "kind": "Pool", "metadata": {"name": name}, "spec": {"slots": slots}}
+        for name, slots in POOLS.items()
+    ]
 
 
 def generate(folder: Path, jobs: int, files: str, seed: int) -> int:
@@ -110,11 +121,12 @@ def generate(folder: Path, jobs: int, files: str, seed: int) -> int:
             (folder / f"{doc['metadata']['name']}.yaml").write_text(dump([doc]))
     else:
         for start in range(0, jobs, PER_FILE):
-            (folder / f"jobs-{start // PER_FILE:03d}.yaml").write_text(dump(documents[start:start + PER_FILE]))
+            (folder / f"jobs-{start // PER_FILE:03d}.yaml").write_text(dump(documents[start : start + PER_FILE]))
     return jobs + len(POOLS)
 
 
 # --------------------------------------------------------------------------- stores
+
 
 @contextmanager
 def scratch_store(url: str | None, in_place: bool) -> Iterator[str]:
@@ -142,8 +154,9 @@ def scratch_store(url: str | None, in_place: bool) -> Iterator[str]:
 
 
 def count_objects(url: str) -> int:
-    from reconciler.store import Store
     from sqlalchemy import text
+
+    from reconciler.store import Store
 
     store = Store(url)
     try:
@@ -154,6 +167,7 @@ def count_objects(url: str) -> int:
 
 
 # --------------------------------------------------------------------------- runs
+
 
 @contextmanager
 def maybe_profile(enabled: bool, label: str) -> Iterator[None]:
@@ -225,8 +239,13 @@ def through_cli(url: str, folder: Path, objects: int) -> dict[str, float]:
         for label, expected in (("first", "created"), ("reapply", "unchanged")):
             seq_before = store.change_seq()
             t0 = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "reconciler", "apply", "-f", str(folder)],
-                                  capture_output=True, text=True, env=env, cwd=folder.parent)  # not shadowed by ./reconciler
+            proc = subprocess.run(
+                [sys.executable, "-m", "reconciler", "apply", "-f", str(folder)],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=folder.parent,
+            )  # not shadowed by ./reconciler
             elapsed = time.perf_counter() - t0
             if proc.returncode != 0:
                 raise SystemExit(f"cli {label} apply failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -252,8 +271,13 @@ def cli_startup(work: Path) -> float:
         env = {**os.environ, "RECONCILER_STORE": f"sqlite:///{scratch / 'state.db'}"}
         Store(env["RECONCILER_STORE"]).dispose()  # created and migrated beforehand: that is not start-up
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "reconciler", "apply", "-f", str(empty)],
-                              capture_output=True, text=True, env=env, cwd=work)
+        proc = subprocess.run(
+            [sys.executable, "-m", "reconciler", "apply", "-f", str(empty)],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=work,
+        )
         elapsed = time.perf_counter() - t0
         if proc.returncode != 0 or proc.stdout:
             raise SystemExit(f"cli apply of no documents: exit {proc.returncode}, stdout {proc.stdout[:200]!r}")
@@ -274,19 +298,27 @@ def report(title: str, figures: dict[str, float], objects: int) -> None:
         total = figures[f"{label}.total"]
         parts = ""
         if f"{label}.load" in figures:
-            parts = (f"  (load+validate {figures[f'{label}.load']:.2f} s, store {figures[f'{label}.store']:.2f} s;"
-                     f" CPU {figures[f'{label}.cpu']:.2f} s)")
+            parts = (
+                f"  (load+validate {figures[f'{label}.load']:.2f} s, store {figures[f'{label}.store']:.2f} s;"
+                f" CPU {figures[f'{label}.cpu']:.2f} s)"
+            )
         print(f"  {name:28s} {total:7.2f} s  {objects / total:9.0f} objects/s{parts}")
     if "startup.total" in figures:
-        print(f"  {'start-up and exit':28s} {figures['startup.total']:7.2f} s  (paid by each call: the same verb "
-              "on a file without documents, fresh store)")
+        print(
+            f"  {'start-up and exit':28s} {figures['startup.total']:7.2f} s  (paid by each call: the same verb "
+            "on a file without documents, fresh store)"
+        )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000, help="number of Job manifests (default 10000)")
-    parser.add_argument("--files", choices=("multi", "per-job"), default="multi",
-                        help=f"multi: {PER_FILE} documents per file (default); per-job: one file per job")
+    parser.add_argument(
+        "--files",
+        choices=("multi", "per-job"),
+        default="multi",
+        help=f"multi: {PER_FILE} documents per file (default); per-job: one file per job",
+    )
     parser.add_argument("--store", default=None, help="store URL (default: a temporary SQLite file)")
     parser.add_argument("--in-place", action="store_true", help="with a PostgreSQL URL: use that database as is")
     parser.add_argument("--cli", action="store_true", help="also time the real CLI (python -m reconciler apply)")
@@ -303,9 +335,11 @@ def main(argv: list[str] | None = None) -> None:
         t0 = time.perf_counter()
         objects = generate(work / "manifests", args.jobs, args.files, args.seed)
         files = len(list((work / "manifests").iterdir()))
-        print(f"generated {objects} objects ({args.jobs} jobs, {len(POOLS)} pools) in {files} files "
-              f"in {time.perf_counter() - t0:.2f} s; python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
-              f"load average {os.getloadavg()[0]:.2f}")
+        print(
+            f"generated {objects} objects ({args.jobs} jobs, {len(POOLS)} pools) in {files} files "
+            f"in {time.perf_counter() - t0:.2f} s; python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+            f"load average {os.getloadavg()[0]:.2f}"
+        )
         best = f" (best of {args.repeat})" if args.repeat > 1 else ""
         scheme = (args.store or "sqlite").split(":", 1)[0]
         if not args.no_in_process:

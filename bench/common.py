@@ -14,11 +14,11 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Callable, Iterator
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -34,6 +34,7 @@ def log(message: str) -> None:
 
 
 # --------------------------------------------------------------------------- the table row
+
 
 @dataclass
 class Row:
@@ -100,6 +101,7 @@ def print_table(rows: list[Row], title: str = "reconciler benchmarks", stream=No
 
 # --------------------------------------------------------------------------- the machine
 
+
 def cpu_model() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -112,10 +114,15 @@ def cpu_model() -> str:
 
 def git_revision() -> str:
     try:
-        rev = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
-                             text=True, timeout=5).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--", "reconciler"],
-                               capture_output=True, text=True, timeout=5).stdout.strip()
+        rev = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "reconciler"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
         return rev + ("+dirty" if dirty else "") if rev else "unknown"
     except (OSError, subprocess.SubprocessError):
         return "unknown"
@@ -158,10 +165,12 @@ def machine_facts() -> list[str]:
     elif START["source"] == source and START["git"] == git:
         code = f"git {git}; product source {source} (unchanged during the run)"
     else:
-        code = (f"git {START['git']} -> {git}; product source {START['source']} -> {source}: CHANGED during the run, "
-                "the figures mix versions")
+        code = (
+            f"git {START['git']} -> {git}; product source {START['source']} -> {source}: CHANGED during the run, "
+            "the figures mix versions"
+        )
     return [
-        f"date {datetime.now(timezone.utc).isoformat(timespec='seconds')}; {code}",
+        f"date {datetime.now(UTC).isoformat(timespec='seconds')}; {code}",
         f"nproc {usable} ({os.cpu_count()} online); CPU {cpu_model()}; load average {load}",
         f"python {platform.python_version()} ({platform.python_implementation()}); SQLite {sqlite3.sqlite_version};"
         f" {platform.system()} {platform.release()}",
@@ -170,13 +179,14 @@ def machine_facts() -> list[str]:
 
 # --------------------------------------------------------------------------- stores
 
+
 def pg_available(url: str = PG_URL) -> bool:
     try:
         import psycopg
 
         with psycopg.connect(url, autocommit=True, connect_timeout=2):
             return True
-    except Exception:  # noqa: BLE001 - any failure means "no server here"
+    except Exception:
         return False
 
 
@@ -223,8 +233,7 @@ def state_home(folder: Path) -> Iterator[None]:
 
 def child_env(url: str, folder: Path) -> dict[str, str]:
     """Environment of a reconciler subprocess: its store and a private state dir."""
-    return {**os.environ, "RECONCILER_STORE": url, "XDG_STATE_HOME": str(folder / "xdg-state"),
-            "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, "RECONCILER_STORE": url, "XDG_STATE_HOME": str(folder / "xdg-state"), "PYTHONUNBUFFERED": "1"}
 
 
 def sql_scalar(store, query: str, **params):
@@ -235,6 +244,7 @@ def sql_scalar(store, query: str, **params):
 
 
 # --------------------------------------------------------------------------- numbers
+
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
@@ -256,13 +266,13 @@ def run_make(folder: Path, jobs: int, target: str = "all", repeat: int = 3) -> l
     walls = []
     for _ in range(repeat):
         start = time.perf_counter()
-        subprocess.run(["make", "-s", "-C", str(folder), f"-j{jobs}", target], check=True,
-                       stdout=subprocess.DEVNULL)
+        subprocess.run(["make", "-s", "-C", str(folder), f"-j{jobs}", target], check=True, stdout=subprocess.DEVNULL)
         walls.append(time.perf_counter() - start)
     return walls
 
 
 # --------------------------------------------------------------------------- processes
+
 
 def wait_for(predicate: Callable[[], object], timeout: float, interval: float = 0.1, what: str = "") -> object:
     deadline = time.monotonic() + timeout
@@ -322,9 +332,13 @@ class Controller:
     def __init__(self, url: str, folder: Path, *, name: str = "controller"):
         self.log_path = folder / f"{name}.log"
         self._log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen([PYTHON, "-m", "reconciler", "--store", url, "controller"],
-                                     stdout=self._log, stderr=subprocess.STDOUT, env=child_env(url, folder),
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [PYTHON, "-m", "reconciler", "--store", url, "controller"],
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=child_env(url, folder),
+            start_new_session=True,
+        )
 
     @property
     def pid(self) -> int:
@@ -341,8 +355,12 @@ class Controller:
 
     def wait_started(self, timeout: float = 60.0) -> None:
         """Until the process says it runs (imports done, store open, controller started)."""
-        wait_for(lambda: self.check() or "controller running on node" in self.tail(100_000), timeout, 0.05,
-                 "the controller started")
+        wait_for(
+            lambda: self.check() or "controller running on node" in self.tail(100_000),
+            timeout,
+            0.05,
+            "the controller started",
+        )
 
     def check(self) -> None:
         if not self.alive():
@@ -358,7 +376,7 @@ class Controller:
                 self.proc.wait(5)
         self._log.close()
 
-    def __enter__(self) -> "Controller":
+    def __enter__(self) -> Controller:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -20,8 +20,17 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (PYTHON, Row, child_env, log, make_available, median, print_table, run_make,  # noqa: E402
-                          scratch)
+from bench.common import (
+    PYTHON,
+    Row,
+    child_env,
+    log,
+    make_available,
+    median,
+    print_table,
+    run_make,
+    scratch,
+)
 
 AIM = 2.0
 
@@ -32,7 +41,7 @@ def job_name(layer: int, i: int) -> str:
 
 def layers_of(jobs: int, width: int) -> list[list[str]]:
     names = [job_name(k // width, k % width) for k in range(jobs)]
-    return [names[i:i + width] for i in range(0, jobs, width)]
+    return [names[i : i + width] for i in range(0, jobs, width)]
 
 
 def parents(layer: int, i: int, above: int) -> list[str]:
@@ -47,8 +56,10 @@ def manifests(jobs: int, width: int, slots: int) -> str:
     for layer, names in enumerate(grid):
         for i, name in enumerate(names):
             deps = f"\n  dependsOn: [{', '.join(parents(layer, i, len(grid[layer - 1])))}]" if layer else ""
-            docs.append(f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\n"
-                        f"spec:\n  command: [/bin/true]{deps}\n")
+            docs.append(
+                f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\n"
+                f"spec:\n  command: [/bin/true]{deps}\n"
+            )
     return "---\n".join(docs)
 
 
@@ -56,8 +67,10 @@ def node_manifest(slots: int) -> str:
     """Only when N exceeds the local node's default capacity (its CPU count)."""
     from reconciler.controller.nodes import local_node_name
 
-    return (f"---\napiVersion: reconciler.dev/v1alpha1\nkind: Node\nmetadata: {{name: {local_node_name()}}}\n"
-            f"spec: {{capacity: {{slots: {slots}}}}}\n")
+    return (
+        f"---\napiVersion: reconciler.dev/v1alpha1\nkind: Node\nmetadata: {{name: {local_node_name()}}}\n"
+        f"spec: {{capacity: {{slots: {slots}}}}}\n"
+    )
 
 
 def makefile(jobs: int, width: int) -> str:
@@ -118,8 +131,9 @@ def wrapper_floor(jobs: int, slots: int, folder: Path) -> float:
     while started < jobs or running:
         while started < jobs and len(running) < slots:
             run_dir = folder / "floor" / str(started)
-            running.append((spawn_run(argv=["/bin/true"], env=env, cwd=str(folder), run_dir=run_dir,
-                                      fsync_exit=False), run_dir))
+            running.append(
+                (spawn_run(argv=["/bin/true"], env=env, cwd=str(folder), run_dir=run_dir, fsync_exit=False), run_dir)
+            )
             started += 1
         os.wait()  # any child: one slot frees
         for identity, run_dir in list(running):
@@ -171,9 +185,17 @@ def measure(jobs: int, width: int, slots: int, store_kind: str, make_repeat: int
     with scratch(store_kind) as (url, folder):
         (folder / "one.yaml").write_text(manifests(1, 1, slots))
         fixed = run_up(url, folder, folder / "one.yaml", timeout=60, label="one")
-    return {"make": median(make_walls), "make_all": make_walls, "up": up["wall"], "up_cpu": up["cpu"],
-            "span": span["span"], "fixed": fixed["wall"], "floor": floor,
-            "bare": bare, "writes": writes}
+    return {
+        "make": median(make_walls),
+        "make_all": make_walls,
+        "up": up["wall"],
+        "up_cpu": up["cpu"],
+        "span": span["span"],
+        "fixed": fixed["wall"],
+        "floor": floor,
+        "bare": bare,
+        "writes": writes,
+    }
 
 
 def row(figure: str, jobs: int, width: int, slots: int, store_kind: str) -> Row:

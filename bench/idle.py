@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Controller, Row, log, print_table, scratch, sql_scalar, wait_for  # noqa: E402
+from bench.common import Controller, Row, log, print_table, scratch, sql_scalar, wait_for
 
 AIM = 5.0  # percent of one core
 WAITING = '%"reason":"WaitingForConditions"%'
@@ -30,7 +30,8 @@ def waiting_jobs_yaml(n: int, prefix: str = "idle", interval: str = "1s") -> str
     return "---\n".join(
         f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {prefix}-{i:06d}}}\n"
         f"spec:\n  command: [/bin/true]\n  waitFor: {{conditions: [{{path: {missing}/{prefix}-{i}, interval: {interval}}}]}}\n"
-        for i in range(n))
+        for i in range(n)
+    )
 
 
 def apply_text(url: str, text: str, folder: Path) -> None:
@@ -63,8 +64,12 @@ def cpu_window(url: str, folder: Path, jobs: int, settle: float, seconds: float,
         with Controller(url, folder, name=label) as controller:
             controller.wait_started()
             t0 = time.monotonic()
-            wait_for(lambda: controller.check() or waiting_count(store) >= jobs, max(120.0, jobs * 0.05), 0.2,
-                     f"{jobs} jobs evaluated")
+            wait_for(
+                lambda: controller.check() or waiting_count(store) >= jobs,
+                max(120.0, jobs * 0.05),
+                0.2,
+                f"{jobs} jobs evaluated",
+            )
             first_pass = time.monotonic() - t0
             time.sleep(settle)
             controller.check()
@@ -79,8 +84,15 @@ def cpu_window(url: str, folder: Path, jobs: int, settle: float, seconds: float,
         store.dispose()
     cpu = (c1.user - c0.user) + (c1.system - c0.system)
     wall = w1 - w0
-    return {"percent": cpu / wall * 100, "cpu": cpu, "wall": wall, "writes": seq1 - seq0, "first_pass": first_pass,
-            "threads": threads, "rss_mb": rss / 2**20}
+    return {
+        "percent": cpu / wall * 100,
+        "cpu": cpu,
+        "wall": wall,
+        "writes": seq1 - seq0,
+        "first_pass": first_pass,
+        "threads": threads,
+        "rss_mb": rss / 2**20,
+    }
 
 
 def figures(jobs: int, settle: float, seconds: float, store_kind: str = "sqlite") -> dict:
@@ -90,8 +102,10 @@ def figures(jobs: int, settle: float, seconds: float, store_kind: str = "sqlite"
     with scratch(store_kind) as (url, folder):
         t0 = time.perf_counter()
         apply_text(url, waiting_jobs_yaml(jobs), folder)
-        log(f"idle: {jobs} waiting jobs applied in {time.perf_counter() - t0:.1f} s; settle {settle:g} s, "
-            f"window {seconds:g} s")
+        log(
+            f"idle: {jobs} waiting jobs applied in {time.perf_counter() - t0:.1f} s; settle {settle:g} s, "
+            f"window {seconds:g} s"
+        )
         loaded = cpu_window(url, folder, jobs, settle, seconds, "loaded")
     return {"empty": empty, "loaded": loaded}
 
@@ -100,12 +114,21 @@ def row(jobs: int, settle: float, seconds: float, store_kind: str = "sqlite") ->
     f = figures(jobs, settle, seconds, store_kind)
     e, lo = f["empty"], f["loaded"]
     label = f"5 idle cost ({store_kind})"
-    notes = [f"{label}: {jobs} jobs waiting on missing paths (1 s poll); first pass over all of them "
-             f"{lo['first_pass']:.1f} s; window {lo['wall']:.1f} s: CPU {lo['cpu']:.2f} s, {lo['writes']} store writes "
-             f"({lo['writes'] / lo['wall']:.0f}/s), {lo['threads']} threads, RSS {lo['rss_mb']:.0f} MB; "
-             f"empty-store controller: CPU {e['cpu']:.2f} s, {e['writes']} writes"]
-    return Row(label, f"{lo['percent']:.1f}% of a core, {jobs:,} waiting", f"{e['percent']:.1f}% with no jobs",
-               lo["percent"], "%", AIM, notes)
+    notes = [
+        f"{label}: {jobs} jobs waiting on missing paths (1 s poll); first pass over all of them "
+        f"{lo['first_pass']:.1f} s; window {lo['wall']:.1f} s: CPU {lo['cpu']:.2f} s, {lo['writes']} store writes "
+        f"({lo['writes'] / lo['wall']:.0f}/s), {lo['threads']} threads, RSS {lo['rss_mb']:.0f} MB; "
+        f"empty-store controller: CPU {e['cpu']:.2f} s, {e['writes']} writes"
+    ]
+    return Row(
+        label,
+        f"{lo['percent']:.1f}% of a core, {jobs:,} waiting",
+        f"{e['percent']:.1f}% with no jobs",
+        lo["percent"],
+        "%",
+        AIM,
+        notes,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

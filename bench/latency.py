@@ -26,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, log, median, percentile, print_table, run_make, scratch, state_home  # noqa: E402
+from bench.common import Row, log, median, percentile, print_table, run_make, scratch, state_home
 
 AIM_MS = 5.0
 
@@ -35,8 +35,10 @@ def chain_manifests(n: int) -> str:
     docs = []
     for i in range(n):
         dep = f"\n  dependsOn: [link-{i - 1}]" if i else ""
-        docs.append(f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: link-{i}}}\n"
-                    f"spec:\n  command: [/bin/true]{dep}\n")
+        docs.append(
+            f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: link-{i}}}\n"
+            f"spec:\n  command: [/bin/true]{dep}\n"
+        )
     return "---\n".join(docs)
 
 
@@ -85,8 +87,11 @@ def measure(n: int, store_url: str, folder: Path) -> dict[str, float]:
     gaps, cycles, exit_gaps = [], [], []
     for before, after in zip(names, names[1:]):
         run_b, run_a = statuses[before]["runs"][-1], statuses[after]["runs"][0]
-        started_b, finished_b, started_a = (to_epoch(run_b["startedAt"]), to_epoch(run_b["finishedAt"]),
-                                            to_epoch(run_a["startedAt"]))
+        started_b, finished_b, started_a = (
+            to_epoch(run_b["startedAt"]),
+            to_epoch(run_b["finishedAt"]),
+            to_epoch(run_a["startedAt"]),
+        )
         gaps.append((started_a - finished_b) * 1000)
         cycles.append((started_a - started_b) * 1000)
         exit_file = controller.agent.run_dir(before, objs[before], run_b["number"]) / "exit"
@@ -95,11 +100,16 @@ def measure(n: int, store_url: str, folder: Path) -> dict[str, float]:
         except OSError:
             pass
     store.dispose()
-    return {"wall": wall, "p50": statistics.median(gaps), "p99": percentile(gaps, 0.99),
-            "mean": statistics.fmean(gaps), "cycle_p50": statistics.median(cycles),
-            "cycle_p99": percentile(cycles, 0.99),
-            "exit_p50": statistics.median(exit_gaps) if exit_gaps else float("nan"),
-            "exit_p99": percentile(exit_gaps, 0.99) if exit_gaps else float("nan")}
+    return {
+        "wall": wall,
+        "p50": statistics.median(gaps),
+        "p99": percentile(gaps, 0.99),
+        "mean": statistics.fmean(gaps),
+        "cycle_p50": statistics.median(cycles),
+        "cycle_p99": percentile(cycles, 0.99),
+        "exit_p50": statistics.median(exit_gaps) if exit_gaps else float("nan"),
+        "exit_p99": percentile(exit_gaps, 0.99) if exit_gaps else float("nan"),
+    }
 
 
 def figures(n: int, store_kind: str = "sqlite", store_url: str | None = None, chains: int = 3) -> dict[str, float]:
@@ -136,8 +146,15 @@ def row(n: int, store_kind: str = "sqlite") -> Row:
         f"= {f['p50'] - f['make_link']:.1f} ms would flatter); chain wall "
         f"{f['wall']:.2f} s vs make {f['make_wall']:.3f} s ({f['wall'] / f['make_wall']:.0f}x)",
     ]
-    return Row(label, f"link p50 {f['p50']:.1f} ms, p99 {f['p99']:.1f} ms",
-               f"make {f['make_link']:.2f} ms/link", f["overhead"], "ms", AIM_MS, notes)
+    return Row(
+        label,
+        f"link p50 {f['p50']:.1f} ms, p99 {f['p99']:.1f} ms",
+        f"make {f['make_link']:.2f} ms/link",
+        f["overhead"],
+        "ms",
+        AIM_MS,
+        notes,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -19,9 +19,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (Controller, Row, RssSampler, log, print_table, scratch, state_home, vm_hwm_kb,  # noqa: E402
-                          wait_for)
-from bench.idle import apply_text, waiting_count, waiting_jobs_yaml  # noqa: E402
+from bench.common import (
+    Controller,
+    Row,
+    RssSampler,
+    log,
+    print_table,
+    scratch,
+    state_home,
+    vm_hwm_kb,
+    wait_for,
+)
+from bench.idle import apply_text, waiting_count, waiting_jobs_yaml
 
 AIM_MB = 250.0
 BATCH = 5000
@@ -29,19 +38,28 @@ BATCH = 5000
 
 def completed_template(url: str, folder: Path) -> tuple[dict, dict, dict, dict]:
     """Run one real job to completion; return its (spec, status, labels, annotations)."""
-    from reconciler.controller.manager import Controller as InProcess, job_phases
+    from reconciler.controller.manager import Controller as InProcess
+    from reconciler.controller.manager import job_phases
     from reconciler.store import Store
     from reconciler.store import repository as repo
 
-    apply_text(url, "apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {name: done-template, labels: "
-                    "{pipeline: bench}}\nspec:\n  command: [/bin/true]\n", folder)
+    apply_text(
+        url,
+        "apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {name: done-template, labels: "
+        "{pipeline: bench}}\nspec:\n  command: [/bin/true]\n",
+        folder,
+    )
     store = Store(url)
     try:
         with state_home(folder):
             controller = InProcess(store).start()
             try:
-                wait_for(lambda: job_phases(store, ["done-template"])["done-template"].get("phase") == "Completed",
-                         60, 0.05, "the template job completed")
+                wait_for(
+                    lambda: job_phases(store, ["done-template"])["done-template"].get("phase") == "Completed",
+                    60,
+                    0.05,
+                    "the template job completed",
+                )
             finally:
                 controller.stop()
         with store.read() as session:
@@ -63,9 +81,20 @@ def populate(url: str, folder: Path, total: int, active: int) -> None:
         done = total - active - 1  # the template is one of them
         for start in range(0, done, BATCH):
             with store.write() as tx:
-                repo.create_many(tx, [dict(kind="Job", name=f"done-{i:06d}", spec=spec, labels=labels,
-                                           annotations=annotations, status=status)
-                                      for i in range(start, min(done, start + BATCH))])
+                repo.create_many(
+                    tx,
+                    [
+                        dict(
+                            kind="Job",
+                            name=f"done-{i:06d}",
+                            spec=spec,
+                            labels=labels,
+                            annotations=annotations,
+                            status=status,
+                        )
+                        for i in range(start, min(done, start + BATCH))
+                    ],
+                )
     finally:
         store.dispose()
     apply_text(url, waiting_jobs_yaml(active, prefix="active", interval="1s"), folder)
@@ -81,16 +110,24 @@ def peak(url: str, folder: Path, active: int, settle: float, label: str) -> dict
             t0 = time.monotonic()
             controller.wait_started()
             try:
-                wait_for(lambda: controller.check() or waiting_count(store) >= active, max(120.0, active * 0.2), 0.2,
-                         f"{active} active jobs evaluated")
+                wait_for(
+                    lambda: controller.check() or waiting_count(store) >= active,
+                    max(120.0, active * 0.2),
+                    0.2,
+                    f"{active} active jobs evaluated",
+                )
                 ready = time.monotonic() - t0
                 time.sleep(settle)
                 controller.check()
                 hwm = vm_hwm_kb(controller.pid)
             finally:
                 sampler.stop()
-            return {"hwm_mb": (hwm * 1024 if hwm else sampler.peak) / 2**20, "sampled_mb": sampler.peak / 2**20,
-                    "now_mb": sampler.last / 2**20, "ready": ready}
+            return {
+                "hwm_mb": (hwm * 1024 if hwm else sampler.peak) / 2**20,
+                "sampled_mb": sampler.peak / 2**20,
+                "now_mb": sampler.last / 2**20,
+                "ready": ready,
+            }
     finally:
         store.dispose()
 
@@ -102,7 +139,9 @@ def figures(total: int, active: int, settle: float, store_kind: str = "sqlite") 
     with scratch(store_kind) as (url, folder):
         t0 = time.perf_counter()
         populate(url, folder, total, active)
-        log(f"memory: {total} jobs stored ({active} active) in {time.perf_counter() - t0:.1f} s; starting the controller")
+        log(
+            f"memory: {total} jobs stored ({active} active) in {time.perf_counter() - t0:.1f} s; starting the controller"
+        )
         loaded = peak(url, folder, active, settle, "loaded")
     return {"empty": empty, "loaded": loaded}
 
@@ -111,11 +150,20 @@ def row(total: int, active: int, settle: float, store_kind: str = "sqlite") -> R
     f = figures(total, active, settle, store_kind)
     e, lo = f["empty"], f["loaded"]
     label = f"6 memory ({store_kind})"
-    notes = [f"{label}: {total:,} stored jobs, {active:,} active (waiting on a path); peak RSS (VmHWM) "
-             f"{lo['hwm_mb']:.0f} MB, RSS after settling {lo['now_mb']:.0f} MB; all active jobs looked at "
-             f"{lo['ready']:.1f} s after start; empty-store controller: peak {e['hwm_mb']:.0f} MB"]
-    return Row(label, f"peak RSS {lo['hwm_mb']:.0f} MB, {total:,} jobs", f"{e['hwm_mb']:.0f} MB with no jobs",
-               lo["hwm_mb"], "MB", AIM_MB, notes)
+    notes = [
+        f"{label}: {total:,} stored jobs, {active:,} active (waiting on a path); peak RSS (VmHWM) "
+        f"{lo['hwm_mb']:.0f} MB, RSS after settling {lo['now_mb']:.0f} MB; all active jobs looked at "
+        f"{lo['ready']:.1f} s after start; empty-store controller: peak {e['hwm_mb']:.0f} MB"
+    ]
+    return Row(
+        label,
+        f"peak RSS {lo['hwm_mb']:.0f} MB, {total:,} jobs",
+        f"{e['hwm_mb']:.0f} MB with no jobs",
+        lo["hwm_mb"],
+        "MB",
+        AIM_MB,
+        notes,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,14 +24,24 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PG_URL, Row, failed_row, log, mark_start, pg_available, print_table  # noqa: E402
+from bench.common import PG_URL, Row, failed_row, log, mark_start, pg_available, print_table
 
-FULL = {"dag": dict(jobs=2000, width=50), "latency": dict(jobs=300), "admission": dict(depths=[100, 10_000], reps=300),
-        "apply": dict(jobs=10_000), "idle": dict(jobs=5000, settle=10.0, seconds=30.0),
-        "memory": dict(jobs=100_000, active=1000, settle=5.0)}
-SMALL = {"dag": dict(jobs=60, width=6), "latency": dict(jobs=30), "admission": dict(depths=[10, 200], reps=60),
-         "apply": dict(jobs=200), "idle": dict(jobs=200, settle=0.5, seconds=2.0),
-         "memory": dict(jobs=2000, active=20, settle=0.5)}
+FULL = {
+    "dag": dict(jobs=2000, width=50),
+    "latency": dict(jobs=300),
+    "admission": dict(depths=[100, 10_000], reps=300),
+    "apply": dict(jobs=10_000),
+    "idle": dict(jobs=5000, settle=10.0, seconds=30.0),
+    "memory": dict(jobs=100_000, active=1000, settle=5.0),
+}
+SMALL = {
+    "dag": dict(jobs=60, width=6),
+    "latency": dict(jobs=30),
+    "admission": dict(depths=[10, 200], reps=60),
+    "apply": dict(jobs=200),
+    "idle": dict(jobs=200, settle=0.5, seconds=2.0),
+    "memory": dict(jobs=2000, active=20, settle=0.5),
+}
 NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "pg")
 APPLY_AIMS = (10.0, 3.0)
 
@@ -71,15 +81,32 @@ def apply_rows(jobs: int) -> list[Row]:
         shutil.rmtree(work, ignore_errors=True)
     first, again = cli["first.total"], cli["reapply.total"]
     full = jobs == 10_000  # the aims are set for 10,000 manifests
-    note = (f"4 apply (sqlite): {jobs:,} generated manifests ({objects:,} objects, bench/apply.py); figure = the CLI "
-            f"`reconciler apply -f DIR` (a subprocess: interpreter start-up and output included); in-process: first "
-            f"{f['first.total']:.2f} s (load+validate {f['first.load']:.2f} s + store {f['first.store']:.2f} s), "
-            f"re-apply {f['reapply.total']:.2f} s (load {f['reapply.load']:.2f} s + store {f['reapply.store']:.2f} s); "
-            f"reference = yaml.load_all (C loader) of the same files in this process")
-    return [Row("4 apply, first (sqlite)", f"{first:.2f} s, {jobs:,} manifests", f"YAML parse {floor:.2f} s", first,
-                "s", APPLY_AIMS[0] if full else None, [note]),
-            Row("4 apply, unchanged again (sqlite)", f"{again:.2f} s, all unchanged", f"YAML parse {floor:.2f} s", again,
-                "s", APPLY_AIMS[1] if full else None)]
+    note = (
+        f"4 apply (sqlite): {jobs:,} generated manifests ({objects:,} objects, bench/apply.py); figure = the CLI "
+        f"`reconciler apply -f DIR` (a subprocess: interpreter start-up and output included); in-process: first "
+        f"{f['first.total']:.2f} s (load+validate {f['first.load']:.2f} s + store {f['first.store']:.2f} s), "
+        f"re-apply {f['reapply.total']:.2f} s (load {f['reapply.load']:.2f} s + store {f['reapply.store']:.2f} s); "
+        f"reference = yaml.load_all (C loader) of the same files in this process"
+    )
+    return [
+        Row(
+            "4 apply, first (sqlite)",
+            f"{first:.2f} s, {jobs:,} manifests",
+            f"YAML parse {floor:.2f} s",
+            first,
+            "s",
+            APPLY_AIMS[0] if full else None,
+            [note],
+        ),
+        Row(
+            "4 apply, unchanged again (sqlite)",
+            f"{again:.2f} s, all unchanged",
+            f"YAML parse {floor:.2f} s",
+            again,
+            "s",
+            APPLY_AIMS[1] if full else None,
+        ),
+    ]
 
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
@@ -88,21 +115,43 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
 
     s = sizes
     out = {
-        "dag": [("1 DAG throughput (sqlite)",
-                 lambda: [dag.row("1 DAG throughput (sqlite)", s["dag"]["jobs"], s["dag"]["width"], slots, "sqlite")])],
+        "dag": [
+            (
+                "1 DAG throughput (sqlite)",
+                lambda: [dag.row("1 DAG throughput (sqlite)", s["dag"]["jobs"], s["dag"]["width"], slots, "sqlite")],
+            )
+        ],
         "latency": [("2 dependency latency (sqlite)", lambda: [latency.row(s["latency"]["jobs"])])],
-        "admission": [("3 admission at depth (sqlite)",
-                       lambda: admission.rows(s["admission"]["depths"], "sqlite", "3 admission at depth (sqlite)",
-                                              s["admission"]["reps"]))],
+        "admission": [
+            (
+                "3 admission at depth (sqlite)",
+                lambda: admission.rows(
+                    s["admission"]["depths"], "sqlite", "3 admission at depth (sqlite)", s["admission"]["reps"]
+                ),
+            )
+        ],
         "apply": [("4 apply (sqlite)", lambda: apply_rows(s["apply"]["jobs"]))],
-        "idle": [("5 idle cost (sqlite)", lambda: [idle.row(s["idle"]["jobs"], s["idle"]["settle"], s["idle"]["seconds"])])],
-        "memory": [("6 memory (sqlite)", lambda: [memory.row(s["memory"]["jobs"], s["memory"]["active"],
-                                                               s["memory"]["settle"])])],
-        "pg": [("7 DAG throughput (postgresql)",
-                lambda: [dag.row("7 DAG throughput (postgresql)", s["dag"]["jobs"], s["dag"]["width"], slots, "pg")]),
-               ("7 admission at depth (postgresql)",
-                lambda: admission.rows(s["admission"]["depths"], "pg", "7 admission at depth (postgresql)",
-                                       s["admission"]["reps"]))],
+        "idle": [
+            ("5 idle cost (sqlite)", lambda: [idle.row(s["idle"]["jobs"], s["idle"]["settle"], s["idle"]["seconds"])])
+        ],
+        "memory": [
+            (
+                "6 memory (sqlite)",
+                lambda: [memory.row(s["memory"]["jobs"], s["memory"]["active"], s["memory"]["settle"])],
+            )
+        ],
+        "pg": [
+            (
+                "7 DAG throughput (postgresql)",
+                lambda: [dag.row("7 DAG throughput (postgresql)", s["dag"]["jobs"], s["dag"]["width"], slots, "pg")],
+            ),
+            (
+                "7 admission at depth (postgresql)",
+                lambda: admission.rows(
+                    s["admission"]["depths"], "pg", "7 admission at depth (postgresql)", s["admission"]["reps"]
+                ),
+            ),
+        ],
     }
     return out[name] if (name != "pg" or pg) else []
 
@@ -112,10 +161,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--small", action="store_true", help="the CI size")
     parser.add_argument("--only", action="append", choices=NAMES, help="run only this figure (repeatable)")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--pg", dest="pg", action="store_true", default=None,
-                       help=f"include the PostgreSQL figures (default: when {PG_URL} answers)")
+    group.add_argument(
+        "--pg",
+        dest="pg",
+        action="store_true",
+        default=None,
+        help=f"include the PostgreSQL figures (default: when {PG_URL} answers)",
+    )
     group.add_argument("--no-pg", dest="pg", action="store_false")
-    parser.add_argument("--slots", type=int, default=os.cpu_count() or 2, help="N for figure 1: global pool and make -j")
+    parser.add_argument(
+        "--slots", type=int, default=os.cpu_count() or 2, help="N for figure 1: global pool and make -j"
+    )
     args = parser.parse_args(argv)
 
     pg = pg_available() if args.pg is None else args.pg
@@ -136,13 +192,16 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             try:
                 rows.extend(thunk())
-            except Exception as exc:  # noqa: BLE001 - one broken figure must not hide the others
+            except Exception as exc:
                 traceback.print_exc(file=sys.stderr)
                 rows.append(failed_row(label, exc))
             log(f"figure {label} done in {time.perf_counter() - t0:.1f} s")
     size = "small (CI) size" if args.small else "full size"
-    print_table(rows, title=f"reconciler benchmarks, {size}, {time.perf_counter() - started:.0f} s "
-                            f"(one run; every figure beside its reference)")
+    print_table(
+        rows,
+        title=f"reconciler benchmarks, {size}, {time.perf_counter() - started:.0f} s "
+        f"(one run; every figure beside its reference)",
+    )
     return 1 if any(r.reconciler == "FAILED" for r in rows) else 0
 
 

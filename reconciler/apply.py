@@ -9,8 +9,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api.kinds import KINDS, KindInfo
 from .api.job import execution_hash
+from .api.kinds import KINDS, KindInfo
 from .api.meta import dump, format_time, utcnow
 from .api.status import ACTIVE_PHASES, LIVE_PHASES
 from .api.validation import validate_apply
@@ -93,9 +93,7 @@ class _ReadOnly(Tx):
 def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selector) -> list[Change]:
     session = tx.session
     stored = {
-        (info.kind, obj.name): obj
-        for info in KINDS.values()
-        for obj in repo.list_objects(session, kind=info.kind)
+        (info.kind, obj.name): obj for info in KINDS.values() for obj in repo.list_objects(session, kind=info.kind)
     }
     problems = validate_apply(
         manifests,
@@ -103,7 +101,9 @@ def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selec
         {name: o.spec for (kind, name), o in stored.items() if kind == "Pool"},
     )
     if problems:
-        raise InvalidInput(problems[0] if len(problems) == 1 else f"{len(problems)} problems in the manifests", problems)
+        raise InvalidInput(
+            problems[0] if len(problems) == 1 else f"{len(problems)} problems in the manifests", problems
+        )
 
     changes: list[Change] = []
     creations: list[tuple[Change, dict[str, Any]]] = []  # written together below: one INSERT for all
@@ -120,8 +120,9 @@ def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selec
     for (change, _), obj in zip(creations, repo.create_many(tx, [c for _, c in creations])):
         change.new = obj
     if events:
-        repo.record_events(tx, [(o.new if isinstance(o, Change) else o, reason, message)
-                                for o, reason, message in events])
+        repo.record_events(
+            tx, [(o.new if isinstance(o, Change) else o, reason, message) for o, reason, message in events]
+        )
     if prune:
         applied = {(m.kind.kind, m.name) for m in manifests}
         for key, obj in sorted(stored.items()):
@@ -146,26 +147,39 @@ def _apply_one(
     if current is None:
         status = initial_job_status() if m.kind.kind == "Job" else None
         change = Change(m.kind, m.name, "created")  # `new` is filled in once the object is created
-        creation = dict(kind=m.kind.kind, name=m.name, spec=spec, labels=meta.labels, annotations=annotations,
-                        status=status)
+        creation = dict(
+            kind=m.kind.kind, name=m.name, spec=spec, labels=meta.labels, annotations=annotations, status=status
+        )
         return change, creation, (change, "Created", f"{m.kind.kind.lower()} created by apply")
 
     if meta.resource_version is not None and meta.resource_version != str(current.resource_version):
-        raise Conflict(f"{m.where('metadata', 'resourceVersion')}: {meta.resource_version} is stale "
-                       f"(the stored object is at {current.resource_version})")
+        raise Conflict(
+            f"{m.where('metadata', 'resourceVersion')}: {meta.resource_version} is stale "
+            f"(the stored object is at {current.resource_version})"
+        )
     annotations.update(_system_annotations(current.annotations))
     annotations[MANAGED_BY] = "apply"
     spec_changed = repo.canonical(spec) != current.spec_text
     if not spec_changed and meta.labels == current.labels and annotations == current.annotations:
         return Change(m.kind, m.name, "unchanged", old=current, new=current), None, None
     phase = (current.status or {}).get("phase")
-    if spec_changed and m.kind.kind == "Job" and phase in ACTIVE_PHASES and not force \
-            and execution_hash(spec) != execution_hash(current.spec):
-        raise Conflict(f"{m.where('spec')}: job {m.name!r} is {phase}; its spec cannot change while a revision "
-                       "is under way (wait for it, cancel it, or apply --force to stop it and start the new revision)")
+    if (
+        spec_changed
+        and m.kind.kind == "Job"
+        and phase in ACTIVE_PHASES
+        and not force
+        and execution_hash(spec) != execution_hash(current.spec)
+    ):
+        raise Conflict(
+            f"{m.where('spec')}: job {m.name!r} is {phase}; its spec cannot change while a revision "
+            "is under way (wait for it, cancel it, or apply --force to stop it and start the new revision)"
+        )
     obj = repo.update_object(tx, current, spec=spec, labels=meta.labels, annotations=annotations)
-    event = (obj, "Configured",
-             f"spec changed (generation {obj.generation})" if spec_changed else "labels or annotations changed")
+    event = (
+        obj,
+        "Configured",
+        f"spec changed (generation {obj.generation})" if spec_changed else "labels or annotations changed",
+    )
     return Change(m.kind, m.name, "configured", old=current, new=obj), None, event
 
 

@@ -36,6 +36,6 @@ class FakeClock:
         self._now += seconds
 
 
-def jittered(interval: float, rand: "random.Random | None" = None) -> float:
+def jittered(interval: float, rand: random.Random | None = None) -> float:
     """90-110% of an interval, so pollers started together do not wake in lockstep."""
     return interval * (0.9 + 0.2 * (rand or random).random())

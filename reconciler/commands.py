@@ -47,8 +47,12 @@ def set_suspend(store: Store, name: str, suspend: bool) -> str:
         if bool(obj.spec.get("suspend")) == suspend:
             return "unchanged"
         obj = repo.update_object(tx, obj, spec={**obj.spec, "suspend": suspend})
-        repo.record_event(tx, obj, "SuspendRequested" if suspend else "ResumeRequested",
-                          "suspend requested" if suspend else "resume requested")
+        repo.record_event(
+            tx,
+            obj,
+            "SuspendRequested" if suspend else "ResumeRequested",
+            "suspend requested" if suspend else "resume requested",
+        )
     return "suspended" if suspend else "resumed"
 
 
@@ -56,7 +60,9 @@ def rerun(store: Store, name: str, *, downstream: bool) -> str:
     with store.write() as tx:
         obj = _job(tx, name)
         if (obj.status or {}).get("phase") != "Completed":
-            raise Conflict(f'job "{name}" is {(obj.status or {}).get("phase", "Waiting")}; only a completed job can be rerun')
+            raise Conflict(
+                f'job "{name}" is {(obj.status or {}).get("phase", "Waiting")}; only a completed job can be rerun'
+            )
         token = f"{time.time():.6f}" + (DOWNSTREAM_SUFFIX if downstream else "")
         obj = repo.update_object(tx, obj, annotations={**obj.annotations, RERUN_ANNOTATION: token})
         repo.record_event(tx, obj, "RerunRequested", "rerun requested" + (" with its dependents" if downstream else ""))
@@ -77,12 +83,21 @@ def create_job(store: Store, job: Any, *, auto_name: bool) -> str:
             raise Conflict(f'jobs "{job.metadata.name}" already exists')
         pools = {o.name: o.spec for o in repo.list_objects(tx.session, kind="Pool")}
         # the same whole-set checks as apply; the job has no file, so drop the file:line prefix
-        problems = [p.removeprefix("run:1: ") for p in
-                    validate_apply([Manifest(KINDS["Job"], job, "run", yaml.compose("{}"))], stored_jobs, pools)]
+        problems = [
+            p.removeprefix("run:1: ")
+            for p in validate_apply([Manifest(KINDS["Job"], job, "run", yaml.compose("{}"))], stored_jobs, pools)
+        ]
         if problems:
             raise InvalidInput(problems[0], problems)
-        obj = repo.create(tx, kind="Job", name=job.metadata.name, spec=dump(job)["spec"], labels=job.metadata.labels,
-                          annotations={"reconciler.dev/created-by": "run"}, status=initial_job_status())
+        obj = repo.create(
+            tx,
+            kind="Job",
+            name=job.metadata.name,
+            spec=dump(job)["spec"],
+            labels=job.metadata.labels,
+            annotations={"reconciler.dev/created-by": "run"},
+            status=initial_job_status(),
+        )
         repo.record_event(tx, obj, "Created", "job created by run")
     return job.metadata.name
 
@@ -132,7 +147,9 @@ def stale_jobs(session, objs: list[StoredObject]) -> set[str]:
             if dep is None or receipt.get("revision") is None:
                 continue
             dep_status = dep.status or {}
-            moved_on = int(dep_status.get("revision", 1)) > int(receipt["revision"]) and dep_status.get("propagate", True)
+            moved_on = int(dep_status.get("revision", 1)) > int(receipt["revision"]) and dep_status.get(
+                "propagate", True
+            )
             if moved_on or all(coming(dep.name)):
                 stale = propagates = True
         memo[name] = (stale, propagates)

@@ -37,8 +37,11 @@ class JobWatch:
             found = repo.statuses(session, kind="Job", names=names)
         for name in names:
             o = found.get(name)
-            status = self.statuses[name] = {"phase": "Deleted", "reason": "Deleted"} if o is None else \
-                {**o.status, "service": json.loads(o.spec_text).get("type") == "service"}
+            status = self.statuses[name] = (
+                {"phase": "Deleted", "reason": "Deleted"}
+                if o is None
+                else {**o.status, "service": json.loads(o.spec_text).get("type") == "service"}
+            )
             if settled(status):
                 self._unsettled.discard(name)
             else:

@@ -9,9 +9,10 @@ import functools
 import gc
 import os
 import sys
+from collections.abc import Iterable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import yaml
 from pydantic import BaseModel, ValidationError
@@ -22,17 +23,18 @@ from .api.meta import API_VERSION
 from .errors import InvalidInput
 from .yamldoc import MAX_NODES, Loader, ManifestLoader, construct, expanded_size, format_path, surely_small
 
-__all__ = ["Loader", "Manifest", "format_path", "load", "locate", "paused_gc", "parse_text"]
+__all__ = ["Loader", "Manifest", "format_path", "load", "locate", "parse_text", "paused_gc"]
 
 MAX_FILE_BYTES = 8 * 2**20  # a manifest file larger than this is refused before parsing
 MAX_PROBLEMS = 50  # beyond this the user gets the count, not the list
+
 
 class _Text:
     """One file's (or stdin's) text, whose node trees are composed again only when a message
     must name a line inside a document: a large apply keeps no node alive (all of them
     together would be most of its memory, and allocating and freeing them most of its time)."""
 
-    __slots__ = ("text", "nodes")
+    __slots__ = ("nodes", "text")
 
     def __init__(self, text: str) -> None:
         self.text = text
@@ -56,10 +58,18 @@ class Manifest:
     """One validated object and where it came from, so later checks can name the line: its
     node, or the text and index to compose that node again when it is asked for."""
 
-    __slots__ = ("kind", "obj", "source", "name", "line", "ignored_status", "_node", "_origin")
+    __slots__ = ("_node", "_origin", "ignored_status", "kind", "line", "name", "obj", "source")
 
-    def __init__(self, kind: KindInfo, obj: Any, source: str, node: yaml.Node | None = None,
-                 ignored_status: bool = False, *, origin: tuple[_Text, int, int] | None = None) -> None:
+    def __init__(
+        self,
+        kind: KindInfo,
+        obj: Any,
+        source: str,
+        node: yaml.Node | None = None,
+        ignored_status: bool = False,
+        *,
+        origin: tuple[_Text, int, int] | None = None,
+    ) -> None:
         self.kind = kind
         self.obj = obj  # the pydantic model of the kind
         self.source = source
@@ -168,7 +178,9 @@ def parse_text(text: str, source: str, base_dir: Path) -> tuple[list[Manifest], 
                 continue
             line = node.start_mark.line + 1
             if not surely_small(node, text_has_alias) and expanded_size(node) > MAX_NODES:
-                problems.append(f"{source}:{line}: document too large: more than {MAX_NODES} YAML nodes (aliases expanded)")
+                problems.append(
+                    f"{source}:{line}: document too large: more than {MAX_NODES} YAML nodes (aliases expanded)"
+                )
                 continue
             data, dupes = construct(loader, node, source)
             if dupes:
@@ -191,8 +203,9 @@ def parse_text(text: str, source: str, base_dir: Path) -> tuple[list[Manifest], 
     return manifests, problems
 
 
-def _to_manifest(data: Any, source: str, node: yaml.Node, base_dir: Path,
-                 origin: tuple[_Text, int, int]) -> tuple[Manifest | None, list[str]]:
+def _to_manifest(
+    data: Any, source: str, node: yaml.Node, base_dir: Path, origin: tuple[_Text, int, int]
+) -> tuple[Manifest | None, list[str]]:
     line = node.start_mark.line + 1
     if not isinstance(data, dict):
         return None, [f"{source}:{line}: (document): must be a mapping with apiVersion, kind, metadata and spec"]
@@ -231,8 +244,9 @@ def _files(path: Path, recursive: bool) -> list[Path]:
         return [path]
     pattern = "**/*" if recursive else "*"
     # sorted as Paths sort (component by component), by a key that compares in C
-    return sorted((p for p in path.glob(pattern) if p.suffix in (".yaml", ".yml") and p.is_file()),
-                  key=lambda p: p.parts)
+    return sorted(
+        (p for p in path.glob(pattern) if p.suffix in (".yaml", ".yml") and p.is_file()), key=lambda p: p.parts
+    )
 
 
 def _folder_of(file: Path, resolved: dict[Path, Path]) -> Path:

@@ -52,7 +52,9 @@ def parse(text: str) -> list[Requirement]:
                 raise InvalidInput(f"invalid label selector {text!r}: {m.group(2)} needs at least one value")
             requirements.append(Requirement(m.group(1), m.group(2), values))
         elif m := _EQ.match(part):
-            requirements.append(Requirement(m.group(1), "notin" if m.group(2) == "!=" else "in", frozenset([m.group(3)])))
+            requirements.append(
+                Requirement(m.group(1), "notin" if m.group(2) == "!=" else "in", frozenset([m.group(3)]))
+            )
         elif m := _EXISTS.match(part):
             requirements.append(Requirement(m.group(2), "!exists" if m.group(1) else "exists"))
         else:

@@ -5,7 +5,8 @@ turns the data into validated objects and names files and lines."""
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import yaml
 from pydantic.alias_generators import to_camel
@@ -171,8 +172,10 @@ def _build(loader: Any, node: yaml.Node, state: _BuildState) -> Any:
             value[text if key_tag == _STR_TAG else _scalar(loader, key_node)] = item
     elif cls is _SEQUENCE and tag == _SEQ_TAG:
         built[key] = _Unusual
-        value = [item.value if item.__class__ is _SCALAR and item.tag == _STR_TAG else _build(loader, item, state)
-                 for item in node.value]
+        value = [
+            item.value if item.__class__ is _SCALAR and item.tag == _STR_TAG else _build(loader, item, state)
+            for item in node.value
+        ]
     else:
         raise _Unusual
     built[key] = value

@@ -6,8 +6,9 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -19,12 +20,25 @@ class Result:
     stderr: str
 
 
-def run_cli(*args: str, store: str, input: str | None = None, timeout: float = 60, env: dict | None = None,
-            cwd: str | None = None) -> Result:
+def run_cli(
+    *args: str,
+    store: str,
+    input: str | None = None,
+    timeout: float = 60,
+    env: dict | None = None,
+    cwd: str | None = None,
+) -> Result:
     """Run `python -m reconciler ARGS` against `store`, as a user would."""
     full_env = {**os.environ, "RECONCILER_STORE": store, **(env or {})}
-    proc = subprocess.run([sys.executable, "-m", "reconciler", *args], input=input, capture_output=True,
-                          text=True, timeout=timeout, env=full_env, cwd=cwd)
+    proc = subprocess.run(
+        [sys.executable, "-m", "reconciler", *args],
+        input=input,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=cwd,
+    )
     return Result(proc.returncode, proc.stdout, proc.stderr)
 
 

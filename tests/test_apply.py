@@ -25,8 +25,15 @@ API = "reconciler.dev/v1alpha1"
 RFC3339_MS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3,}Z$")
 
 
-def doc(kind: str, name: str, spec: dict | None = None, *, labels: dict | None = None,
-        annotations: dict | None = None, **meta: Any) -> dict:
+def doc(
+    kind: str,
+    name: str,
+    spec: dict | None = None,
+    *,
+    labels: dict | None = None,
+    annotations: dict | None = None,
+    **meta: Any,
+) -> dict:
     metadata: dict[str, Any] = {"name": name, **meta}
     if labels is not None:
         metadata["labels"] = labels
@@ -72,20 +79,30 @@ def lines(text: str) -> list[str]:
 
 # --- created / configured / unchanged ------------------------------------------------------
 
+
 def test_created_configured_unchanged(store_url, tmp_path):
     f = tmp_path / "set.yaml"
     write(f, pool("work"), job("a", pool="work"), job("b", dependsOn=["a"]))
     first = ok("apply", "-f", str(f), store=store_url)
-    assert lines(first.stdout) == ["pool.reconciler.dev/work created", "job.reconciler.dev/a created",
-                                   "job.reconciler.dev/b created"]
+    assert lines(first.stdout) == [
+        "pool.reconciler.dev/work created",
+        "job.reconciler.dev/a created",
+        "job.reconciler.dev/b created",
+    ]
     assert first.stderr == ""
     again = ok("apply", "-f", str(f), store=store_url)
-    assert lines(again.stdout) == ["pool.reconciler.dev/work unchanged", "job.reconciler.dev/a unchanged",
-                                   "job.reconciler.dev/b unchanged"]
+    assert lines(again.stdout) == [
+        "pool.reconciler.dev/work unchanged",
+        "job.reconciler.dev/a unchanged",
+        "job.reconciler.dev/b unchanged",
+    ]
     write(f, pool("work"), job("a", pool="work", priority=5), job("b", dependsOn=["a"]))
     third = ok("apply", "-f", str(f), store=store_url)
-    assert lines(third.stdout) == ["pool.reconciler.dev/work unchanged", "job.reconciler.dev/a configured",
-                                   "job.reconciler.dev/b unchanged"]
+    assert lines(third.stdout) == [
+        "pool.reconciler.dev/work unchanged",
+        "job.reconciler.dev/a configured",
+        "job.reconciler.dev/b unchanged",
+    ]
     assert get_json(store_url, "job", "a")["spec"]["priority"] == 5
 
 
@@ -127,14 +144,34 @@ def test_equivalent_spellings_are_unchanged(sqlite_url, tmp_path):
     """Quantities and shorthands are stored canonically: another spelling of the same spec
     is `unchanged` and does not bump generation."""
     f = tmp_path / "j.yaml"
-    write(f, job("base"), job("s", dependsOn=["base"], timeout="60m", resources={"memory": "1024Mi", "cpu": "500m"},
-                              retry={"limit": 1, "backoff": {"delay": "1000ms"}}))
+    write(
+        f,
+        job("base"),
+        job(
+            "s",
+            dependsOn=["base"],
+            timeout="60m",
+            resources={"memory": "1024Mi", "cpu": "500m"},
+            retry={"limit": 1, "backoff": {"delay": "1000ms"}},
+        ),
+    )
     ok("apply", "-f", str(f), store=sqlite_url)
     before = get_json(sqlite_url, "job", "s")
-    write(f, job("base"), job("s", dependsOn=[{"job": "base", "outcomes": ["Succeeded"]}], timeout="1h",
-                              resources={"memory": "1Gi", "cpu": 0.5}, retry={"limit": 1, "backoff": {"delay": "1s"}}))
+    write(
+        f,
+        job("base"),
+        job(
+            "s",
+            dependsOn=[{"job": "base", "outcomes": ["Succeeded"]}],
+            timeout="1h",
+            resources={"memory": "1Gi", "cpu": 0.5},
+            retry={"limit": 1, "backoff": {"delay": "1s"}},
+        ),
+    )
     assert lines(ok("apply", "-f", str(f), store=sqlite_url).stdout) == [
-        "job.reconciler.dev/base unchanged", "job.reconciler.dev/s unchanged"]
+        "job.reconciler.dev/base unchanged",
+        "job.reconciler.dev/s unchanged",
+    ]
     assert get_json(sqlite_url, "job", "s")["metadata"] == before["metadata"]
     assert before["spec"]["timeout"] == "1h" and before["spec"]["resources"]["memory"] == "1Gi"
 
@@ -153,14 +190,18 @@ def test_new_job_starts_waiting_with_system_metadata(sqlite_url, tmp_path):
 
 # --- dry run, output shapes, diff ----------------------------------------------------------
 
+
 def test_dry_run_stores_nothing(store_url, tmp_path):
     base = write(tmp_path / "base.yaml", pool("p"), job("a", pool="p"))
     ok("apply", "-f", base, store=store_url)
     before = dump_store(store_url)
     f = write(tmp_path / "next.yaml", pool("p", slots=3), job("a", pool="p"), job("new"))
     result = ok("apply", "--dry-run", "-f", f, store=store_url)
-    assert lines(result.stdout) == ["pool.reconciler.dev/p configured (dry run)", "job.reconciler.dev/a unchanged (dry run)",
-                                    "job.reconciler.dev/new created (dry run)"]
+    assert lines(result.stdout) == [
+        "pool.reconciler.dev/p configured (dry run)",
+        "job.reconciler.dev/a unchanged (dry run)",
+        "job.reconciler.dev/new created (dry run)",
+    ]
     assert dump_store(store_url) == before
     assert cli("get", "job", "new", store=store_url).code == 3
     assert get_json(store_url, "pool", "p")["spec"]["slots"] == 2
@@ -238,15 +279,28 @@ def test_diff(store_url, tmp_path):
 
 # --- prune ---------------------------------------------------------------------------------
 
+
 def test_prune(store_url, tmp_path):
-    everything = write(tmp_path / "all.yaml", pool("p"), job("keep", pool="p"),
-                       job("x1", labels={"team": "x"}), job("y1", labels={"team": "y"}), job("x2", labels={"team": "x"}))
+    everything = write(
+        tmp_path / "all.yaml",
+        pool("p"),
+        job("keep", pool="p"),
+        job("x1", labels={"team": "x"}),
+        job("y1", labels={"team": "y"}),
+        job("x2", labels={"team": "x"}),
+    )
     ok("apply", "-f", everything, store=store_url)
     subset = write(tmp_path / "subset.yaml", pool("p"), job("keep", pool="p"))
 
     only_x = ok("apply", "--prune", "-l", "team=x", "-f", subset, store=store_url)
-    assert sorted(lines(only_x.stdout)) == sorted(["pool.reconciler.dev/p unchanged", "job.reconciler.dev/keep unchanged",
-                                                   "job.reconciler.dev/x1 pruned", "job.reconciler.dev/x2 pruned"])
+    assert sorted(lines(only_x.stdout)) == sorted(
+        [
+            "pool.reconciler.dev/p unchanged",
+            "job.reconciler.dev/keep unchanged",
+            "job.reconciler.dev/x1 pruned",
+            "job.reconciler.dev/x2 pruned",
+        ]
+    )
     assert names_of(store_url, "jobs") == ["keep", "y1"]
 
     rest = ok("apply", "--prune", "-f", subset, store=store_url)
@@ -261,12 +315,16 @@ def test_prune(store_url, tmp_path):
 def test_prune_removes_a_pool_together_with_its_jobs(sqlite_url, tmp_path):
     ok("apply", "-f", write(tmp_path / "a.yaml", pool("gone"), job("user", pool="gone"), job("stay")), store=sqlite_url)
     result = ok("apply", "--prune", "-f", write(tmp_path / "b.yaml", job("stay")), store=sqlite_url)
-    assert sorted(lines(result.stdout)) == ["job.reconciler.dev/stay unchanged", "job.reconciler.dev/user pruned",
-                                            "pool.reconciler.dev/gone pruned"]
+    assert sorted(lines(result.stdout)) == [
+        "job.reconciler.dev/stay unchanged",
+        "job.reconciler.dev/user pruned",
+        "pool.reconciler.dev/gone pruned",
+    ]
     assert names_of(sqlite_url, "pools") == []
 
 
 # --- optimistic concurrency ----------------------------------------------------------------
+
 
 def test_stale_resource_version_is_a_conflict(store_url, tmp_path):
     ok("apply", "-f", write(tmp_path / "a.yaml", job("other"), job("c", labels={"n": "1"})), store=store_url)
@@ -286,7 +344,8 @@ def test_stale_resource_version_is_a_conflict(store_url, tmp_path):
 
     fresh = doc("Job", "c", {"command": ["false"]}, labels={"n": "3"}, resourceVersion=current_rv)
     assert lines(ok("apply", "-f", write(tmp_path / "fresh.yaml", fresh), store=store_url).stdout) == [
-        "job.reconciler.dev/c configured"]
+        "job.reconciler.dev/c configured"
+    ]
 
 
 # --- get -----------------------------------------------------------------------------------
@@ -310,9 +369,14 @@ SELECTOR_CASES = [
 def labelled_store(tmp_path_factory) -> str:
     root = tmp_path_factory.mktemp("selectors")
     url = f"sqlite:///{root / 'state' / 'state.db'}"
-    f = write(root / "s.yaml", job("s-a", {"tier": "web", "env": "prod"}), job("s-b", {"tier": "db", "env": "prod"}),
-              job("s-c", {"tier": "web", "env": "dev", "canary": "true"}), job("s-d", {"example.com/owner": "me"}),
-              pool("sp", labels={"tier": "web"}))
+    f = write(
+        root / "s.yaml",
+        job("s-a", {"tier": "web", "env": "prod"}),
+        job("s-b", {"tier": "db", "env": "prod"}),
+        job("s-c", {"tier": "web", "env": "dev", "canary": "true"}),
+        job("s-d", {"example.com/owner": "me"}),
+        pool("sp", labels={"tier": "web"}),
+    )
     ok("apply", "-f", f, store=url)
     return url
 
@@ -362,7 +426,14 @@ def test_get_table(labelled_store):
     assert [r.split()[0] for r in rows] == ["s-a", "s-b", "s-c", "s-d"]
     assert all(r.split()[1] == "Waiting" for r in rows)
     assert ok("get", "jobs", "-o", "wide", store=labelled_store).stdout.splitlines()[0].split()[:7] == [
-        "NAME", "STATUS", "POOL", "NODE", "ATTEMPTS", "AGE", "REVISION"]
+        "NAME",
+        "STATUS",
+        "POOL",
+        "NODE",
+        "ATTEMPTS",
+        "AGE",
+        "REVISION",
+    ]
 
 
 def test_get_missing_name_exits_3(labelled_store):
@@ -394,19 +465,30 @@ def test_get_events_times_are_rfc3339(sqlite_url, tmp_path):
 
 # --- delete --------------------------------------------------------------------------------
 
+
 def test_delete_by_name_ref_file_and_selector(store_url, tmp_path):
-    f = write(tmp_path / "all.yaml", job("d1"), job("d2"), job("d3", {"grp": "x"}), job("d4", {"grp": "x"}),
-              job("d5", {"grp": "y"}))
+    f = write(
+        tmp_path / "all.yaml",
+        job("d1"),
+        job("d2"),
+        job("d3", {"grp": "x"}),
+        job("d4", {"grp": "x"}),
+        job("d5", {"grp": "y"}),
+    )
     g = write(tmp_path / "more.yaml", job("d6"), pool("dp"))
     ok("apply", "-f", f, "-f", g, store=store_url)
 
     assert lines(ok("delete", "job", "d1", store=store_url).stdout) == ["job.reconciler.dev/d1 deleted"]
     assert lines(ok("delete", "job/d2", store=store_url).stdout) == ["job.reconciler.dev/d2 deleted"]
     assert sorted(lines(ok("delete", "jobs", "-l", "grp=x", store=store_url).stdout)) == [
-        "job.reconciler.dev/d3 deleted", "job.reconciler.dev/d4 deleted"]
+        "job.reconciler.dev/d3 deleted",
+        "job.reconciler.dev/d4 deleted",
+    ]
     assert names_of(store_url, "jobs") == ["d5", "d6"]
     assert sorted(lines(ok("delete", "-f", g, store=store_url).stdout)) == [
-        "job.reconciler.dev/d6 deleted", "pool.reconciler.dev/dp deleted"]
+        "job.reconciler.dev/d6 deleted",
+        "pool.reconciler.dev/dp deleted",
+    ]
     assert names_of(store_url, "jobs") == ["d5"] and names_of(store_url, "pools") == []
     for name in ("d1", "d2", "d3", "d4", "d6"):
         assert cli("get", "job", name, store=store_url).code == 3
@@ -452,6 +534,7 @@ def test_delete_file_listing_a_pool_before_its_jobs(sqlite_url, tmp_path):
 
 # --- the store file and status in manifests ------------------------------------------------
 
+
 def test_new_store_file_is_private(tmp_path):
     db = tmp_path / "fresh" / "nested" / "state.db"
     result = run_cli("apply", "-f", write(tmp_path / "a.yaml", job("p")), store=f"sqlite:///{db}")
@@ -477,7 +560,9 @@ def test_status_in_a_manifest_is_ignored_with_a_warning(sqlite_url, tmp_path):
 
 def test_stdin_apply(sqlite_url):
     text = yaml.safe_dump_all([job("from-stdin")])
-    assert lines(ok("apply", "-f", "-", store=sqlite_url, input=text).stdout) == ["job.reconciler.dev/from-stdin created"]
+    assert lines(ok("apply", "-f", "-", store=sqlite_url, input=text).stdout) == [
+        "job.reconciler.dev/from-stdin created"
+    ]
     assert names_of(sqlite_url, "jobs") == ["from-stdin"]
 
 

@@ -12,11 +12,21 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-FIGURES = ["1 DAG throughput (sqlite)", "2 dependency latency (sqlite)", "3 admission at depth, no room (sqlite)",
-           "3 admission at depth, head blocks (sqlite)", "4 apply, first (sqlite)", "4 apply, unchanged again (sqlite)",
-           "5 idle cost (sqlite)", "6 memory (sqlite)"]
-PG_FIGURES = ["7 DAG throughput (postgresql)", "7 admission at depth, no room (postgresql)",
-              "7 admission at depth, head blocks (postgresql)"]
+FIGURES = [
+    "1 DAG throughput (sqlite)",
+    "2 dependency latency (sqlite)",
+    "3 admission at depth, no room (sqlite)",
+    "3 admission at depth, head blocks (sqlite)",
+    "4 apply, first (sqlite)",
+    "4 apply, unchanged again (sqlite)",
+    "5 idle cost (sqlite)",
+    "6 memory (sqlite)",
+]
+PG_FIGURES = [
+    "7 DAG throughput (postgresql)",
+    "7 admission at depth, no room (postgresql)",
+    "7 admission at depth, head blocks (postgresql)",
+]
 
 
 def _pg_answers() -> bool:
@@ -33,8 +43,13 @@ def _pg_answers() -> bool:
 @pytest.mark.timeout(240)
 def test_suite_runs_at_ci_size():
     pg = _pg_answers()
-    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "run.py"), "--small", "--pg" if pg else "--no-pg"],
-                          capture_output=True, text=True, timeout=230, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "run.py"), "--small", "--pg" if pg else "--no-pg"],
+        capture_output=True,
+        text=True,
+        timeout=230,
+        cwd=ROOT,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     out = proc.stdout
     assert "nproc" in out and "python" in out and "CPU" in out and "date" in out

@@ -75,7 +75,10 @@ def _worker(url: str, name: str, writes: int, via: str, gate: Any, results: Any)
             if via == "cli":
                 proc = subprocess.run(
                     [sys.executable, "-m", "reconciler", "apply", "-f", "-", "-o", "json"],
-                    input=manifest(name, counter, str(read_rv)), capture_output=True, text=True, env=env,
+                    input=manifest(name, counter, str(read_rv)),
+                    capture_output=True,
+                    text=True,
+                    env=env,
                     timeout=WORKER_DEADLINE,
                 )
                 if proc.returncode == 0:
@@ -104,7 +107,7 @@ def _worker(url: str, name: str, writes: int, via: str, gate: Any, results: Any)
                 continue
             report["ok"].append({"counter": written, "read_rv": read_rv, "new_rv": new_rv})
             done += 1
-    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the test
+    except BaseException as exc:
         report["errors"].append(f"{type(exc).__name__}: {exc}")
     finally:
         store.dispose()
@@ -119,8 +122,10 @@ def run_workers(url: str, plan: list[tuple[str, int, str]]) -> list[dict[str, An
     ctx = multiprocessing.get_context("spawn")
     gate = ctx.Barrier(len(plan))
     results = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(url, name, writes, via, gate, results), daemon=True)
-             for name, writes, via in plan]
+    procs = [
+        ctx.Process(target=_worker, args=(url, name, writes, via, gate, results), daemon=True)
+        for name, writes, via in plan
+    ]
     for p in procs:
         p.start()
     reports: list[dict[str, Any]] = []
@@ -181,10 +186,11 @@ def check_history(url: str, name: str, reports: list[dict[str, Any]], initial_rv
 
 
 def _create_jobs(url: str, names: list[str]) -> dict[str, int]:
+    from pathlib import Path
+
     from reconciler.apply import apply_manifests
     from reconciler.manifests import parse_text
     from reconciler.store import Store
-    from pathlib import Path
 
     manifests, problems = parse_text("---\n".join(manifest(n, 0) for n in names), "<test>", Path("/"))
     assert not problems
@@ -200,9 +206,12 @@ def _create_jobs(url: str, names: list[str]) -> dict[str, int]:
 # (via, successful writes) per worker process; through the CLI every attempt starts an
 # interpreter (~0.5 s), so CLI writes are kept few and the repository workers do the volume
 workers = st.lists(
-    st.one_of(st.tuples(st.just("cli"), st.integers(min_value=1, max_value=2)),
-              st.tuples(st.just("repo"), st.integers(min_value=1, max_value=4))),
-    min_size=2, max_size=3,
+    st.one_of(
+        st.tuples(st.just("cli"), st.integers(min_value=1, max_value=2)),
+        st.tuples(st.just("repo"), st.integers(min_value=1, max_value=4)),
+    ),
+    min_size=2,
+    max_size=3,
 ).filter(lambda ws: sum(writes for via, writes in ws if via == "cli") <= 3)
 
 

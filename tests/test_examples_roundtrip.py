@@ -87,7 +87,8 @@ def test_roundtrip(folder, store_url):
     assert sorted(again.stdout.splitlines()) == sorted(f"{k.lower()}.reconciler.dev/{n} unchanged" for k, n in objects)
     second = snapshot(store_url, kinds)
     assert {key: o["metadata"]["resourceVersion"] for key, o in second.items()} == {
-        key: o["metadata"]["resourceVersion"] for key, o in first.items()}
+        key: o["metadata"]["resourceVersion"] for key, o in first.items()
+    }
     assert second == first
 
     deleted = ok("delete", "-f", str(path), store=store_url)
@@ -106,7 +107,8 @@ def test_roundtrip_through_the_console_script(tmp_path):
     result = run_cli("apply", "-f", str(ROOT / "examples" / "shards"), store=url)
     assert result.code == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == sorted(
-        f"{k.lower()}.reconciler.dev/{n} created" for k, n in declared(ROOT / "examples" / "shards"))
+        f"{k.lower()}.reconciler.dev/{n} created" for k, n in declared(ROOT / "examples" / "shards")
+    )
 
 
 def test_examples_and_manifests_share_one_store(sqlite_url):
@@ -114,7 +116,9 @@ def test_examples_and_manifests_share_one_store(sqlite_url):
     objects two folders both declare (Pool global, Pool analysis) agree on their spec."""
     for folder in FOLDERS:
         ok("apply", "-f", str(ROOT / folder), store=sqlite_url)
-    pools = {i["metadata"]["name"]: i for i in json.loads(ok("get", "pools", "-o", "json", store=sqlite_url).stdout)["items"]}
+    pools = {
+        i["metadata"]["name"]: i for i in json.loads(ok("get", "pools", "-o", "json", store=sqlite_url).stdout)["items"]
+    }
     assert pools["global"]["spec"]["slots"] == 4 and pools["analysis"]["spec"]["slots"] == 2
     assert pools["global"]["metadata"]["generation"] == 1 and pools["analysis"]["metadata"]["generation"] == 1
     jobs = json.loads(ok("get", "jobs", "-o", "json", store=sqlite_url).stdout)["items"]
@@ -123,6 +127,7 @@ def test_examples_and_manifests_share_one_store(sqlite_url):
 
 
 # --- what the examples promise ---------------------------------------------------------------
+
 
 @pytest.fixture
 def applied_copy(tmp_path):
@@ -161,8 +166,14 @@ def _argv(spec: dict) -> list[str]:
 
 def _start(spec: dict) -> subprocess.Popen:
     """One attempt, the way the agent starts it: argv or /bin/sh -c, stored workingDir, env merged."""
-    return subprocess.Popen(_argv(spec), cwd=spec["workingDir"], env={**os.environ, **spec.get("env", {})},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        _argv(spec),
+        cwd=spec["workingDir"],
+        env={**os.environ, **spec.get("env", {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _run(spec: dict, timeout: float = 20) -> subprocess.CompletedProcess:
@@ -181,8 +192,9 @@ def _levels(jobs: dict[str, dict]) -> list[list[str]]:
     done: list[str] = []
     levels = []
     while len(done) < len(jobs):
-        ready = sorted(n for n, j in jobs.items() if n not in done
-                       and all(d["job"] in done for d in j["spec"]["dependsOn"]))
+        ready = sorted(
+            n for n, j in jobs.items() if n not in done and all(d["job"] in done for d in j["spec"]["dependsOn"])
+        )
         assert ready, "dependency cycle in an example"
         levels.append(ready)
         done += ready
@@ -202,8 +214,11 @@ def _run_pipeline(jobs: dict[str, dict]) -> dict[str, list[subprocess.CompletedP
                 attempts.setdefault(name, []).append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
                 retry = jobs[name]["spec"]["retry"]
                 codes = retry["onExitCodes"]
-                if proc.returncode != 0 and (not codes or proc.returncode in codes) \
-                        and len(attempts[name]) <= retry["limit"]:
+                if (
+                    proc.returncode != 0
+                    and (not codes or proc.returncode in codes)
+                    and len(attempts[name]) <= retry["limit"]
+                ):
                     pending.append(name)
         for name in level:
             assert attempts[name][-1].returncode == 0, (name, attempts[name][-1].stdout, attempts[name][-1].stderr)
@@ -214,7 +229,12 @@ def test_shards_commands_run_and_one_shard_fails_once(applied_copy):
     folder, jobs, _ = applied_copy("examples/shards")
     attempts = _run_pipeline(jobs)
     assert {name: [a.returncode for a in runs] for name, runs in attempts.items()} == {
-        "prepare-data": [0], "analyze-1": [0], "analyze-2": [0], "analyze-3": [1, 0], "analyze-4": [0]}
+        "prepare-data": [0],
+        "analyze-1": [0],
+        "analyze-2": [0],
+        "analyze-3": [1, 0],
+        "analyze-4": [0],
+    }
     results = [int((folder / "work" / f"result-{n}.txt").read_text()) for n in range(1, 5)]
     assert sum(results) == sum(range(1, 1001))
     # running the pipeline again starts from a fresh work folder: the flaky shard fails once again

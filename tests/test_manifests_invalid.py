@@ -77,7 +77,10 @@ def one(id: str, text: str, path: str | None, message: str, *, line: int | None 
 
 
 def _alias_bomb() -> str:
-    lines = [HEAD + "kind: Job\nmetadata:\n  name: lol\nspec:\n  command: [\"true\"]\n  env:\n    a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines = [
+        HEAD
+        + 'kind: Job\nmetadata:\n  name: lol\nspec:\n  command: ["true"]\n  env:\n    a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]'
+    ]
     for i in range(1, 10):
         refs = ", ".join([f"*a{i - 1}"] * 9)
         lines.append(f"    a{i}: &a{i} [{refs}]")
@@ -87,156 +90,390 @@ def _alias_bomb() -> str:
 CASES: list[Case] = [
     # --- the document itself -------------------------------------------------------------
     one("yaml-unclosed-flow", job("  command: [echo, hi\n  slots: 1  # <--\n"), None, "invalid YAML"),
-    one("yaml-bad-indent", job("  command: [\"true\"]\n    slots: 1  # <--\n"), None, "invalid YAML"),
+    one("yaml-bad-indent", job('  command: ["true"]\n    slots: 1  # <--\n'), None, "invalid YAML"),
     one("yaml-tab-indent", HEAD + "kind: Job\nmetadata:\n\tname: x  # <--\n", None, "invalid YAML"),
     one("non-mapping-list", "- apiVersion: reconciler.dev/v1alpha1  # <--\n- kind: Job\n", "(document)", "mapping"),
     one("non-mapping-scalar", "# a comment\njust a string  # <--\n", "(document)", "mapping"),
-    one("wrong-apiversion", "apiVersion: batch/v1  # <--\nkind: Job\nmetadata: {name: x}\nspec: {command: [\"true\"]}\n",
-        "apiVersion", "reconciler.dev/v1alpha1"),
-    one("missing-apiversion", "kind: Job  # <--\nmetadata: {name: x}\nspec: {command: [\"true\"]}\n",
-        "apiVersion", "reconciler.dev/v1alpha1", line=1),
+    one(
+        "wrong-apiversion",
+        'apiVersion: batch/v1  # <--\nkind: Job\nmetadata: {name: x}\nspec: {command: ["true"]}\n',
+        "apiVersion",
+        "reconciler.dev/v1alpha1",
+    ),
+    one(
+        "missing-apiversion",
+        'kind: Job  # <--\nmetadata: {name: x}\nspec: {command: ["true"]}\n',
+        "apiVersion",
+        "reconciler.dev/v1alpha1",
+        line=1,
+    ),
     one("unknown-kind", HEAD + "kind: Deployment  # <--\nmetadata: {name: x}\nspec: {}\n", "kind", "Job"),
-    one("duplicate-yaml-key", job("  command: [\"true\"]\n  slots: 1\n  slots: 2  # <--\n"), "spec.slots", "duplicate"),
+    one("duplicate-yaml-key", job('  command: ["true"]\n  slots: 1\n  slots: 2  # <--\n'), "spec.slots", "duplicate"),
     one("alias-bomb", _alias_bomb(), None, "too large", line=1, extra=["aliases"]),
-    one("alias-self-reference", job("  command: [\"true\"]\n  env: &loop {x: *loop}\n"), None, "", line=1),
-    Case("oversized-file", {"jobs.yaml": job("  command: [\"true\"]\n") + "#" + "x" * (8 * 2**20) + "\n"},
-         "jobs.yaml", None, "too large", line=1),
-    Case("non-utf8", {"jobs.yaml": job("  shell: \"echo caf\xe9\"\n").encode("latin-1")}, "jobs.yaml", None, "UTF-8", line=1),
+    one("alias-self-reference", job('  command: ["true"]\n  env: &loop {x: *loop}\n'), None, "", line=1),
+    Case(
+        "oversized-file",
+        {"jobs.yaml": job('  command: ["true"]\n') + "#" + "x" * (8 * 2**20) + "\n"},
+        "jobs.yaml",
+        None,
+        "too large",
+        line=1,
+    ),
+    Case(
+        "non-utf8",
+        {"jobs.yaml": job('  shell: "echo caf\xe9"\n').encode("latin-1")},
+        "jobs.yaml",
+        None,
+        "UTF-8",
+        line=1,
+    ),
     # --- unknown fields at every depth ----------------------------------------------------
-    one("unknown-top-level", job("  command: [\"true\"]\n") + "replicas: 3  # <--\n", "replicas", "unknown field"),
-    one("unknown-in-metadata", job("  command: [\"true\"]\n", meta="  namespace: default  # <--\n"),
-        "metadata.namespace", "unknown field"),
-    one("unknown-in-spec", job("  command: [\"true\"]\n  restartPolicy: Never  # <--\n"), "spec.restartPolicy", "unknown field"),
-    one("unknown-in-backoff", job("  command: [\"true\"]\n  retry:\n    limit: 1\n    backoff:\n      delay: 1s\n"
-                                  "      base: 2  # <--\n"), "spec.retry.backoff.base", "unknown field"),
-    one("unknown-in-wait-condition", job("  command: [\"true\"]\n  waitFor:\n    conditions:\n      - delay: 1s\n"
-                                         "      - path: /tmp/ready\n        every: 1s  # <--\n"),
-        "spec.waitFor.conditions[1].every", "unknown field"),
-    one("unknown-in-probe", job("  command: [\"true\"]\n  waitFor:\n    conditions:\n      - probe:\n"
-                                "          command: [pg_isready]\n          retries: 3  # <--\n"),
-        "spec.waitFor.conditions[0].probe.retries", "unknown field"),
+    one("unknown-top-level", job('  command: ["true"]\n') + "replicas: 3  # <--\n", "replicas", "unknown field"),
+    one(
+        "unknown-in-metadata",
+        job('  command: ["true"]\n', meta="  namespace: default  # <--\n"),
+        "metadata.namespace",
+        "unknown field",
+    ),
+    one(
+        "unknown-in-spec",
+        job('  command: ["true"]\n  restartPolicy: Never  # <--\n'),
+        "spec.restartPolicy",
+        "unknown field",
+    ),
+    one(
+        "unknown-in-backoff",
+        job('  command: ["true"]\n  retry:\n    limit: 1\n    backoff:\n      delay: 1s\n      base: 2  # <--\n'),
+        "spec.retry.backoff.base",
+        "unknown field",
+    ),
+    one(
+        "unknown-in-wait-condition",
+        job(
+            '  command: ["true"]\n  waitFor:\n    conditions:\n      - delay: 1s\n'
+            "      - path: /tmp/ready\n        every: 1s  # <--\n"
+        ),
+        "spec.waitFor.conditions[1].every",
+        "unknown field",
+    ),
+    one(
+        "unknown-in-probe",
+        job(
+            '  command: ["true"]\n  waitFor:\n    conditions:\n      - probe:\n'
+            "          command: [pg_isready]\n          retries: 3  # <--\n"
+        ),
+        "spec.waitFor.conditions[0].probe.retries",
+        "unknown field",
+    ),
     # --- command / shell ------------------------------------------------------------------
-    one("command-and-shell", HEAD + "kind: Job\nmetadata: {name: bad}\nspec:  # <--\n  command: [make]\n  shell: make\n",
-        "spec", "exactly one of command or shell"),
-    one("neither-command-nor-shell", job("  slots: 1\n").replace("spec:\n", "spec:  # <--\n"), "spec",
-        "exactly one of command or shell"),
+    one(
+        "command-and-shell",
+        HEAD + "kind: Job\nmetadata: {name: bad}\nspec:  # <--\n  command: [make]\n  shell: make\n",
+        "spec",
+        "exactly one of command or shell",
+    ),
+    one(
+        "neither-command-nor-shell",
+        job("  slots: 1\n").replace("spec:\n", "spec:  # <--\n"),
+        "spec",
+        "exactly one of command or shell",
+    ),
     one("empty-command", job("  command: []  # <--\n"), "spec.command", "at least 1"),
     # --- names and labels -----------------------------------------------------------------
-    one("name-uppercase", job("  command: [\"true\"]\n", name="Analyze-1  # <--"), "metadata.name", "DNS-1123"),
-    one("name-too-long", job("  command: [\"true\"]\n", name="a" * 64 + "  # <--"), "metadata.name", "63"),
-    one("name-leading-dash", job("  command: [\"true\"]\n", name="'-job'  # <--"), "metadata.name", "DNS-1123"),
-    one("name-missing", HEAD + "kind: Job\nmetadata:  # <--\n  labels: {a: b}\nspec: {command: [\"true\"]}\n",
-        "metadata.name", "required"),
-    one("label-key-bad", job("  command: [\"true\"]\n", meta="  labels:  # <--\n    \"bad key!\": x\n"),
-        "metadata.labels", "label key"),
-    one("label-value-bad", job("  command: [\"true\"]\n", meta="  labels:  # <--\n    tier: \"-front end-\"\n"),
-        "metadata.labels", "label value"),
+    one("name-uppercase", job('  command: ["true"]\n', name="Analyze-1  # <--"), "metadata.name", "DNS-1123"),
+    one("name-too-long", job('  command: ["true"]\n', name="a" * 64 + "  # <--"), "metadata.name", "63"),
+    one("name-leading-dash", job('  command: ["true"]\n', name="'-job'  # <--"), "metadata.name", "DNS-1123"),
+    one(
+        "name-missing",
+        HEAD + 'kind: Job\nmetadata:  # <--\n  labels: {a: b}\nspec: {command: ["true"]}\n',
+        "metadata.name",
+        "required",
+    ),
+    one(
+        "label-key-bad",
+        job('  command: ["true"]\n', meta='  labels:  # <--\n    "bad key!": x\n'),
+        "metadata.labels",
+        "label key",
+    ),
+    one(
+        "label-value-bad",
+        job('  command: ["true"]\n', meta='  labels:  # <--\n    tier: "-front end-"\n'),
+        "metadata.labels",
+        "label value",
+    ),
     # --- quantities -----------------------------------------------------------------------
-    one("duration-bare-number", job("  command: [\"true\"]\n  timeout: 30  # <--\n"), "spec.timeout", "duration"),
-    one("duration-bad-unit", job("  command: [\"true\"]\n  runTimeout: 5x  # <--\n"), "spec.runTimeout", "duration"),
-    one("duration-negative", job("  command: [\"true\"]\n  stopGracePeriod: -1s  # <--\n"), "spec.stopGracePeriod", "duration"),
-    one("duration-in-backoff", job("  command: [\"true\"]\n  retry:\n    backoff:\n      maxDelay: soon  # <--\n"),
-        "spec.retry.backoff.maxDelay", "duration"),
-    one("size-bad", job("  command: [\"true\"]\n  resources:\n    memory: 12Qi  # <--\n"), "spec.resources.memory", "size"),
-    one("cpu-bad", job("  command: [\"true\"]\n  resources:\n    cpu: two  # <--\n"), "spec.resources.cpu", "CPU"),
-    one("probe-output-limit-bad", job("  command: [\"true\"]\n  waitFor:\n    conditions:\n      - probe:\n"
-                                      "          command: [\"true\"]\n          outputLimit: lots  # <--\n"),
-        "spec.waitFor.conditions[0].probe.outputLimit", "size"),
+    one("duration-bare-number", job('  command: ["true"]\n  timeout: 30  # <--\n'), "spec.timeout", "duration"),
+    one("duration-bad-unit", job('  command: ["true"]\n  runTimeout: 5x  # <--\n'), "spec.runTimeout", "duration"),
+    one(
+        "duration-negative",
+        job('  command: ["true"]\n  stopGracePeriod: -1s  # <--\n'),
+        "spec.stopGracePeriod",
+        "duration",
+    ),
+    one(
+        "duration-in-backoff",
+        job('  command: ["true"]\n  retry:\n    backoff:\n      maxDelay: soon  # <--\n'),
+        "spec.retry.backoff.maxDelay",
+        "duration",
+    ),
+    one(
+        "size-bad", job('  command: ["true"]\n  resources:\n    memory: 12Qi  # <--\n'), "spec.resources.memory", "size"
+    ),
+    one("cpu-bad", job('  command: ["true"]\n  resources:\n    cpu: two  # <--\n'), "spec.resources.cpu", "CPU"),
+    one(
+        "probe-output-limit-bad",
+        job(
+            '  command: ["true"]\n  waitFor:\n    conditions:\n      - probe:\n'
+            '          command: ["true"]\n          outputLimit: lots  # <--\n'
+        ),
+        "spec.waitFor.conditions[0].probe.outputLimit",
+        "size",
+    ),
     # --- enums ----------------------------------------------------------------------------
-    one("enum-type", job("  command: [\"true\"]\n  type: batch  # <--\n"), "spec.type", "run, service"),
-    one("enum-backoff-policy", job("  command: [\"true\"]\n  retry:\n    limit: 1\n    backoff:\n      policy: fibonacci  # <--\n"),
-        "spec.retry.backoff.policy", "constant, linear, exponential"),
-    one("enum-wait-mode", job("  command: [\"true\"]\n  waitFor:\n    mode: most  # <--\n    conditions: [{delay: 1s}]\n"),
-        "spec.waitFor.mode", "all, any"),
-    one("enum-path-type", job("  command: [\"true\"]\n  waitFor:\n    conditions:\n      - path: /run/x.sock\n"
-                              "        type: socket  # <--\n"), "spec.waitFor.conditions[0].type", "file, dir"),
-    one("enum-dependency-outcome", job("  command: [\"true\"]\n  dependsOn:\n    - job: base\n"
-                                       "      outcomes: [Succeeded, Maybe]  # <--\n"),
-        "spec.dependsOn[0].outcomes[1]", "Finished"),
+    one("enum-type", job('  command: ["true"]\n  type: batch  # <--\n'), "spec.type", "run, service"),
+    one(
+        "enum-backoff-policy",
+        job('  command: ["true"]\n  retry:\n    limit: 1\n    backoff:\n      policy: fibonacci  # <--\n'),
+        "spec.retry.backoff.policy",
+        "constant, linear, exponential",
+    ),
+    one(
+        "enum-wait-mode",
+        job('  command: ["true"]\n  waitFor:\n    mode: most  # <--\n    conditions: [{delay: 1s}]\n'),
+        "spec.waitFor.mode",
+        "all, any",
+    ),
+    one(
+        "enum-path-type",
+        job(
+            '  command: ["true"]\n  waitFor:\n    conditions:\n      - path: /run/x.sock\n        type: socket  # <--\n'
+        ),
+        "spec.waitFor.conditions[0].type",
+        "file, dir",
+    ),
+    one(
+        "enum-dependency-outcome",
+        job('  command: ["true"]\n  dependsOn:\n    - job: base\n      outcomes: [Succeeded, Maybe]  # <--\n'),
+        "spec.dependsOn[0].outcomes[1]",
+        "Finished",
+    ),
     # --- numbers --------------------------------------------------------------------------
-    one("slots-negative", job("  command: [\"true\"]\n  slots: -1  # <--\n"), "spec.slots", "greater than or equal to 1"),
-    one("slots-zero", job("  command: [\"true\"]\n  slots: 0  # <--\n"), "spec.slots", "greater than or equal to 1"),
-    one("retry-limit-negative", job("  command: [\"true\"]\n  retry:\n    limit: -1  # <--\n"), "spec.retry.limit",
-        "greater than or equal to 0"),
-    one("backoff-factor-below-1", job("  command: [\"true\"]\n  retry:\n    backoff: {policy: exponential,\n"
-                                      "              factor: 0.5}  # <--\n"), "spec.retry.backoff.factor",
-        "greater than or equal to 1"),
-    one("exit-codes-zero", job("  command: [\"true\"]\n  retry:\n    limit: 1\n    onExitCodes: [1, 0]  # <--\n"),
-        "spec.retry.onExitCodes", "0"),
-    one("exit-codes-256", job("  command: [\"true\"]\n  retry:\n    limit: 1\n    onExitCodes: [75, 256]  # <--\n"),
-        "spec.retry.onExitCodes", "256"),
-    one("port-on-run-job", job("  command: [\"true\"]\n  port: 8080  # <--\n"), "spec.port", "service"),
-    one("port-out-of-range", job("  command: [\"true\"]\n  type: service\n  port: 70000  # <--\n"), "spec.port",
-        "less than or equal to 65535"),
-    one("port-not-a-number", job("  command: [\"true\"]\n  type: service\n  port: http  # <--\n"), "spec.port", "integer"),
+    one("slots-negative", job('  command: ["true"]\n  slots: -1  # <--\n'), "spec.slots", "greater than or equal to 1"),
+    one("slots-zero", job('  command: ["true"]\n  slots: 0  # <--\n'), "spec.slots", "greater than or equal to 1"),
+    one(
+        "retry-limit-negative",
+        job('  command: ["true"]\n  retry:\n    limit: -1  # <--\n'),
+        "spec.retry.limit",
+        "greater than or equal to 0",
+    ),
+    one(
+        "backoff-factor-below-1",
+        job('  command: ["true"]\n  retry:\n    backoff: {policy: exponential,\n              factor: 0.5}  # <--\n'),
+        "spec.retry.backoff.factor",
+        "greater than or equal to 1",
+    ),
+    one(
+        "exit-codes-zero",
+        job('  command: ["true"]\n  retry:\n    limit: 1\n    onExitCodes: [1, 0]  # <--\n'),
+        "spec.retry.onExitCodes",
+        "0",
+    ),
+    one(
+        "exit-codes-256",
+        job('  command: ["true"]\n  retry:\n    limit: 1\n    onExitCodes: [75, 256]  # <--\n'),
+        "spec.retry.onExitCodes",
+        "256",
+    ),
+    one("port-on-run-job", job('  command: ["true"]\n  port: 8080  # <--\n'), "spec.port", "service"),
+    one(
+        "port-out-of-range",
+        job('  command: ["true"]\n  type: service\n  port: 70000  # <--\n'),
+        "spec.port",
+        "less than or equal to 65535",
+    ),
+    one(
+        "port-not-a-number", job('  command: ["true"]\n  type: service\n  port: http  # <--\n'), "spec.port", "integer"
+    ),
     # --- pools ----------------------------------------------------------------------------
-    one("pool-global", job("  command: [\"true\"]\n  pool: global  # <--\n"), "spec.pool", "global"),
-    one("pool-unknown", job("  command: [\"true\"]\n  pool: gpu  # <--\n"), "spec.pool", "does not exist"),
-    one("slots-exceed-pool", job("  command: [\"true\"]\n  pool: analysis\n  slots: 3  # <--\n"), "spec.slots",
-        "never fit pool 'analysis'"),
-    one("slots-exceed-global", job("  command: [\"true\"]\n  slots: 5  # <--\n"), "spec.slots", "global limit"),
-    one("pool-slots-lots", HEAD + "kind: Pool\nmetadata: {name: big}\nspec:\n  slots: lots  # <--\n", "spec.slots", "unlimited"),
-    one("pool-slots-negative", HEAD + "kind: Pool\nmetadata: {name: big}\nspec:\n  slots: -2  # <--\n", "spec.slots",
-        "non-negative"),
-    one("pool-shrunk-below-stored-job", HEAD + "kind: Pool\nmetadata: {name: analysis}\nspec:\n  slots: 1  # <--\n",
-        "spec.slots", "'base' needs (2)"),
+    one("pool-global", job('  command: ["true"]\n  pool: global  # <--\n'), "spec.pool", "global"),
+    one("pool-unknown", job('  command: ["true"]\n  pool: gpu  # <--\n'), "spec.pool", "does not exist"),
+    one(
+        "slots-exceed-pool",
+        job('  command: ["true"]\n  pool: analysis\n  slots: 3  # <--\n'),
+        "spec.slots",
+        "never fit pool 'analysis'",
+    ),
+    one("slots-exceed-global", job('  command: ["true"]\n  slots: 5  # <--\n'), "spec.slots", "global limit"),
+    one(
+        "pool-slots-lots",
+        HEAD + "kind: Pool\nmetadata: {name: big}\nspec:\n  slots: lots  # <--\n",
+        "spec.slots",
+        "unlimited",
+    ),
+    one(
+        "pool-slots-negative",
+        HEAD + "kind: Pool\nmetadata: {name: big}\nspec:\n  slots: -2  # <--\n",
+        "spec.slots",
+        "non-negative",
+    ),
+    one(
+        "pool-shrunk-below-stored-job",
+        HEAD + "kind: Pool\nmetadata: {name: analysis}\nspec:\n  slots: 1  # <--\n",
+        "spec.slots",
+        "'base' needs (2)",
+    ),
     # --- dependencies ---------------------------------------------------------------------
-    one("dependency-unknown", job("  command: [\"true\"]\n  dependsOn:\n    - prepare-data  # <--\n"),
-        "spec.dependsOn[0].job", "'prepare-data' does not exist"),
-    one("dependency-self", job("  command: [\"true\"]\n  dependsOn:\n    - base\n    - {job: bad}  # <--\n"),
-        "spec.dependsOn[1].job", "itself"),
-    Case("cycle-of-2", {"jobs.yaml": job("  command: [\"true\"]\n  dependsOn: [b]  # <--\n", name="a") + "---\n"
-                        + job("  command: [\"true\"]\n  dependsOn: [a]\n", name="b")},
-         "jobs.yaml", "spec.dependsOn", "dependency cycle: a -> b -> a"),
-    Case("cycle-of-3", {"jobs.yaml": job("  command: [\"true\"]\n  dependsOn: [b]  # <--\n", name="a") + "---\n"
-                        + job("  command: [\"true\"]\n  dependsOn: [c]\n", name="b") + "---\n"
-                        + job("  command: [\"true\"]\n  dependsOn: [a]\n", name="c")},
-         "jobs.yaml", "spec.dependsOn", "dependency cycle: a -> b -> c -> a"),
-    one("cycle-through-stored-job", job("  command: [\"true\"]\n  pool: analysis\n  slots: 2\n  dependsOn: [base-2]  # <--\n",
-                                        name="base"), "spec.dependsOn", "dependency cycle: base -> base-2 -> base"),
-    one("dependency-contradictory-edges", job("  command: [\"true\"]\n  dependsOn:\n    - base\n"
-                                              "    - {job: base, outcomes: [Failed]}  # <--\n"),
-        "spec.dependsOn[1]", "different outcomes"),
-    one("dependency-not-a-name", job("  command: [\"true\"]\n  dependsOn:\n    - {job: Base_1}  # <--\n"),
-        "spec.dependsOn[0].job", "DNS-1123"),
-    Case("duplicate-name-across-files",
-         {"a.yaml": job("  command: [\"true\"]\n", name="twin"),
-          "b.yaml": job("  shell: \"true\"\n", name="twin  # <--")},
-         "b.yaml", "metadata.name", "duplicate Job 'twin'", extra=["a.yaml:1"]),
+    one(
+        "dependency-unknown",
+        job('  command: ["true"]\n  dependsOn:\n    - prepare-data  # <--\n'),
+        "spec.dependsOn[0].job",
+        "'prepare-data' does not exist",
+    ),
+    one(
+        "dependency-self",
+        job('  command: ["true"]\n  dependsOn:\n    - base\n    - {job: bad}  # <--\n'),
+        "spec.dependsOn[1].job",
+        "itself",
+    ),
+    Case(
+        "cycle-of-2",
+        {
+            "jobs.yaml": job('  command: ["true"]\n  dependsOn: [b]  # <--\n', name="a")
+            + "---\n"
+            + job('  command: ["true"]\n  dependsOn: [a]\n', name="b")
+        },
+        "jobs.yaml",
+        "spec.dependsOn",
+        "dependency cycle: a -> b -> a",
+    ),
+    Case(
+        "cycle-of-3",
+        {
+            "jobs.yaml": job('  command: ["true"]\n  dependsOn: [b]  # <--\n', name="a")
+            + "---\n"
+            + job('  command: ["true"]\n  dependsOn: [c]\n', name="b")
+            + "---\n"
+            + job('  command: ["true"]\n  dependsOn: [a]\n', name="c")
+        },
+        "jobs.yaml",
+        "spec.dependsOn",
+        "dependency cycle: a -> b -> c -> a",
+    ),
+    one(
+        "cycle-through-stored-job",
+        job('  command: ["true"]\n  pool: analysis\n  slots: 2\n  dependsOn: [base-2]  # <--\n', name="base"),
+        "spec.dependsOn",
+        "dependency cycle: base -> base-2 -> base",
+    ),
+    one(
+        "dependency-contradictory-edges",
+        job('  command: ["true"]\n  dependsOn:\n    - base\n    - {job: base, outcomes: [Failed]}  # <--\n'),
+        "spec.dependsOn[1]",
+        "different outcomes",
+    ),
+    one(
+        "dependency-not-a-name",
+        job('  command: ["true"]\n  dependsOn:\n    - {job: Base_1}  # <--\n'),
+        "spec.dependsOn[0].job",
+        "DNS-1123",
+    ),
+    Case(
+        "duplicate-name-across-files",
+        {"a.yaml": job('  command: ["true"]\n', name="twin"), "b.yaml": job('  shell: "true"\n', name="twin  # <--")},
+        "b.yaml",
+        "metadata.name",
+        "duplicate Job 'twin'",
+        extra=["a.yaml:1"],
+    ),
     # --- waits ----------------------------------------------------------------------------
-    one("wait-two-kinds", job("  command: [\"true\"]\n  waitFor:\n    conditions:\n      - delay: 1s\n"
-                              "      - path: /tmp/x  # <--\n        delay: 5s\n"),
-        "spec.waitFor.conditions[1]", "exactly one of until, delay, path, probe"),
-    one("wait-no-kind", job("  command: [\"true\"]\n  waitFor:\n    conditions:\n      - interval: 1s  # <--\n"),
-        "spec.waitFor.conditions[0]", "exactly one of until, delay, path, probe"),
-    one("wait-abortat-and-abortafter", job("  command: [\"true\"]\n  waitFor:  # <--\n    conditions: [{delay: 1s}]\n"
-                                           "    abortAt: \"2030-01-01T00:00:00Z\"\n    abortAfter: 2h\n"),
-        "spec.waitFor", "abortAt or abortAfter"),
-    one("wait-until-without-timezone", job("  command: [\"true\"]\n  waitFor:\n    conditions:\n"
-                                           "      - until: \"2030-12-01T03:00:00\"  # <--\n"),
-        "spec.waitFor.conditions[0].until", "time zone"),
-    one("wait-abortat-not-a-time", job("  command: [\"true\"]\n  waitFor:\n    abortAt: tomorrow  # <--\n"),
-        "spec.waitFor.abortAt", "datetime"),
+    one(
+        "wait-two-kinds",
+        job(
+            '  command: ["true"]\n  waitFor:\n    conditions:\n      - delay: 1s\n'
+            "      - path: /tmp/x  # <--\n        delay: 5s\n"
+        ),
+        "spec.waitFor.conditions[1]",
+        "exactly one of until, delay, path, probe",
+    ),
+    one(
+        "wait-no-kind",
+        job('  command: ["true"]\n  waitFor:\n    conditions:\n      - interval: 1s  # <--\n'),
+        "spec.waitFor.conditions[0]",
+        "exactly one of until, delay, path, probe",
+    ),
+    one(
+        "wait-abortat-and-abortafter",
+        job(
+            '  command: ["true"]\n  waitFor:  # <--\n    conditions: [{delay: 1s}]\n'
+            '    abortAt: "2030-01-01T00:00:00Z"\n    abortAfter: 2h\n'
+        ),
+        "spec.waitFor",
+        "abortAt or abortAfter",
+    ),
+    one(
+        "wait-until-without-timezone",
+        job('  command: ["true"]\n  waitFor:\n    conditions:\n      - until: "2030-12-01T03:00:00"  # <--\n'),
+        "spec.waitFor.conditions[0].until",
+        "time zone",
+    ),
+    one(
+        "wait-abortat-not-a-time",
+        job('  command: ["true"]\n  waitFor:\n    abortAt: tomorrow  # <--\n'),
+        "spec.waitFor.abortAt",
+        "datetime",
+    ),
     # --- other kinds and fields -----------------------------------------------------------
-    one("notifier-url-and-command", HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:  # <--\n"
-        "  url: https://hooks.example/x\n  command: [notify-send, job]\n", "spec", "exactly one of url or command"),
-    one("notifier-unknown-event", HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:\n  url: https://h.example/x\n"
-        "  events: [Succeeded, Exploded]  # <--\n", "spec.events[1]", "Succeeded"),
-    one("node-negative-slots", HEAD + "kind: Node\nmetadata: {name: n1}\nspec:\n  capacity:\n    slots: -4  # <--\n",
-        "spec.capacity.slots", "greater than or equal to 0"),
-    one("artifact-bad-scheme", job("  command: [\"true\"]\n  artifact:\n    url: ftp://x/app.zip  # <--\n"),
-        "spec.artifact.url", "file://"),
-    one("artifact-bad-sha256", job("  command: [\"true\"]\n  artifact:\n    url: file:///srv/app.zip\n"
-                                   "    sha256: xyz  # <--\n"), "spec.artifact.sha256", "pattern"),
-    one("env-bad-name", job("  command: [\"true\"]\n  env:  # <--\n    \"A=B\": x\n"), "spec.env", "environment variable"),
-    one("env-value-not-string", job("  command: [\"true\"]\n  env:\n    N: {nested: map}  # <--\n"), "spec.env.N", "string"),
-    one("suspend-not-bool", job("  command: [\"true\"]\n  suspend: perhaps  # <--\n"), "spec.suspend", "boolean"),
-    one("second-document-bad", job("  command: [\"true\"]\n", name="fine") + "---\n"
-        + job("  command: [\"true\"]\n  priority: high  # <--\n"), "spec.priority", "integer"),
+    one(
+        "notifier-url-and-command",
+        HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:  # <--\n"
+        "  url: https://hooks.example/x\n  command: [notify-send, job]\n",
+        "spec",
+        "exactly one of url or command",
+    ),
+    one(
+        "notifier-unknown-event",
+        HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:\n  url: https://h.example/x\n"
+        "  events: [Succeeded, Exploded]  # <--\n",
+        "spec.events[1]",
+        "Succeeded",
+    ),
+    one(
+        "node-negative-slots",
+        HEAD + "kind: Node\nmetadata: {name: n1}\nspec:\n  capacity:\n    slots: -4  # <--\n",
+        "spec.capacity.slots",
+        "greater than or equal to 0",
+    ),
+    one(
+        "artifact-bad-scheme",
+        job('  command: ["true"]\n  artifact:\n    url: ftp://x/app.zip  # <--\n'),
+        "spec.artifact.url",
+        "file://",
+    ),
+    one(
+        "artifact-bad-sha256",
+        job('  command: ["true"]\n  artifact:\n    url: file:///srv/app.zip\n    sha256: xyz  # <--\n'),
+        "spec.artifact.sha256",
+        "pattern",
+    ),
+    one("env-bad-name", job('  command: ["true"]\n  env:  # <--\n    "A=B": x\n'), "spec.env", "environment variable"),
+    one(
+        "env-value-not-string",
+        job('  command: ["true"]\n  env:\n    N: {nested: map}  # <--\n'),
+        "spec.env.N",
+        "string",
+    ),
+    one("suspend-not-bool", job('  command: ["true"]\n  suspend: perhaps  # <--\n'), "spec.suspend", "boolean"),
+    one(
+        "second-document-bad",
+        job('  command: ["true"]\n', name="fine") + "---\n" + job('  command: ["true"]\n  priority: high  # <--\n'),
+        "spec.priority",
+        "integer",
+    ),
 ]
 
 
 # --- the store and its dump --------------------------------------------------------------
+
 
 def dump(db: Path) -> dict[str, list[tuple]]:
     """Every row of every table, in a stable order."""
@@ -292,7 +529,8 @@ def assert_refused(result, *, file: str, line: int, path: str | None, message: s
     assert result.code == 2, f"exit {result.code}, stderr: {result.stderr}"
     assert result.stdout == "", f"stdout must be empty, got: {result.stdout!r}"
     assert where_pattern(file, line, path).search(result.stderr), (
-        f"expected a line starting with {file}:{line}: {path or ''}\n--- stderr:\n{result.stderr}")
+        f"expected a line starting with {file}:{line}: {path or ''}\n--- stderr:\n{result.stderr}"
+    )
     assert message.lower() in result.stderr.lower(), f"expected {message!r} in:\n{result.stderr}"
     for fragment in extra:
         assert fragment in result.stderr, f"expected {fragment!r} in:\n{result.stderr}"
@@ -310,8 +548,14 @@ def test_invalid_manifest_is_refused(case: Case, store, tmp_path):
     target = write_case(case, tmp_path)
     before = dump(db)
     result = cli("apply", "-f", str(target), store=url)
-    assert_refused(result, file=str(tmp_path / case.id / case.file), line=expected_line(case), path=case.path,
-                   message=case.message, extra=case.extra)
+    assert_refused(
+        result,
+        file=str(tmp_path / case.id / case.file),
+        line=expected_line(case),
+        path=case.path,
+        message=case.message,
+        extra=case.extra,
+    )
     assert dump(db) == before, "the store changed"
 
 
@@ -335,7 +579,7 @@ def test_diff_refuses_the_same_way(store, tmp_path):
     assert dump(db) == before
 
 
-GOOD_JOB = job("  command: [\"true\"]\n  pool: analysis\n", name="good-{n}")
+GOOD_JOB = job('  command: ["true"]\n  pool: analysis\n', name="good-{n}")
 
 
 def test_folder_with_one_bad_file_stores_nothing(store, tmp_path):
@@ -347,7 +591,7 @@ def test_folder_with_one_bad_file_stores_nothing(store, tmp_path):
     for n in (1, 2):
         (folder / f"b-good-{n}.yaml").write_text(GOOD_JOB.format(n=n))
     bad = folder / "c-bad.yaml"
-    bad.write_text(job("  command: [\"true\"]\n  retry:\n    backoff:\n      policy: sometimes\n"))
+    bad.write_text(job('  command: ["true"]\n  retry:\n    backoff:\n      policy: sometimes\n'))
     (folder / "d-good.yaml").write_text(GOOD_JOB.format(n=3))
     (folder / "notes.txt").write_text("not a manifest: ignored\n")
     before = dump(db)
@@ -364,8 +608,8 @@ def test_every_problem_of_a_folder_is_reported_at_once(store, tmp_path):
     url, db = store
     folder = tmp_path / "two-bad"
     folder.mkdir()
-    (folder / "one.yaml").write_text(job("  command: [\"true\"]\n  slots: 0\n", name="one"))
-    (folder / "two.yaml").write_text(job("  command: [\"true\"]\n  type: cron\n", name="two"))
+    (folder / "one.yaml").write_text(job('  command: ["true"]\n  slots: 0\n', name="one"))
+    (folder / "two.yaml").write_text(job('  command: ["true"]\n  type: cron\n', name="two"))
     before = dump(db)
     result = cli("apply", "-f", str(folder), store=url)
     assert result.code == 2 and result.stdout == "" and "Traceback" not in result.stderr
@@ -380,7 +624,7 @@ def test_recursive_folder_reports_the_nested_bad_file(store, tmp_path):
     nested.mkdir(parents=True)
     (tmp_path / "tree" / "ok.yaml").write_text(GOOD_JOB.format(n=9))
     bad = nested / "bad.yml"
-    bad.write_text(job("  command: [\"true\"]\n  dependsOn: [ghost]\n"))
+    bad.write_text(job('  command: ["true"]\n  dependsOn: [ghost]\n'))
     before = dump(db)
     result = cli("apply", "-R", "-f", str(tmp_path / "tree"), store=url)
     assert_refused(result, file=str(bad), line=7, path="spec.dependsOn[0].job", message="'ghost' does not exist")
@@ -389,7 +633,7 @@ def test_recursive_folder_reports_the_nested_bad_file(store, tmp_path):
 
 def test_stdin_errors_name_stdin_and_the_line(store):
     url, db = store
-    text = job("  command: [\"true\"]\n", name="fine") + "---\n" + job("  command: [\"true\"]\n  timeout: 10\n")
+    text = job('  command: ["true"]\n', name="fine") + "---\n" + job('  command: ["true"]\n  timeout: 10\n')
     before = dump(db)
     result = cli("apply", "-f", "-", store=url, input=text)
     assert_refused(result, file="<stdin>", line=14, path="spec.timeout", message="duration")
@@ -424,6 +668,7 @@ def test_empty_folder_is_invalid_input(store, tmp_path):
 
 # --- the in-process runner agrees with the real console script ------------------------------
 
+
 @pytest.mark.parametrize("case_id", ["unknown-in-backoff", "alias-bomb"])
 def test_subprocess_cli_gives_the_same_answer(case_id, store, tmp_path):
     url, db = store
@@ -431,8 +676,14 @@ def test_subprocess_cli_gives_the_same_answer(case_id, store, tmp_path):
     target = write_case(case, tmp_path)
     before = dump(db)
     real = run_cli("apply", "-f", str(target), store=url)
-    assert_refused(real, file=str(tmp_path / case.id / case.file), line=expected_line(case), path=case.path,
-                   message=case.message, extra=case.extra)
+    assert_refused(
+        real,
+        file=str(tmp_path / case.id / case.file),
+        line=expected_line(case),
+        path=case.path,
+        message=case.message,
+        extra=case.extra,
+    )
     assert (real.code, real.stdout, real.stderr) == tuple(vars(cli("apply", "-f", str(target), store=url)).values())
     assert dump(db) == before
 
@@ -440,6 +691,6 @@ def test_subprocess_cli_gives_the_same_answer(case_id, store, tmp_path):
 def test_subprocess_stdin_error(store):
     url, db = store
     before = dump(db)
-    result = run_cli("apply", "-f", "-", store=url, input=job("  command: [\"true\"]\n  type: daemon\n"))
+    result = run_cli("apply", "-f", "-", store=url, input=job('  command: ["true"]\n  type: daemon\n'))
     assert_refused(result, file="<stdin>", line=7, path="spec.type", message="run, service")
     assert dump(db) == before

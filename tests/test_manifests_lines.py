@@ -27,11 +27,13 @@ spec:
 BASE = 'apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {name: ok-1}\nspec: {command: ["true"]}\n'
 
 # an empty document, a comment-only one and a null one stand between the jobs
-STREAM = (BASE
-          + "---\n---\n# only a comment\n---\nnull\n---\n"
-          + JOB.format(name="ok-2", first="ok-1", dep="ok-1")
-          + "---\n"
-          + JOB.format(name="bad", first="ok-2", dep="missing"))
+STREAM = (
+    BASE
+    + "---\n---\n# only a comment\n---\nnull\n---\n"
+    + JOB.format(name="ok-2", first="ok-1", dep="ok-1")
+    + "---\n"
+    + JOB.format(name="bad", first="ok-2", dep="missing")
+)
 
 
 def eager_nodes(text: str) -> list[yaml.Node]:
@@ -68,8 +70,10 @@ def test_missing_dependency_in_a_later_document_names_its_line(sqlite_url, tmp_p
     result = cli("apply", "-f", str(f), store=sqlite_url)
     bad_line = STREAM.splitlines().index("  - missing") + 1
     assert (result.code, result.stdout) == (2, ""), result
-    assert result.stderr == (f"error: {f}:{bad_line}: spec.dependsOn[1].job: job 'missing' does not exist "
-                             "(neither stored nor in this apply)\n")
+    assert result.stderr == (
+        f"error: {f}:{bad_line}: spec.dependsOn[1].job: job 'missing' does not exist "
+        "(neither stored nor in this apply)\n"
+    )
 
 
 @pytest.mark.parametrize("files", [1, 3])
@@ -87,7 +91,9 @@ def test_working_dirs_of_one_file_resolve_each_on_its_own(tmp_path, monkeypatch)
     given = ["work", None, "work", "/abs/x/../y", "~/w", "work/../other", None]
     text = "---\n".join(
         f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: w{i}}}\nspec:\n  command: [x]\n"
-        + (f"  workingDir: {wd}\n" if wd is not None else "") for i, wd in enumerate(given))
+        + (f"  workingDir: {wd}\n" if wd is not None else "")
+        for i, wd in enumerate(given)
+    )
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "w.yaml").write_text(text)
     (tmp_path / "w.yaml").write_text(text)

@@ -44,8 +44,31 @@ def test_parse_duration(text, seconds):
     assert parse_duration(text) == pytest.approx(seconds, abs=1e-9)
 
 
-BAD_DURATIONS = ["30", "5x", "-1s", "", "   ", "s", "ms", "1.s", ".5s", "1 s", "1h 30m", "1S", "1e3s", "1w",
-                 "+1s", "1s-", "one second", "1,5s", 30, 1.5, True, None, ["1s"]]
+BAD_DURATIONS = [
+    "30",
+    "5x",
+    "-1s",
+    "",
+    "   ",
+    "s",
+    "ms",
+    "1.s",
+    ".5s",
+    "1 s",
+    "1h 30m",
+    "1S",
+    "1e3s",
+    "1w",
+    "+1s",
+    "1s-",
+    "one second",
+    "1,5s",
+    30,
+    1.5,
+    True,
+    None,
+    ["1s"],
+]
 
 
 @pytest.mark.parametrize("value", BAD_DURATIONS, ids=[repr(v) for v in BAD_DURATIONS])
@@ -76,8 +99,18 @@ def test_format_duration(seconds, text):
     assert format_duration(seconds) == text
 
 
-@pytest.mark.parametrize("a,b", [("60m", "1h"), ("90s", "1m30s"), ("1000ms", "1s"), ("24h", "1d"), ("0.5m", "30s"),
-                                 ("1h60m", "2h"), ("30m1h", "1h30m")])
+@pytest.mark.parametrize(
+    "a,b",
+    [
+        ("60m", "1h"),
+        ("90s", "1m30s"),
+        ("1000ms", "1s"),
+        ("24h", "1d"),
+        ("0.5m", "30s"),
+        ("1h60m", "2h"),
+        ("30m1h", "1h30m"),
+    ],
+)
 def test_equal_durations_share_one_spelling(a, b):
     assert format_duration(parse_duration(a)) == format_duration(parse_duration(b)) == b
 
@@ -153,15 +186,29 @@ def test_parse_size_refuses(value):
         parse_size(value)
 
 
-@pytest.mark.parametrize("size,text", [(0, "0"), (1, "1"), (1000, "1000"), (1024, "1Ki"), (1536, "1536"),
-                                       (2**20, "1Mi"), (512 * 2**20, "512Mi"), (2**30, "1Gi"), (1024 * 2**30, "1Ti"),
-                                       (10**6, "1000000"), (3 * 2**40, "3Ti")])
+@pytest.mark.parametrize(
+    "size,text",
+    [
+        (0, "0"),
+        (1, "1"),
+        (1000, "1000"),
+        (1024, "1Ki"),
+        (1536, "1536"),
+        (2**20, "1Mi"),
+        (512 * 2**20, "512Mi"),
+        (2**30, "1Gi"),
+        (1024 * 2**30, "1Ti"),
+        (10**6, "1000000"),
+        (3 * 2**40, "3Ti"),
+    ],
+)
 def test_format_size(size, text):
     assert format_size(size) == text
 
 
-size_text = st.tuples(st.integers(min_value=0, max_value=10**6),
-                      st.sampled_from(["", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"])).map(lambda p: f"{p[0]}{p[1]}")
+size_text = st.tuples(
+    st.integers(min_value=0, max_value=10**6), st.sampled_from(["", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"])
+).map(lambda p: f"{p[0]}{p[1]}")
 
 
 @given(size_text)
@@ -181,8 +228,18 @@ def test_format_size_round_trips_every_integer(n):
 
 # --- CPU ---------------------------------------------------------------------------------------
 
-CPUS = [("1", 1.0), ("0.5", 0.5), ("500m", 0.5), ("250m", 0.25), ("2", 2.0), ("1.5", 1.5), ("0", 0.0),
-        (2, 2.0), (0.5, 0.5), ("1000m", 1.0)]
+CPUS = [
+    ("1", 1.0),
+    ("0.5", 0.5),
+    ("500m", 0.5),
+    ("250m", 0.25),
+    ("2", 2.0),
+    ("1.5", 1.5),
+    ("0", 0.0),
+    (2, 2.0),
+    (0.5, 0.5),
+    ("1000m", 1.0),
+]
 
 
 @pytest.mark.parametrize("value,cpu", CPUS, ids=[repr(v) for v, _ in CPUS])

@@ -8,9 +8,10 @@ import copy
 import datetime
 import functools
 import json
+from collections.abc import Iterator
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import jsonschema
 import kubernetes_validate
@@ -156,13 +157,16 @@ def structural_problems(root: dict[str, Any]) -> list[str]:
 
 
 def test_structural_check_catches_violations():
-    bad = {"type": "object", "properties": {
-        "a": {"anyOf": [{"type": "string"}, {"type": "null"}]},
-        "b": {"$ref": "#/$defs/B"},
-        "c": {"type": "object", "properties": {}, "additionalProperties": False},
-        "d": {"type": "integer", "default": "ten"},
-        "e": {"type": "object", "oneOf": [{"type": "object"}]},
-    }}
+    bad = {
+        "type": "object",
+        "properties": {
+            "a": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+            "b": {"$ref": "#/$defs/B"},
+            "c": {"type": "object", "properties": {}, "additionalProperties": False},
+            "d": {"type": "integer", "default": "ten"},
+            "e": {"type": "object", "oneOf": [{"type": "object"}]},
+        },
+    }
     assert len(structural_problems(bad)) >= 5, structural_problems(bad)
 
 
@@ -192,8 +196,12 @@ def test_crd_names_columns_and_subresources(kind):
     assert version["subresources"] == {"status": {}}
     columns = {c["name"]: c for c in version["additionalPrinterColumns"]}
     assert columns["Age"] == {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
-    expected = {"Job": {"Status", "Pool", "Node", "Revision"}, "Pool": {"Slots", "Max-Bypass"},
-                "Node": {"Slots", "Unschedulable"}, "Notifier": {"URL"}}[kind]
+    expected = {
+        "Job": {"Status", "Pool", "Node", "Revision"},
+        "Pool": {"Slots", "Max-Bypass"},
+        "Node": {"Slots", "Unschedulable"},
+        "Notifier": {"URL"},
+    }[kind]
     assert expected <= set(columns)
     full = schema.structural_schema(info)  # metadata is trimmed in the CRD, not in the model
     for column in columns.values():  # every column points at a field that exists
@@ -244,29 +252,77 @@ def _meta(name: str) -> dict[str, Any]:
 
 
 GOOD = {
-    "full-job": {**_meta("analyze-1"), "kind": "Job", "spec": {
-        "command": ["python", "analyze.py", "--shard", "1"], "workingDir": ".", "env": {"LOG_LEVEL": "debug"},
-        "artifact": {"url": "file:///srv/app.zip", "sha256": "0" * 64},
-        "dependsOn": ["prepare-data", {"job": "lint", "outcomes": ["Succeeded", "Failed"]},
-                      {"job": "cleanup", "outcomes": ["Finished"]}],
-        "waitFor": {"mode": "all", "abortAfter": "2h", "conditions": [
-            {"until": "2026-12-01T03:00:00Z"}, {"delay": "30s"}, {"path": "/data/ready", "type": "file"},
-            {"probe": {"command": ["pg_isready"], "timeout": "5s", "interval": "2s", "outputLimit": "4Ki",
-                       "fatalOnError": False}}]},
-        "pool": "analysis", "slots": 1, "priority": 0,
-        "placement": {"nodeName": "worker-2", "nodeSelector": {"gpu": "true"}},
-        "resources": {"cpu": "1", "memory": "512Mi"},
-        "retry": {"limit": 2, "onExitCodes": [1, 75], "onTimeout": False, "onLost": True,
-                  "backoff": {"policy": "exponential", "delay": "1s", "factor": 2, "maxDelay": "1m", "jitter": "200ms"}},
-        "timeout": "1h", "runTimeout": "10m", "stopGracePeriod": "10s", "suspend": False}},
-    "service": {**_meta("web"), "kind": "Job", "spec": {"shell": "python -m http.server 8080", "type": "service",
-                                                        "port": 8080, "resources": {"cpu": 2, "memory": 1073741824}}},
+    "full-job": {
+        **_meta("analyze-1"),
+        "kind": "Job",
+        "spec": {
+            "command": ["python", "analyze.py", "--shard", "1"],
+            "workingDir": ".",
+            "env": {"LOG_LEVEL": "debug"},
+            "artifact": {"url": "file:///srv/app.zip", "sha256": "0" * 64},
+            "dependsOn": [
+                "prepare-data",
+                {"job": "lint", "outcomes": ["Succeeded", "Failed"]},
+                {"job": "cleanup", "outcomes": ["Finished"]},
+            ],
+            "waitFor": {
+                "mode": "all",
+                "abortAfter": "2h",
+                "conditions": [
+                    {"until": "2026-12-01T03:00:00Z"},
+                    {"delay": "30s"},
+                    {"path": "/data/ready", "type": "file"},
+                    {
+                        "probe": {
+                            "command": ["pg_isready"],
+                            "timeout": "5s",
+                            "interval": "2s",
+                            "outputLimit": "4Ki",
+                            "fatalOnError": False,
+                        }
+                    },
+                ],
+            },
+            "pool": "analysis",
+            "slots": 1,
+            "priority": 0,
+            "placement": {"nodeName": "worker-2", "nodeSelector": {"gpu": "true"}},
+            "resources": {"cpu": "1", "memory": "512Mi"},
+            "retry": {
+                "limit": 2,
+                "onExitCodes": [1, 75],
+                "onTimeout": False,
+                "onLost": True,
+                "backoff": {"policy": "exponential", "delay": "1s", "factor": 2, "maxDelay": "1m", "jitter": "200ms"},
+            },
+            "timeout": "1h",
+            "runTimeout": "10m",
+            "stopGracePeriod": "10s",
+            "suspend": False,
+        },
+    },
+    "service": {
+        **_meta("web"),
+        "kind": "Job",
+        "spec": {
+            "shell": "python -m http.server 8080",
+            "type": "service",
+            "port": 8080,
+            "resources": {"cpu": 2, "memory": 1073741824},
+        },
+    },
     "pool-unlimited": {**_meta("global"), "kind": "Pool", "spec": {"slots": "unlimited"}},
     "pool": {**_meta("analysis"), "kind": "Pool", "spec": {"slots": 2, "maxBypass": 3}},
-    "node": {**_meta("worker-2"), "kind": "Node", "spec": {"capacity": {"slots": 4, "cpu": "8", "memory": "16Gi"},
-                                                           "unschedulable": False}},
-    "notifier-url": {**_meta("chat"), "kind": "Notifier",
-                     "spec": {"url": "https://hooks.example/jobs", "events": ["Succeeded", "Failed"]}},
+    "node": {
+        **_meta("worker-2"),
+        "kind": "Node",
+        "spec": {"capacity": {"slots": 4, "cpu": "8", "memory": "16Gi"}, "unschedulable": False},
+    },
+    "notifier-url": {
+        **_meta("chat"),
+        "kind": "Notifier",
+        "spec": {"url": "https://hooks.example/jobs", "events": ["Succeeded", "Failed"]},
+    },
     "notifier-command": {**_meta("desk"), "kind": "Notifier", "spec": {"command": ["notify-send", "job"]}},
 }
 

@@ -27,7 +27,10 @@ PARSE_CASES = [
     ("app.kubernetes.io/name", [R("app.kubernetes.io/name", "exists")]),
     ("a=b,c!=d", [R("a", "in", frozenset({"b"})), R("c", "notin", frozenset({"d"}))]),
     ("a in (x,y),!b,c", [R("a", "in", frozenset({"x", "y"})), R("b", "!exists"), R("c", "exists")]),
-    ("tier=web, env in (prod,staging)", [R("tier", "in", frozenset({"web"})), R("env", "in", frozenset({"prod", "staging"}))]),
+    (
+        "tier=web, env in (prod,staging)",
+        [R("tier", "in", frozenset({"web"})), R("env", "in", frozenset({"prod", "staging"}))],
+    ),
     ("v=1.2-rc_3", [R("v", "in", frozenset({"1.2-rc_3"}))]),
 ]
 

@@ -44,8 +44,15 @@ def _tables(store: Store) -> set[str]:
 
 def _create(store: Store, name: str, *, kind: str = "Job", spec: dict | None = None, labels: dict | None = None):
     with store.write() as tx:
-        obj = repo.create(tx, kind=kind, name=name, spec=spec or SPEC, labels=labels or {"app": name},
-                          annotations={"note": "x"}, status={"phase": "Waiting"} if kind == "Job" else None)
+        obj = repo.create(
+            tx,
+            kind=kind,
+            name=name,
+            spec=spec or SPEC,
+            labels=labels or {"app": name},
+            annotations={"note": "x"},
+            status={"phase": "Waiting"} if kind == "Job" else None,
+        )
         repo.record_event(tx, obj, "Created", f"{kind.lower()} created")
     return obj
 
@@ -135,15 +142,16 @@ def test_create_get_and_list(store):
 
 def test_create_many_is_create_for_many(store):
     with store.write() as tx:
-        made = repo.create_many(tx, [
-            dict(kind="Job", name=f"j{i}", spec=SPEC, labels={"i": str(i)}, annotations={}) for i in range(3)
-        ])
+        made = repo.create_many(
+            tx, [dict(kind="Job", name=f"j{i}", spec=SPEC, labels={"i": str(i)}, annotations={}) for i in range(3)]
+        )
         repo.record_events(tx, [(o, "Created", "bulk") for o in made])
     assert {o.resource_version for o in made} == {store.change_seq()}
     with store.read() as conn:
         stored = repo.list_objects(conn, kind="Job")
-    assert [(o.name, o.uid, o.labels, o.spec, o.status) for o in stored] == \
-        [(o.name, o.uid, o.labels, o.spec, None) for o in made]
+    assert [(o.name, o.uid, o.labels, o.spec, o.status) for o in stored] == [
+        (o.name, o.uid, o.labels, o.spec, None) for o in made
+    ]
     assert _events(store, "j1") == [("Created", "bulk")]
 
 
@@ -181,20 +189,22 @@ def test_a_stale_update_raises_conflict_and_changes_nothing(store):
         repo.record_event(tx, fresh, "Configured", "first")
     seq = store.change_seq()
 
-    with pytest.raises(Conflict, match="has been modified"):
-        with store.write() as tx:
-            stale = repo.update_object(tx, obj, spec={**SPEC, "priority": 9}, labels={"app": "second"})
-            repo.record_event(tx, stale, "Configured", "second")  # never reached
-    with pytest.raises(Conflict):
-        with store.write() as tx:
-            repo.remove(tx, obj)
+    with pytest.raises(Conflict, match="has been modified"), store.write() as tx:
+        stale = repo.update_object(tx, obj, spec={**SPEC, "priority": 9}, labels={"app": "second"})
+        repo.record_event(tx, stale, "Configured", "second")  # never reached
+    with pytest.raises(Conflict), store.write() as tx:
+        repo.remove(tx, obj)
 
     assert store.change_seq() == seq
     with store.read() as conn:
         stored = repo.get(conn, kind="Job", name="web")
     assert stored is not None
-    assert (stored.resource_version, stored.generation, stored.labels, stored.spec) == \
-        (fresh.resource_version, 1, {"app": "first"}, SPEC)
+    assert (stored.resource_version, stored.generation, stored.labels, stored.spec) == (
+        fresh.resource_version,
+        1,
+        {"app": "first"},
+        SPEC,
+    )
     assert _events(store, "web") == [("Created", "job created"), ("Configured", "first")]
 
 
@@ -212,11 +222,10 @@ def test_remove_is_a_compare_and_swap(store):
 
 
 def test_events_are_written_in_the_same_transaction(store):
-    with pytest.raises(Boom):
-        with store.write() as tx:
-            obj = repo.create(tx, kind="Job", name="ghost", spec=SPEC, labels={}, annotations={})
-            repo.record_event(tx, obj, "Created", "job created")
-            raise Boom
+    with pytest.raises(Boom), store.write() as tx:
+        obj = repo.create(tx, kind="Job", name="ghost", spec=SPEC, labels={}, annotations={})
+        repo.record_event(tx, obj, "Created", "job created")
+        raise Boom
     with store.read() as conn:
         assert repo.get(conn, kind="Job", name="ghost") is None
     assert _events(store, "ghost") == []
@@ -224,11 +233,10 @@ def test_events_are_written_in_the_same_transaction(store):
 
     obj = _create(store, "real")
     seq = store.change_seq()
-    with pytest.raises(Boom):
-        with store.write() as tx:
-            updated = repo.update_object(tx, obj, spec={**SPEC, "priority": 1})
-            repo.record_event(tx, updated, "Configured", "spec changed")
-            raise Boom
+    with pytest.raises(Boom), store.write() as tx:
+        updated = repo.update_object(tx, obj, spec={**SPEC, "priority": 1})
+        repo.record_event(tx, updated, "Configured", "spec changed")
+        raise Boom
     with store.read() as conn:
         stored = repo.get(conn, kind="Job", name="real")
     assert stored is not None and stored.spec == SPEC and stored.resource_version == obj.resource_version

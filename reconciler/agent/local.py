@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import psutil
 
@@ -34,8 +34,14 @@ class LocalAgent:
     def start(self, job: str, uid: str, number: int, spec: JobSpec, revision: int) -> ProcessIdentity:
         """Spawn run `number`; raises process.StartFailed when it cannot start."""
         env = {**spec.env, "RECONCILER_JOB": job, "RECONCILER_RUN": str(number), "RECONCILER_REVISION": str(revision)}
-        identity = spawn_run(argv=spec.command, shell=spec.shell, env=env, cwd=spec.working_dir or os.getcwd(),
-                             run_dir=self.run_dir(job, uid, number), fsync_exit=False)
+        identity = spawn_run(
+            argv=spec.command,
+            shell=spec.shell,
+            env=env,
+            cwd=spec.working_dir or os.getcwd(),
+            run_dir=self.run_dir(job, uid, number),
+            fsync_exit=False,
+        )
         self.watch(job, identity)
         return identity
 
@@ -94,4 +100,3 @@ class LocalAgent:
 
     def close(self) -> None:
         self._watcher.close()
-

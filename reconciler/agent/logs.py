@@ -15,8 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 _BLOCK = 64 * 1024
 
 
-def run_dir(state_dir: str | os.PathLike[str], job: str, uid: str, number: int, *,
-            legacy: bool = True) -> pathlib.Path:
+def run_dir(state_dir: str | os.PathLike[str], job: str, uid: str, number: int, *, legacy: bool = True) -> pathlib.Path:
     """Where run `number` of a job keeps its stdout, stderr and exit record:
     `runs/<job>.<uid>.<number>`. Job names are DNS-1123 labels (no dots) and uids are ours:
     both are safe as path parts, and the name splits back unambiguously.

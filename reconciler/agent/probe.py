@@ -11,8 +11,8 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..api.job import WaitCondition
 
@@ -24,14 +24,21 @@ PROBE_THREADS = 8  # probes in flight at once; more wait their turn
 DUE_AFTER = 0.9
 
 
-def run_probe(cond: WaitCondition, cwd: str | None = None,
-              running: Callable[[subprocess.Popen | None], None] = lambda proc: None) -> tuple[bool, str]:
+def run_probe(
+    cond: WaitCondition, cwd: str | None = None, running: Callable[[subprocess.Popen | None], None] = lambda proc: None
+) -> tuple[bool, str]:
     """(exit 0?, a short diagnostic with the output cut to outputLimit bytes). `running` is
     told of the probe's process while it runs (then None), so that it can be killed."""
     probe = cond.probe
     try:
-        proc = subprocess.Popen(probe.command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True)
+        proc = subprocess.Popen(
+            probe.command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            start_new_session=True,
+        )
     except OSError as exc:
         return False, f"probe could not start: {exc.strerror or exc}"
     running(proc)
@@ -74,7 +81,9 @@ class Probes:
     state does: the status does not churn, and a step that asks again (after a conflict,
     or woken by anything else) gets the same answer instead of losing it."""
 
-    def __init__(self, wake: Callable[[str], None], threads: int = PROBE_THREADS, clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self, wake: Callable[[str], None], threads: int = PROBE_THREADS, clock: Callable[[], float] = time.monotonic
+    ):
         self._wake = wake
         self._clock = clock
         self._lock = threading.Lock()

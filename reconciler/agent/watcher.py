@@ -132,11 +132,11 @@ class ExitWatcher:
     def _finish(self, identity: ProcessIdentity, callback: Callback) -> None:
         try:
             reap(identity)  # our child: collect it so no zombie stays
-        except Exception:  # noqa: BLE001 - the thread must outlive any one run
+        except Exception:
             log.exception("reaping %s failed", identity)
         try:
             callback(identity)
-        except Exception:  # noqa: BLE001
+        except Exception:
             log.exception("exit callback for %s failed", identity)
 
     def _shutdown(self) -> None:

@@ -20,9 +20,7 @@ WRAPPER_NAME = "reconciler-run"
 _CAUGHT = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "ALRM")
 # A signal that arrives before the command started means "do not start it":
 # the handler notes the code the command would have died with.
-_TRAPS = "\n".join(
-    f"trap 't={128 + getattr(signal, 'SIG' + name)}' {name}" for name in _CAUGHT
-)
+_TRAPS = "\n".join(f"trap 't={128 + getattr(signal, 'SIG' + name)}' {name}" for name in _CAUGHT)
 
 # Positional parameters: $1 = run dir, $2 = 1 to fsync the record, the rest =
 # the argv to run (argv[0] an absolute path, so no shell builtin can stand in

@@ -19,7 +19,11 @@ DEFAULT_RUN_TIMEOUT = 3600.0  # whole-job timeout of a run job when none is give
 
 class Artifact(Strict):
     url: str = Field(description="file:// or http(s):// address of a zip unpacked into a fresh working dir per run.")
-    sha256: str | None = Field(default=None, pattern=r"^[0-9a-f]{64}$", description="Expected digest; a mismatch fails the run with reason ArtifactInvalid.")
+    sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="Expected digest; a mismatch fails the run with reason ArtifactInvalid.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -32,7 +36,8 @@ class Artifact(Strict):
 class Dependency(Strict):
     job: Name = Field(description="Name of the job depended on.")
     outcomes: list[DependencyOutcome] = Field(
-        default_factory=lambda: ["Succeeded"], min_length=1,
+        default_factory=lambda: ["Succeeded"],
+        min_length=1,
         description="Terminal outcomes of that job that satisfy this edge; Finished means any.",
     )
 
@@ -47,11 +52,15 @@ class Dependency(Strict):
 
 
 class Probe(Strict):
-    command: list[str] = Field(min_length=1, description="argv of the probe, run directly (no shell); exit 0 satisfies.")
+    command: list[str] = Field(
+        min_length=1, description="argv of the probe, run directly (no shell); exit 0 satisfies."
+    )
     timeout: Duration = Field(default="5s", description="Longest one probe may run.")
     interval: Duration = Field(default="2s", description="Time between evaluations (jittered 90-110%).")
     output_limit: Size = Field(default="4Ki", description="Bytes of probe output kept as the diagnostic.")
-    fatal_on_error: bool = Field(default=False, description="A failing probe ends the job Aborted/WaitProbeFailed instead of waiting.")
+    fatal_on_error: bool = Field(
+        default=False, description="A failing probe ends the job Aborted/WaitProbeFailed instead of waiting."
+    )
 
 
 class WaitCondition(Strict):
@@ -65,7 +74,7 @@ class WaitCondition(Strict):
     interval: Duration | None = Field(default=None, description="Poll interval for path (default 1s).")
 
     @model_validator(mode="after")
-    def _exactly_one(self) -> "WaitCondition":
+    def _exactly_one(self) -> WaitCondition:
         given = [k for k in ("until", "delay", "path", "probe") if getattr(self, k) is not None]
         if len(given) != 1:
             raise ValueError("a wait condition needs exactly one of until, delay, path, probe")
@@ -81,11 +90,13 @@ class WaitCondition(Strict):
 class WaitFor(Strict):
     mode: Literal["all", "any"] = Field(default="all", description="all: every condition; any: one of them.")
     conditions: list[WaitCondition] = Field(default_factory=list)
-    abort_at: Time | None = Field(default=None, description="Past this time a still-waiting job ends Aborted/WaitAbortDeadline.")
+    abort_at: Time | None = Field(
+        default=None, description="Past this time a still-waiting job ends Aborted/WaitAbortDeadline."
+    )
     abort_after: Duration | None = Field(default=None, description="Like abortAt, measured from acceptance.")
 
     @model_validator(mode="after")
-    def _one_deadline(self) -> "WaitFor":
+    def _one_deadline(self) -> WaitFor:
         if self.abort_at is not None and self.abort_after is not None:
             raise ValueError("give abortAt or abortAfter, not both")
         return self
@@ -111,7 +122,9 @@ class Backoff(Strict):
 
 class Retry(Strict):
     limit: int = Field(default=0, ge=0, le=1000, description="Retries after the first run; attempts = limit + 1.")
-    on_exit_codes: list[int] = Field(default_factory=list, description="Retryable exit codes; empty = every non-zero code.")
+    on_exit_codes: list[int] = Field(
+        default_factory=list, description="Retryable exit codes; empty = every non-zero code."
+    )
     on_timeout: bool = Field(default=False, description="Is a run timeout retryable.")
     on_lost: bool = Field(default=True, description="Is a lost run (node or agent gone) retried.")
     backoff: Backoff = Field(default_factory=Backoff)
@@ -129,10 +142,16 @@ class Retry(Strict):
 
 class JobSpec(Strict):
     command: list[str] | None = Field(default=None, min_length=1, description="argv, run directly (no shell).")
-    shell: str | None = Field(default=None, min_length=1, description="One string run by /bin/sh -c; exactly one of command/shell.")
-    working_dir: str | None = Field(default=None, description="Relative paths resolve against the manifest file's folder.")
+    shell: str | None = Field(
+        default=None, min_length=1, description="One string run by /bin/sh -c; exactly one of command/shell."
+    )
+    working_dir: str | None = Field(
+        default=None, description="Relative paths resolve against the manifest file's folder."
+    )
     env: dict[str, str] = Field(default_factory=dict)
-    type: Literal["run", "service"] = Field(default="run", description="run: one-shot; service: long-running, restarted.")
+    type: Literal["run", "service"] = Field(
+        default="run", description="run: one-shot; service: long-running, restarted."
+    )
     port: int | None = Field(default=None, ge=1, le=65535, description="Service only: where it listens.")
     artifact: Artifact | None = None
     depends_on: list[Dependency] = Field(default_factory=list)
@@ -143,9 +162,13 @@ class JobSpec(Strict):
     placement: Placement = Field(default_factory=Placement)
     resources: Resources = Field(default_factory=Resources)
     retry: Retry = Field(default_factory=Retry)
-    timeout: Duration | None = Field(default=None, description="Whole job from acceptance; default 1h for run, none for service.")
+    timeout: Duration | None = Field(
+        default=None, description="Whole job from acceptance; default 1h for run, none for service."
+    )
     run_timeout: Duration | None = Field(default=None, description="One run.")
-    stop_grace_period: Duration = Field(default="10s", description="SIGTERM to the process group, then SIGKILL after this.")
+    stop_grace_period: Duration = Field(
+        default="10s", description="SIGTERM to the process group, then SIGKILL after this."
+    )
     suspend: bool = Field(default=False, description="Pause: no new run is admitted; an active run is stopped.")
 
     @field_validator("env")
@@ -171,7 +194,7 @@ class JobSpec(Strict):
         return pool
 
     @model_validator(mode="after")
-    def _consistent(self) -> "JobSpec":
+    def _consistent(self) -> JobSpec:
         # contradictory dependsOn edges are found by api/validation.py, which can name the entry
         if (self.command is None) == (self.shell is None):
             raise ValueError("exactly one of command or shell is required")

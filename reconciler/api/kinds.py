@@ -35,7 +35,9 @@ KINDS: dict[str, KindInfo] = {
         KindInfo("Notifier", "notifiers", Notifier, ("notifier", "notifiers", "nf")),
     )
 }
-_BY_ALIAS = {alias: info for info in KINDS.values() for alias in (*info.aliases, info.qualified, f"{info.plural}.reconciler.dev")}
+_BY_ALIAS = {
+    alias: info for info in KINDS.values() for alias in (*info.aliases, info.qualified, f"{info.plural}.reconciler.dev")
+}
 
 
 def resolve_kind(word: str) -> KindInfo:

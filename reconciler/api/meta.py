@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
@@ -21,9 +21,7 @@ _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]
 class Strict(BaseModel):
     """Every API model: camelCase on the wire, unknown fields refused at any depth."""
 
-    model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_default=True
-    )
+    model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_default=True)
 
 
 def check_name(value: str) -> str:
@@ -57,12 +55,12 @@ def check_label_value(value: str) -> str:
 
 
 def utcnow() -> datetime:
-    return datetime.now(timezone.utc)
+    return datetime.now(UTC)
 
 
 def format_time(value: datetime) -> str:
     """RFC 3339 UTC with milliseconds, as API.md asks of machine output."""
-    return value.astimezone(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return value.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def to_epoch(text: str) -> float:
@@ -71,13 +69,13 @@ def to_epoch(text: str) -> float:
 
 
 def from_epoch(epoch: float) -> str:
-    return format_time(datetime.fromtimestamp(epoch, timezone.utc))
+    return format_time(datetime.fromtimestamp(epoch, UTC))
 
 
 def _aware(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("must carry a time zone, e.g. 2026-12-01T03:00:00Z")
-    return value.astimezone(timezone.utc)
+    return value.astimezone(UTC)
 
 
 Time = Annotated[datetime, AfterValidator(_aware), PlainSerializer(format_time, return_type=str)]

@@ -6,14 +6,18 @@ from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .meta import API_VERSION, ObjectMeta, Strict
 from .job import OUTCOMES, Outcome
+from .meta import API_VERSION, ObjectMeta, Strict
 
 
 class NotifierSpec(Strict):
     url: str | None = Field(default=None, description="HTTP POST of a JSON event.")
     command: list[str] | None = Field(default=None, min_length=1, description="A command that gets the event on stdin.")
-    events: list[Outcome] = Field(default_factory=lambda: list(OUTCOMES), min_length=1, description="Outcomes to notify; every terminal outcome by default.")
+    events: list[Outcome] = Field(
+        default_factory=lambda: list(OUTCOMES),
+        min_length=1,
+        description="Outcomes to notify; every terminal outcome by default.",
+    )
 
     @field_validator("url")
     @classmethod
@@ -23,7 +27,7 @@ class NotifierSpec(Strict):
         return url
 
     @model_validator(mode="after")
-    def _one_target(self) -> "NotifierSpec":
+    def _one_target(self) -> NotifierSpec:
         if (self.url is None) == (self.command is None):
             raise ValueError("exactly one of url or command is required")
         return self

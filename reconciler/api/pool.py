@@ -21,7 +21,9 @@ class PoolSpec(Strict):
     slots: Annotated[int | Literal["unlimited"], BeforeValidator(_check_slots)] = Field(
         default="unlimited", description='Slot limit, a non-negative integer or "unlimited".'
     )
-    max_bypass: int = Field(default=3, ge=0, description="How often a younger job may pass the oldest waiting one that does not fit.")
+    max_bypass: int = Field(
+        default=3, ge=0, description="How often a younger job may pass the oldest waiting one that does not fit."
+    )
 
     @property
     def capacity(self) -> int | None:

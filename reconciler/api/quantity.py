@@ -13,8 +13,15 @@ from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 _SIZE_UNITS = {
-    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+    "": 1,
+    "k": 10**3,
+    "M": 10**6,
+    "G": 10**9,
+    "T": 10**12,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
 }
 _SIZE = re.compile(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T|)")
 _CPU = re.compile(r"(\d+(?:\.\d+)?)(m?)")

@@ -75,7 +75,9 @@ FALLBACK_DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "retry": "What happens after a run that did not succeed: retryable outcomes, limit and backoff.",
     },
     Retry: {"backoff": "Delay before each retry: policy, base delay, factor, cap and jitter."},
-    Backoff: {"policy": "For the n-th retry: constant waits delay; linear delay * n; exponential delay * factor^(n-1)."},
+    Backoff: {
+        "policy": "For the n-th retry: constant waits delay; linear delay * n; exponential delay * factor^(n-1)."
+    },
     WaitFor: {"conditions": "Conditions gating the first run; see mode."},
     NodeSpec: {"capacity": "What the node offers: slots, CPU and memory."},
     Capacity: {"cpu": "CPUs the node offers, e.g. 8 or 500m.", "memory": "Memory the node offers, e.g. 16Gi."},
@@ -96,22 +98,40 @@ FALLBACK_DESCRIPTIONS: dict[type[BaseModel], dict[str, str]] = {
         "waits": "The last evaluation of each wait condition.",
         "conditions": "Kubernetes-style conditions.",
     },
-    NodeStatus: {"conditions": "Kubernetes-style conditions; Ready tells whether the node's agent is alive.",
-                 "heartbeatAt": "The agent's last heartbeat.", "allocated": "Slots held by runs on this node."},
-    Condition: {"type": "The condition's name, e.g. Ready or Admitted.",
-                "reason": "CamelCase reason of the last transition.",
-                "message": "One human sentence.", "lastTransitionTime": "When status last changed."},
+    NodeStatus: {
+        "conditions": "Kubernetes-style conditions; Ready tells whether the node's agent is alive.",
+        "heartbeatAt": "The agent's last heartbeat.",
+        "allocated": "Slots held by runs on this node.",
+    },
+    Condition: {
+        "type": "The condition's name, e.g. Ready or Admitted.",
+        "reason": "CamelCase reason of the last transition.",
+        "message": "One human sentence.",
+        "lastTransitionTime": "When status last changed.",
+    },
 }
 
 PRINTER_COLUMNS: dict[str, list[tuple[str, str, str, int]]] = {  # name, type, jsonPath, priority (1 = wide)
-    "Job": [("Status", "string", ".status.phase", 0), ("Outcome", "string", ".status.outcome", 0),
-            ("Pool", "string", ".spec.pool", 0), ("Node", "string", ".status.nodeName", 0),
-            ("Revision", "integer", ".status.revision", 0), ("Reason", "string", ".status.reason", 1),
-            ("Priority", "integer", ".spec.priority", 1)],
-    "Pool": [("Slots", "string", ".spec.slots", 0), ("Used", "integer", ".status.used", 0),
-             ("Queued", "integer", ".status.queued", 0), ("Max-Bypass", "integer", ".spec.maxBypass", 0)],
-    "Node": [("Slots", "integer", ".spec.capacity.slots", 0), ("Allocated", "integer", ".status.allocated.slots", 0),
-             ("Unschedulable", "boolean", ".spec.unschedulable", 0)],
+    "Job": [
+        ("Status", "string", ".status.phase", 0),
+        ("Outcome", "string", ".status.outcome", 0),
+        ("Pool", "string", ".spec.pool", 0),
+        ("Node", "string", ".status.nodeName", 0),
+        ("Revision", "integer", ".status.revision", 0),
+        ("Reason", "string", ".status.reason", 1),
+        ("Priority", "integer", ".spec.priority", 1),
+    ],
+    "Pool": [
+        ("Slots", "string", ".spec.slots", 0),
+        ("Used", "integer", ".status.used", 0),
+        ("Queued", "integer", ".status.queued", 0),
+        ("Max-Bypass", "integer", ".spec.maxBypass", 0),
+    ],
+    "Node": [
+        ("Slots", "integer", ".spec.capacity.slots", 0),
+        ("Allocated", "integer", ".status.allocated.slots", 0),
+        ("Unschedulable", "boolean", ".spec.unschedulable", 0),
+    ],
     "Notifier": [("URL", "string", ".spec.url", 0), ("Events", "string", ".spec.events", 1)],
 }
 
@@ -291,8 +311,10 @@ def crd(info: KindInfo) -> dict[str, Any]:
         props[field] = {"type": props[field]["type"], "description": props[field]["description"]}
     if required := [f for f in schema.pop("required", []) if f != "metadata"]:
         schema["required"] = required
-    columns = [{"name": n, "type": t, "jsonPath": p, **({"priority": pr} if pr else {})}
-               for n, t, p, pr in PRINTER_COLUMNS[info.kind]]
+    columns = [
+        {"name": n, "type": t, "jsonPath": p, **({"priority": pr} if pr else {})}
+        for n, t, p, pr in PRINTER_COLUMNS[info.kind]
+    ]
     columns.append({"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"})
     singular = info.kind.lower()
     return {
@@ -301,15 +323,25 @@ def crd(info: KindInfo) -> dict[str, Any]:
         "metadata": {"name": f"{info.plural}.{GROUP}"},
         "spec": {
             "group": GROUP,
-            "names": {"plural": info.plural, "singular": singular, "kind": info.kind, "listKind": f"{info.kind}List",
-                      "shortNames": [SHORT_NAMES[info.kind]], "categories": ["reconciler"]},
+            "names": {
+                "plural": info.plural,
+                "singular": singular,
+                "kind": info.kind,
+                "listKind": f"{info.kind}List",
+                "shortNames": [SHORT_NAMES[info.kind]],
+                "categories": ["reconciler"],
+            },
             "scope": "Cluster",
-            "versions": [{
-                "name": VERSION, "served": True, "storage": True,
-                "schema": {"openAPIV3Schema": schema},
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": columns,
-            }],
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": columns,
+                }
+            ],
         },
     }
 
@@ -319,12 +351,14 @@ def editor_schema(info: KindInfo) -> dict[str, Any]:
     schema = _walk(model_schema(info.model), lambda key, _: key.startswith("x-"))
     # the manifest loader needs both to pick the kind, though the models default them
     schema["required"] = ["apiVersion", "kind", *schema.get("required", [])]
-    schema.update({
-        "$schema": JSON_SCHEMA_DIALECT,
-        "$id": f"https://{GROUP}/schemas/{VERSION}/{info.kind.lower()}.json",
-        "title": f"{info.kind} ({GROUP}/{VERSION})",
-        "description": KIND_DESCRIPTIONS[info.kind],
-    })
+    schema.update(
+        {
+            "$schema": JSON_SCHEMA_DIALECT,
+            "$id": f"https://{GROUP}/schemas/{VERSION}/{info.kind.lower()}.json",
+            "title": f"{info.kind} ({GROUP}/{VERSION})",
+            "description": KIND_DESCRIPTIONS[info.kind],
+        }
+    )
     return schema
 
 
@@ -341,8 +375,11 @@ def render() -> dict[str, str]:
 def drift(directory: Path) -> tuple[dict[Path, str], list[Path]]:
     """(files to write: missing or different, with their text; stale generated files)."""
     expected = render()
-    changed = {directory / rel: text for rel, text in sorted(expected.items())
-               if not (directory / rel).exists() or (directory / rel).read_text() != text}
+    changed = {
+        directory / rel: text
+        for rel, text in sorted(expected.items())
+        if not (directory / rel).exists() or (directory / rel).read_text() != text
+    }
     found = [*directory.glob(f"*.{GROUP}.yaml"), *directory.glob("schemas/*.json")]
     stale = sorted(p for p in found if p.relative_to(directory).as_posix() not in expected)
     return changed, stale

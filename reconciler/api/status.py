@@ -25,7 +25,9 @@ class RunRecord(Strict):
     revision: int
     node: str | None = None
     pid: int | None = None
-    process_start_time: float | None = Field(default=None, description="The run wrapper's start time: with pid, its identity.")
+    process_start_time: float | None = Field(
+        default=None, description="The run wrapper's start time: with pid, its identity."
+    )
     started_at: Time | None = None
     finished_at: Time | None = None
     exit_code: int | None = None
@@ -59,8 +61,12 @@ class JobStatus(Strict):
     message: str | None = None
     observed_generation: int | None = None
     revision: int = 1
-    accepted_at: Time | None = Field(default=None, description="When this revision was accepted: waits' delay and the job timeout count from here.")
-    eligible_at: Time | None = Field(default=None, description="When dependencies and waits were satisfied: the queue position.")
+    accepted_at: Time | None = Field(
+        default=None, description="When this revision was accepted: waits' delay and the job timeout count from here."
+    )
+    eligible_at: Time | None = Field(
+        default=None, description="When dependencies and waits were satisfied: the queue position."
+    )
     bypass_count: int = Field(default=0, description="How often a younger job passed this one in its queue.")
     admission: Admission | None = None
     stop: dict | None = Field(default=None, description="While Stopping: why, when asked, when SIGKILL follows.")
@@ -73,6 +79,7 @@ class JobStatus(Strict):
     dependencies: list[Receipt] = Field(default_factory=list)
     waits: list[WaitResult] = Field(default_factory=list)
     conditions: list[Condition] = Field(default_factory=list)
+
 
 # Phases in which a revision is under way: its spec may change only with `apply --force`.
 ACTIVE_PHASES = frozenset({"Starting", "Running", "Stopping", "Backoff"})

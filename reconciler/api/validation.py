@@ -36,7 +36,7 @@ def find_cycle(graph: dict[str, list[str]], starts: list[str]) -> list[str] | No
                 stack.append((node, index + 1))
                 child = children[index]
                 if state.get(child) == 1:
-                    return path[path.index(child):] + [child]
+                    return path[path.index(child) :] + [child]
                 if not state.get(child):
                     stack.append((child, 0))
             else:
@@ -46,18 +46,20 @@ def find_cycle(graph: dict[str, list[str]], starts: list[str]) -> list[str] | No
 
 
 def validate_apply(
-    manifests: list["Manifest"],
+    manifests: list[Manifest],
     stored_jobs: dict[str, dict[str, Any]],
     stored_pools: dict[str, dict[str, Any]],
 ) -> list[str]:
     """Problems of the apply set as `file:line: field: message`, empty when it may be stored."""
     problems: list[str] = []
-    seen: dict[tuple[str, str], "Manifest"] = {}
+    seen: dict[tuple[str, str], Manifest] = {}
     for m in manifests:
         key = (m.kind.kind, m.name)
         if key in seen:
-            problems.append(f"{m.where('metadata', 'name')}: duplicate {m.kind.kind} {m.name!r} in this apply "
-                            f"(first at {seen[key].source}:{seen[key].line})")
+            problems.append(
+                f"{m.where('metadata', 'name')}: duplicate {m.kind.kind} {m.name!r} in this apply "
+                f"(first at {seen[key].source}:{seen[key].line})"
+            )
         seen[key] = m
 
     pools = {name: spec for name, spec in stored_pools.items()}
@@ -76,19 +78,27 @@ def validate_apply(
         edges: dict[str, list[str]] = {}
         for i, dep in enumerate(spec.depends_on):
             if dep.job in edges and sorted(edges[dep.job]) != sorted(dep.outcomes):
-                problems.append(f"{m.where('spec', 'dependsOn', i)}: job {dep.job!r} is named twice with different outcomes")
+                problems.append(
+                    f"{m.where('spec', 'dependsOn', i)}: job {dep.job!r} is named twice with different outcomes"
+                )
             edges.setdefault(dep.job, list(dep.outcomes))
             if dep.job == name:
                 problems.append(f"{m.where('spec', 'dependsOn', i, 'job')}: a job cannot depend on itself")
             elif dep.job not in new_jobs and dep.job not in stored_jobs:
-                problems.append(f"{m.where('spec', 'dependsOn', i, 'job')}: job {dep.job!r} does not exist "
-                                "(neither stored nor in this apply)")
+                problems.append(
+                    f"{m.where('spec', 'dependsOn', i, 'job')}: job {dep.job!r} does not exist "
+                    "(neither stored nor in this apply)"
+                )
         if spec.pool is not None and spec.pool not in pools:
             problems.append(f"{m.where('spec', 'pool')}: pool {spec.pool!r} does not exist")
         elif spec.pool is not None and (cap := _capacity(pools[spec.pool])) is not None and spec.slots > cap:
-            problems.append(f"{m.where('spec', 'slots')}: {spec.slots} slots can never fit pool {spec.pool!r} ({cap} slots)")
+            problems.append(
+                f"{m.where('spec', 'slots')}: {spec.slots} slots can never fit pool {spec.pool!r} ({cap} slots)"
+            )
         if global_cap is not None and spec.slots > global_cap:
-            problems.append(f"{m.where('spec', 'slots')}: {spec.slots} slots can never fit the global limit ({global_cap} slots)")
+            problems.append(
+                f"{m.where('spec', 'slots')}: {spec.slots} slots can never fit the global limit ({global_cap} slots)"
+            )
 
     cycle = find_cycle(graph, sorted(new_jobs))
     if cycle:

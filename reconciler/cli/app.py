@@ -5,27 +5,35 @@ from __future__ import annotations
 import atexit
 import gc
 import sys
-from typing import Optional
 
 import typer
 
 from ..errors import ReconcilerError
-from .context import Context
 from . import resources
+from .context import Context
 
 app = typer.Typer(
-    name="reconciler", no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False,
-    help="A Kubernetes-style declarative job reconciler.", context_settings={"help_option_names": ["-h", "--help"]},
+    name="reconciler",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help="A Kubernetes-style declarative job reconciler.",
+    context_settings={"help_option_names": ["-h", "--help"]},
 )
 
 
 @app.callback()
 def _global(
     ctx: typer.Context,
-    store: Optional[str] = typer.Option(None, "--store", envvar="RECONCILER_STORE",
-                                        help="sqlite:///PATH (default under the user's state dir) or postgresql://..."),
-    server: Optional[str] = typer.Option(None, "--server", envvar="RECONCILER_SERVER",
-                                         help="Talk to a running `reconciler serve` instead of the store."),
+    store: str | None = typer.Option(
+        None,
+        "--store",
+        envvar="RECONCILER_STORE",
+        help="sqlite:///PATH (default under the user's state dir) or postgresql://...",
+    ),
+    server: str | None = typer.Option(
+        None, "--server", envvar="RECONCILER_SERVER", help="Talk to a running `reconciler serve` instead of the store."
+    ),
 ) -> None:
     ctx.obj = Context(store, server)
     ctx.call_on_close(ctx.obj.close)
@@ -37,7 +45,7 @@ for verb in (resources.apply, resources.diff, resources.get, resources.describe,
 
 def _register_optional() -> None:
     """Verb groups that live in their own modules."""
-    from . import explain, control, runner  # noqa: F401
+    from . import control, explain, runner
 
     for module in (explain, control, runner):
         module.register(app)
@@ -55,7 +63,7 @@ def hoist_global_options(argv: list[str]) -> list[str]:
             rest += argv[i:]
             break
         if arg in GLOBAL_OPTIONS and i + 1 < len(argv):
-            front += argv[i:i + 2]
+            front += argv[i : i + 2]
             i += 2
             continue
         if arg.split("=", 1)[0] in GLOBAL_OPTIONS and "=" in arg:

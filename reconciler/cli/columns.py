@@ -42,7 +42,10 @@ def node_row(o: StoredObject, wide: bool) -> list[Any]:
     cap = o.spec.get("capacity", {}).get("slots") or s.get("cpuCount") or ""
     row = [o.name, _ready(o), cap, s.get("allocated", {}).get("slots", 0), age(o.created_at)]
     if wide:
-        row += [age(s.get("heartbeatAt")) if s.get("heartbeatAt") else "", ",".join(f"{k}={v}" for k, v in o.labels.items())]
+        row += [
+            age(s.get("heartbeatAt")) if s.get("heartbeatAt") else "",
+            ",".join(f"{k}={v}" for k, v in o.labels.items()),
+        ]
     return row
 
 
@@ -57,7 +60,11 @@ def service_row(o: StoredObject, wide: bool) -> list[Any]:
 
 
 COLUMNS = {
-    "Job": (["NAME", "STATUS", "POOL", "NODE", "ATTEMPTS", "AGE"], ["REVISION", "PRIORITY", "SLOTS", "REASON", "DEPENDS-ON"], job_row),
+    "Job": (
+        ["NAME", "STATUS", "POOL", "NODE", "ATTEMPTS", "AGE"],
+        ["REVISION", "PRIORITY", "SLOTS", "REASON", "DEPENDS-ON"],
+        job_row,
+    ),
     "Pool": (["NAME", "SLOTS", "USED", "QUEUED", "AGE"], ["MAX-BYPASS"], pool_row),
     "Node": (["NAME", "STATUS", "SLOTS", "ALLOCATED", "AGE"], ["HEARTBEAT", "LABELS"], node_row),
     "Notifier": (["NAME", "TARGET", "EVENTS", "AGE"], [], notifier_row),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 import typer
 
@@ -44,20 +43,25 @@ def resume(ctx: typer.Context, refs: list[str] = typer.Argument(...)) -> None:
         typer.echo(f"job.reconciler.dev/{_job_name(ref)} {set_suspend(ctx_of(ctx).store, _job_name(ref), False)}")
 
 
-def rerun(ctx: typer.Context, refs: list[str] = typer.Argument(...),
-          downstream: bool = typer.Option(False, "--downstream", help="Jobs depending on it run again after it.")) -> None:
+def rerun(
+    ctx: typer.Context,
+    refs: list[str] = typer.Argument(...),
+    downstream: bool = typer.Option(False, "--downstream", help="Jobs depending on it run again after it."),
+) -> None:
     """Run completed jobs again at a new revision."""
     from ..commands import rerun as do_rerun
 
     for ref in refs:
-        typer.echo(f"job.reconciler.dev/{_job_name(ref)} {do_rerun(ctx_of(ctx).store, _job_name(ref), downstream=downstream)}")
+        typer.echo(
+            f"job.reconciler.dev/{_job_name(ref)} {do_rerun(ctx_of(ctx).store, _job_name(ref), downstream=downstream)}"
+        )
 
 
 def wait(
     ctx: typer.Context,
     refs: list[str] = typer.Argument(None),
     all_jobs: bool = typer.Option(False, "--all"),
-    selector: Optional[str] = typer.Option(None, "-l", "--selector"),
+    selector: str | None = typer.Option(None, "-l", "--selector"),
     for_: str = typer.Option(..., "--for", help="condition=Succeeded | condition=Completed"),
     timeout: str = typer.Option("30s", "--timeout"),
 ) -> None:
@@ -68,7 +72,15 @@ def wait(
     from ..store import repository as repo
 
     kind, _, condition = for_.partition("=")
-    if kind != "condition" or condition not in ("Succeeded", "Completed", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost"):
+    if kind != "condition" or condition not in (
+        "Succeeded",
+        "Completed",
+        "Failed",
+        "TimedOut",
+        "Cancelled",
+        "Aborted",
+        "Lost",
+    ):
         raise InvalidInput(f"--for {for_!r}: use condition=Succeeded or condition=Completed")
     try:
         limit = parse_duration(timeout)
@@ -114,12 +126,14 @@ def logs(
     ctx: typer.Context,
     ref: str = typer.Argument(..., help="job/NAME"),
     follow: bool = typer.Option(False, "-f", "--follow"),
-    run: Optional[int] = typer.Option(None, "--run", help="Run number (default: the latest)."),
-    stream: Optional[str] = typer.Option(None, "--stream", help="stdout | stderr (default: both)"),
-    tail: Optional[int] = typer.Option(None, "--tail", help="Only the last N lines."),
+    run: int | None = typer.Option(None, "--run", help="Run number (default: the latest)."),
+    stream: str | None = typer.Option(None, "--stream", help="stdout | stderr (default: both)"),
+    tail: int | None = typer.Option(None, "--tail", help="Only the last N lines."),
 ) -> None:
     """Print the captured output of a run."""
-    from ..agent.logs import follow as follow_files, read_log, run_dir as run_dir_of
+    from ..agent.logs import follow as follow_files
+    from ..agent.logs import read_log
+    from ..agent.logs import run_dir as run_dir_of
     from ..store import repository as repo
 
     name = _job_name(ref)

@@ -21,10 +21,13 @@ def _kv(pairs: list[tuple[str, Any]]) -> str:
 def describe_object(obj: StoredObject, events: list, store: Store) -> str:
     status = obj.status or {}
     head = [
-        ("Name", obj.name), ("Kind", obj.kind),
+        ("Name", obj.name),
+        ("Kind", obj.kind),
         ("Labels", ",".join(f"{k}={v}" for k, v in obj.labels.items()) or None),
         ("Annotations", ",".join(f"{k}={v}" for k, v in obj.annotations.items()) or None),
-        ("UID", obj.uid), ("Generation", obj.generation), ("Resource Version", obj.resource_version),
+        ("UID", obj.uid),
+        ("Generation", obj.generation),
+        ("Resource Version", obj.resource_version),
         ("Created", f"{obj.manifest()['metadata']['creationTimestamp']} ({age(obj.created_at)} ago)"),
     ]
     if obj.deleted_at:
@@ -45,39 +48,75 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
     spec = obj.spec
     command = spec.get("command")
     summary = [
-        ("Command", " ".join(command) if command else None), ("Shell", spec.get("shell")),
-        ("Working Dir", spec.get("workingDir")), ("Type", spec.get("type")),
-        ("Pool", spec.get("pool") or "(global only)"), ("Slots", spec.get("slots")), ("Priority", spec.get("priority")),
-        ("Retry", _retry(spec.get("retry", {}))), ("Timeout", spec.get("timeout") or "none"),
-        ("Run Timeout", spec.get("runTimeout") or "none"), ("Suspend", spec.get("suspend")),
+        ("Command", " ".join(command) if command else None),
+        ("Shell", spec.get("shell")),
+        ("Working Dir", spec.get("workingDir")),
+        ("Type", spec.get("type")),
+        ("Pool", spec.get("pool") or "(global only)"),
+        ("Slots", spec.get("slots")),
+        ("Priority", spec.get("priority")),
+        ("Retry", _retry(spec.get("retry", {}))),
+        ("Timeout", spec.get("timeout") or "none"),
+        ("Run Timeout", spec.get("runTimeout") or "none"),
+        ("Suspend", spec.get("suspend")),
     ]
     placement = spec.get("placement", {})
     if placement.get("nodeName") or placement.get("nodeSelector"):
         summary.append(("Placement", dump_yaml(placement).strip().replace("\n", "; ")))
     state = [
-        ("Status", job_state(obj)), ("Phase", status.get("phase")), ("Outcome", status.get("outcome")),
-        ("Reason", status.get("reason")), ("Message", status.get("message")),
-        ("Revision", status.get("revision")), ("Observed Generation", status.get("observedGeneration")),
-        ("Accepted", status.get("acceptedAt")), ("Eligible", status.get("eligibleAt")),
-        ("Node", status.get("nodeName")), ("Next Run", status.get("nextRunAt")),
-        ("Started", status.get("startTime")), ("Completed", status.get("completionTime")),
+        ("Status", job_state(obj)),
+        ("Phase", status.get("phase")),
+        ("Outcome", status.get("outcome")),
+        ("Reason", status.get("reason")),
+        ("Message", status.get("message")),
+        ("Revision", status.get("revision")),
+        ("Observed Generation", status.get("observedGeneration")),
+        ("Accepted", status.get("acceptedAt")),
+        ("Eligible", status.get("eligibleAt")),
+        ("Node", status.get("nodeName")),
+        ("Next Run", status.get("nextRunAt")),
+        ("Started", status.get("startTime")),
+        ("Completed", status.get("completionTime")),
     ]
     if adm := status.get("admission"):
-        state.append(("Admission", f"pool={adm.get('pool') or 'global'} slots={adm.get('slots')} at {adm.get('admittedAt')}"))
+        state.append(
+            ("Admission", f"pool={adm.get('pool') or 'global'} slots={adm.get('slots')} at {adm.get('admittedAt')}")
+        )
     deps = [[d["job"], ",".join(d.get("outcomes", []))] for d in spec.get("dependsOn", [])]
     receipts = {r["job"]: r for r in status.get("dependencies", [])}
     dep_rows = [row + [_receipt(receipts.get(row[0]))] for row in deps]
-    waits = [[w["type"], "yes" if w["satisfied"] else "no", w.get("lastCheckedAt") or "", w.get("message") or ""]
-             for w in status.get("waits", [])]
-    runs = [[r["number"], r["revision"], r.get("node") or "", r.get("pid") or "", r.get("startedAt") or "",
-             r.get("finishedAt") or "", _fmt_code(r), r.get("outcome") or "running", r.get("reason") or ""]
-            for r in status.get("runs", [])]
-    conditions = [[c["type"], c["status"], c.get("reason") or "", c.get("message") or ""] for c in status.get("conditions", [])]
+    waits = [
+        [w["type"], "yes" if w["satisfied"] else "no", w.get("lastCheckedAt") or "", w.get("message") or ""]
+        for w in status.get("waits", [])
+    ]
+    runs = [
+        [
+            r["number"],
+            r["revision"],
+            r.get("node") or "",
+            r.get("pid") or "",
+            r.get("startedAt") or "",
+            r.get("finishedAt") or "",
+            _fmt_code(r),
+            r.get("outcome") or "running",
+            r.get("reason") or "",
+        ]
+        for r in status.get("runs", [])
+    ]
+    conditions = [
+        [c["type"], c["status"], c.get("reason") or "", c.get("message") or ""] for c in status.get("conditions", [])
+    ]
     return [
-        _kv(summary), _kv(state),
+        _kv(summary),
+        _kv(state),
         _section("Dependencies", table(["JOB", "NEEDS", "RECEIPT"], dep_rows) if dep_rows else ""),
         _section("Waits", table(["TYPE", "SATISFIED", "LAST CHECKED", "MESSAGE"], waits) if waits else ""),
-        _section("Runs", table(["RUN", "REV", "NODE", "PID", "STARTED", "FINISHED", "EXIT", "OUTCOME", "REASON"], runs) if runs else ""),
+        _section(
+            "Runs",
+            table(["RUN", "REV", "NODE", "PID", "STARTED", "FINISHED", "EXIT", "OUTCOME", "REASON"], runs)
+            if runs
+            else "",
+        ),
         _section("Conditions", table(["TYPE", "STATUS", "REASON", "MESSAGE"], conditions) if conditions else ""),
     ]
 
@@ -85,9 +124,11 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
 def _retry(retry: dict[str, Any]) -> str:
     backoff = retry.get("backoff", {})
     codes = ",".join(map(str, retry.get("onExitCodes", []))) or "any non-zero"
-    return (f"limit={retry.get('limit', 0)} onExitCodes={codes} onTimeout={retry.get('onTimeout', False)} "
-            f"onLost={retry.get('onLost', True)} backoff={backoff.get('policy')}/{backoff.get('delay')}"
-            f"x{backoff.get('factor')}<= {backoff.get('maxDelay')}±{backoff.get('jitter')}")
+    return (
+        f"limit={retry.get('limit', 0)} onExitCodes={codes} onTimeout={retry.get('onTimeout', False)} "
+        f"onLost={retry.get('onLost', True)} backoff={backoff.get('policy')}/{backoff.get('delay')}"
+        f"x{backoff.get('factor')}<= {backoff.get('maxDelay')}±{backoff.get('jitter')}"
+    )
 
 
 def _receipt(receipt: dict[str, Any] | None) -> str:

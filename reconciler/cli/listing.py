@@ -13,12 +13,15 @@ from ..selectors import Requirement, matches
 from ..store import Store, StoredObject
 from ..store import repository as repo
 from .columns import COLUMNS
-from .render import age, dump_json, dump_yaml, output as render_output, table
+from .render import age, dump_json, dump_yaml, table
+from .render import output as render_output
 
 EVENT_HEADERS = ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
 
 
-def _select(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> tuple[str, list[StoredObject]]:
+def _select(
+    store: Store, kind: str, names: list[str], selector: list[Requirement] | None
+) -> tuple[str, list[StoredObject]]:
     if kind.lower() in ("services", "service", "svc"):
         with store.read() as session:
             objs = [o for o in repo.list_objects(session, kind="Job") if o.spec.get("type") == "service"]
@@ -62,12 +65,22 @@ def _events(store: Store, names: list[str], fmt: str | None) -> str:
     if names:
         rows = [r for r in rows if r.name in names]
     if fmt in ("json", "yaml"):
-        items = [{"type": r.type, "reason": r.reason, "message": r.message, "involvedObject":
-                  {"kind": r.kind, "name": r.name, "uid": r.uid}, "lastTimestamp": from_epoch(r.time),
-                  "resourceVersion": str(r.resource_version)} for r in rows]
+        items = [
+            {
+                "type": r.type,
+                "reason": r.reason,
+                "message": r.message,
+                "involvedObject": {"kind": r.kind, "name": r.name, "uid": r.uid},
+                "lastTimestamp": from_epoch(r.time),
+                "resourceVersion": str(r.resource_version),
+            }
+            for r in rows
+        ]
         payload = {"apiVersion": "v1", "kind": "List", "items": items}
         return dump_json(payload) if fmt == "json" else dump_yaml(payload)
-    return table(EVENT_HEADERS, ([age(r.time), r.type, r.reason, f"{r.kind.lower()}/{r.name}", r.message] for r in rows))
+    return table(
+        EVENT_HEADERS, ([age(r.time), r.type, r.reason, f"{r.kind.lower()}/{r.name}", r.message] for r in rows)
+    )
 
 
 def print_listing(store: Store, kind: str, names: list[str], selector, fmt: str | None) -> None:

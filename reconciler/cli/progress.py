@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from .render import job_state
 
-TERMINAL_STYLE = {"Succeeded": "green", "Failed": "red", "TimedOut": "red", "Aborted": "yellow",
-                  "Cancelled": "yellow", "Lost": "red"}
+TERMINAL_STYLE = {
+    "Succeeded": "green",
+    "Failed": "red",
+    "TimedOut": "red",
+    "Aborted": "yellow",
+    "Cancelled": "yellow",
+    "Lost": "red",
+}
 
 
 def _state(status: dict[str, Any]) -> str:
@@ -33,11 +39,14 @@ class LineProgress:
             key = f"{state}/{detail}/{len(status.get('runs', []))}"
             if self.last.get(name) != key:
                 self.last[name] = key
-                stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+                stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
                 runs = status.get("runs", [])
                 extra = f" run={runs[-1]['number']}" if runs else ""
-                print(f"{stamp} job/{name} {state}{extra}" + (f" ({detail})" if detail and detail != state else ""),
-                      file=self.stream, flush=True)
+                print(
+                    f"{stamp} job/{name} {state}{extra}" + (f" ({detail})" if detail and detail != state else ""),
+                    file=self.stream,
+                    flush=True,
+                )
 
     def close(self) -> None:
         pass
@@ -66,8 +75,13 @@ class LiveProgress:
             state = _state(status)
             done += status.get("phase") == "Completed"
             style = TERMINAL_STYLE.get(state, "cyan" if state == "Running" else "")
-            table.add_row(name, f"[{style}]{state}[/]" if style else state, str(len(status.get("runs", []))),
-                          status.get("nodeName") or "", status.get("reason") or "")
+            table.add_row(
+                name,
+                f"[{style}]{state}[/]" if style else state,
+                str(len(status.get("runs", []))),
+                status.get("nodeName") or "",
+                status.get("reason") or "",
+            )
         table.caption = f"{done}/{len(statuses)} completed"
         self.live.update(table)
 
@@ -88,4 +102,4 @@ def summary(statuses: dict[str, dict[str, Any]]) -> str:
     return f"{len(statuses)} jobs: {parts}"
 
 
-__all__ = ["make_progress", "summary", "job_state"]
+__all__ = ["job_state", "make_progress", "summary"]

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import yaml
 
@@ -18,7 +19,8 @@ def age(epoch_or_rfc3339: float | str | None, now: float | None = None) -> str:
         return "<none>"
     epoch = (
         datetime.fromisoformat(epoch_or_rfc3339.replace("Z", "+00:00")).timestamp()
-        if isinstance(epoch_or_rfc3339, str) else epoch_or_rfc3339
+        if isinstance(epoch_or_rfc3339, str)
+        else epoch_or_rfc3339
     )
     seconds = max(0, int((now or time.time()) - epoch))
     if seconds < 120:

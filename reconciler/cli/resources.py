@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import difflib
-from typing import Optional
 
 import typer
 
@@ -36,10 +35,10 @@ def apply(
     filename: list[str] = typer.Option([], "-f", "--filename", help="File, folder or - for stdin; repeatable."),
     recursive: bool = typer.Option(False, "-R", "--recursive", help="Read folders recursively."),
     prune: bool = typer.Option(False, "--prune", help="Delete applied objects (matching -l) that are not in this set."),
-    selector: Optional[str] = typer.Option(None, "-l", "--selector", help="With --prune: only prune matching objects."),
+    selector: str | None = typer.Option(None, "-l", "--selector", help="With --prune: only prune matching objects."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate and report, store nothing."),
     force: bool = typer.Option(False, "--force", help="Allow changing an active job: its run is stopped."),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="name | json"),
+    output: str | None = typer.Option(None, "-o", "--output", help="name | json"),
 ) -> None:
     """Create or update objects from manifests; one apply is one transaction."""
     from ..apply import apply_manifests
@@ -48,15 +47,22 @@ def apply(
     if output not in (None, "name", "json"):
         raise InvalidInput(f"--output {output!r}: must be name or json")
     manifests = _load(filename, recursive)
-    changes = apply_manifests(ctx_of(ctx).store, manifests, dry_run=dry_run, force=force, prune=prune,
-                              selector=_selector(selector))
+    changes = apply_manifests(
+        ctx_of(ctx).store, manifests, dry_run=dry_run, force=force, prune=prune, selector=_selector(selector)
+    )
     suffix = " (dry run)" if dry_run else ""
     if output == "json":
         typer.echo(dump_json(as_list([c.after or c.before for c in changes])))
         return
     if changes:  # one write: a line per object, and an apply may hold thousands
-        typer.echo("\n".join(f"{c.kind.qualified}/{c.name}" if output == "name" else
-                             f"{c.kind.qualified}/{c.name} {c.action}{suffix}" for c in changes))
+        typer.echo(
+            "\n".join(
+                f"{c.kind.qualified}/{c.name}"
+                if output == "name"
+                else f"{c.kind.qualified}/{c.name} {c.action}{suffix}"
+                for c in changes
+            )
+        )
 
 
 def diff(
@@ -82,8 +88,7 @@ def diff(
 
 
 def _comparable(document: dict) -> dict:
-    meta = {k: v for k, v in document["metadata"].items()
-            if k in ("name", "labels", "annotations")}
+    meta = {k: v for k, v in document["metadata"].items() if k in ("name", "labels", "annotations")}
     return {"apiVersion": document["apiVersion"], "kind": document["kind"], "metadata": meta, "spec": document["spec"]}
 
 
@@ -91,8 +96,8 @@ def get(
     ctx: typer.Context,
     kind: str = typer.Argument(..., help="jobs | pools | nodes | notifiers | services | events"),
     names: list[str] = typer.Argument(None),
-    selector: Optional[str] = typer.Option(None, "-l", "--selector"),
-    output: Optional[str] = typer.Option(None, "-o", "--output", help="wide | yaml | json | name"),
+    selector: str | None = typer.Option(None, "-l", "--selector"),
+    output: str | None = typer.Option(None, "-o", "--output", help="wide | yaml | json | name"),
     watch: bool = typer.Option(False, "-w", "--watch", help="After listing, print changes as they happen."),
 ) -> None:
     """List objects."""
@@ -106,7 +111,7 @@ def get(
         watch_listing(store, kind, names or [], _selector(selector), output)
 
 
-def describe(ctx: typer.Context, kind: str = typer.Argument(...), name: Optional[str] = typer.Argument(None)) -> None:
+def describe(ctx: typer.Context, kind: str = typer.Argument(...), name: str | None = typer.Argument(None)) -> None:
     """Everything about one object."""
     from ..api.kinds import resolve_kind, split_ref
     from ..store import repository as repo
@@ -124,11 +129,11 @@ def describe(ctx: typer.Context, kind: str = typer.Argument(...), name: Optional
 
 def delete(
     ctx: typer.Context,
-    kind: Optional[str] = typer.Argument(None),
+    kind: str | None = typer.Argument(None),
     names: list[str] = typer.Argument(None),
     filename: list[str] = typer.Option([], "-f", "--filename"),
     recursive: bool = typer.Option(False, "-R", "--recursive"),
-    selector: Optional[str] = typer.Option(None, "-l", "--selector"),
+    selector: str | None = typer.Option(None, "-l", "--selector"),
 ) -> None:
     """Delete objects by name, by manifest or by label; an active job is cancelled first."""
     from ..api.kinds import KINDS, resolve_kind, split_ref
@@ -152,7 +157,11 @@ def delete(
     missing = []
     with ctx_of(ctx).store.write() as tx:
         if requirements and kind and not names:
-            objs = [o for o in repo.list_objects(tx.session, kind=resolve_kind(kind).kind) if matches(requirements, o.labels)]
+            objs = [
+                o
+                for o in repo.list_objects(tx.session, kind=resolve_kind(kind).kind)
+                if matches(requirements, o.labels)
+            ]
         else:
             objs = []
             for k, n in targets:

@@ -7,7 +7,6 @@ import signal
 import sys
 import threading
 import time
-from typing import Optional
 
 import typer
 
@@ -69,7 +68,7 @@ def up(
     ctx: typer.Context,
     filename: list[str] = typer.Option([], "-f", "--filename"),
     recursive: bool = typer.Option(False, "-R", "--recursive"),
-    timeout: Optional[str] = typer.Option(None, "--timeout", help="Give up (exit 1) after this long."),
+    timeout: str | None = typer.Option(None, "--timeout", help="Give up (exit 1) after this long."),
 ) -> None:
     """Apply, then reconcile in the foreground until every applied job is Completed."""
     from ..apply import apply_manifests
@@ -87,16 +86,23 @@ def up(
 
 def controller(
     ctx: typer.Context,
-    watch: Optional[str] = typer.Option(None, "--watch", help="Apply and prune this folder on every change."),
-    workers: int = typer.Option(1, "--workers", help="Reconcile workers. One is fastest: steps do not wait for "
-                                "other processes, and threads of one interpreter contend for its lock."),
+    watch: str | None = typer.Option(None, "--watch", help="Apply and prune this folder on every change."),
+    workers: int = typer.Option(
+        1,
+        "--workers",
+        help="Reconcile workers. One is fastest: steps do not wait for "
+        "other processes, and threads of one interpreter contend for its lock.",
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
     """The reconcile loop as a long-running process, with this machine's agent inside it."""
     from ..controller.manager import Controller
 
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     store = ctx_of(ctx).store
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -117,17 +123,17 @@ def controller(
 def run(
     ctx: typer.Context,
     command: list[str] = typer.Argument(..., help="The command, after --"),
-    name: Optional[str] = typer.Option(None, "--name"),
+    name: str | None = typer.Option(None, "--name"),
     after_success: list[str] = typer.Option([], "--after-success"),
     after_finish: list[str] = typer.Option([], "--after-finish"),
-    pool: Optional[str] = typer.Option(None, "--pool"),
+    pool: str | None = typer.Option(None, "--pool"),
     slots: int = typer.Option(1, "--slots"),
     retries: int = typer.Option(0, "--retries"),
-    retry_delay: Optional[str] = typer.Option(None, "--retry-delay"),
+    retry_delay: str | None = typer.Option(None, "--retry-delay"),
     retryable_exit_code: list[int] = typer.Option([], "--retryable-exit-code"),
-    timeout: Optional[str] = typer.Option(None, "--timeout"),
-    run_timeout: Optional[str] = typer.Option(None, "--run-timeout"),
-    wait_file: Optional[str] = typer.Option(None, "--wait-file"),
+    timeout: str | None = typer.Option(None, "--timeout"),
+    run_timeout: str | None = typer.Option(None, "--run-timeout"),
+    wait_file: str | None = typer.Option(None, "--wait-file"),
     shell: bool = typer.Option(False, "--shell", help="Run the command through /bin/sh -c."),
     wait: bool = typer.Option(False, "--wait", help="Reconcile in this process until the job completes."),
 ) -> None:
@@ -164,7 +170,9 @@ def run(
     except ValidationError as exc:
         from ..manifests import _clean_loc, _message, format_path
 
-        raise InvalidInput("; ".join(f"{format_path(_clean_loc(e['loc']))}: {_message(e)}" for e in exc.errors())) from None
+        raise InvalidInput(
+            "; ".join(f"{format_path(_clean_loc(e['loc']))}: {_message(e)}" for e in exc.errors())
+        ) from None
     store = ctx_of(ctx).store
     created = create_job(store, job, auto_name=name is None)
     typer.echo(f"job.reconciler.dev/{created} created")

@@ -55,12 +55,18 @@ def decide(request: Request, scopes: list[Scope]) -> Decision:
             # job's status is not rewritten each time it is looked at
             return Decision(False, "WaitingForTurn", f"an older job in {scope.name} fits first")
         if head.bypass_count >= scope.max_bypass:
-            return Decision(False, "BypassLimit",
-                            f"the oldest job in {scope.name} was passed {scope.max_bypass} times and goes first")
+            return Decision(
+                False,
+                "BypassLimit",
+                f"the oldest job in {scope.name} was passed {scope.max_bypass} times and goes first",
+            )
         if all(b.uid != head.uid for b in bypassed):  # one pass counts once, however many scopes it shares
             bypassed.append(head)
     for scope in scopes:
         if scope.capacity is not None and request.slots > scope.capacity - scope.used:
-            return Decision(False, "InsufficientSlots",
-                            f"{scope.name}: {scope.used}/{scope.capacity} slots in use, {request.slots} needed")
+            return Decision(
+                False,
+                "InsufficientSlots",
+                f"{scope.name}: {scope.used}/{scope.capacity} slots in use, {request.slots} needed",
+            )
     return Decision(True, "SlotsGranted", "slots granted", bypassed)

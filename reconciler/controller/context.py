@@ -5,8 +5,9 @@ from __future__ import annotations
 import copy
 import functools
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..api.job import JobSpec, execution_hash
 from ..api.meta import from_epoch
@@ -38,12 +39,15 @@ class Ctx:
         """Slots came free: after the write, wake as many jobs first in line as could use them."""
         for scope in {pool, None}:
             self.wake_pools[scope] = self.wake_pools.get(scope, 0) + slots
+
     written: bool = False  # a commit made `obj` the latest stored state
 
     def __post_init__(self) -> None:
         if not self.status:  # a private copy: decoding the stored text is cheaper than deepcopy
             text = self.obj.status_text
-            self.status = json.loads(text) if text else copy.deepcopy(self.obj.status or {"phase": "Waiting", "revision": 1})
+            self.status = (
+                json.loads(text) if text else copy.deepcopy(self.obj.status or {"phase": "Waiting", "revision": 1})
+            )
 
     @property
     def name(self) -> str:
@@ -66,8 +70,11 @@ class Ctx:
         return int(self.status.get("revision", 1))
 
     def move(self, to: str, reason: str, message: str, *, outcome: str | None = None, event: str | None = None) -> None:
-        self.events.append(move(self.status, to, reason=reason, message=message, now=self.now_text,
-                                outcome=outcome, event_reason=event))
+        self.events.append(
+            move(
+                self.status, to, reason=reason, message=message, now=self.now_text, outcome=outcome, event_reason=event
+            )
+        )
 
     def note(self, reason: str, message: str, *, warning: bool = False) -> None:
         """An event without a phase change."""

@@ -27,8 +27,9 @@ class Verdict:
     pending: list[str] = field(default_factory=list)
 
 
-def evaluate(deps: list[Dependency], observed: dict[str, DepState | None], receipts: list[dict[str, Any]],
-             now_text: str) -> Verdict:
+def evaluate(
+    deps: list[Dependency], observed: dict[str, DepState | None], receipts: list[dict[str, Any]], now_text: str
+) -> Verdict:
     by_job = {r["job"]: r for r in receipts}
     out: list[dict[str, Any]] = []
     pending: list[str] = []
@@ -38,11 +39,22 @@ def evaluate(deps: list[Dependency], observed: dict[str, DepState | None], recei
         if receipt is None:
             state = observed.get(dep.job)
             if state is None:
-                receipt = {"job": dep.job, "satisfied": False, "observedAt": now_text,
-                           "outcome": None, "message": "the job no longer exists"}
+                receipt = {
+                    "job": dep.job,
+                    "satisfied": False,
+                    "observedAt": now_text,
+                    "outcome": None,
+                    "message": "the job no longer exists",
+                }
             elif state.phase == "Completed" and state.outcome is not None:
-                receipt = {"job": dep.job, "uid": state.uid, "revision": state.revision, "outcome": state.outcome,
-                           "satisfied": dep.satisfied_by(state.outcome), "observedAt": now_text}
+                receipt = {
+                    "job": dep.job,
+                    "uid": state.uid,
+                    "revision": state.revision,
+                    "outcome": state.outcome,
+                    "satisfied": dep.satisfied_by(state.outcome),
+                    "observedAt": now_text,
+                }
         if receipt is None:
             pending.append(dep.job)
             continue
@@ -56,5 +68,7 @@ def describe_broken(receipt: dict[str, Any], deps: list[Dependency]) -> str:
     need = next((d.outcomes for d in deps if d.job == receipt["job"]), [])
     if receipt.get("outcome") is None:
         return f"dependency {receipt['job']} no longer exists"
-    return (f"dependency {receipt['job']} ended {receipt['outcome']} at revision {receipt.get('revision')}, "
-            f"which can never satisfy {'/'.join(need)}")
+    return (
+        f"dependency {receipt['job']} ended {receipt['outcome']} at revision {receipt.get('revision')}, "
+        f"which can never satisfy {'/'.join(need)}"
+    )

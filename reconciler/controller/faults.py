@@ -12,5 +12,5 @@ _ARMED = os.environ.get("RECONCILER_FAULT")
 
 
 def point(name: str) -> None:
-    if _ARMED == name:
+    if name == _ARMED:
         os.kill(os.getpid(), signal.SIGKILL)

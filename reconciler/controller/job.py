@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 import random
 from collections import defaultdict
-from typing import Callable
+from collections.abc import Callable
 
 from ..agent.probe import Probes
 from ..api.job import JobSpec
@@ -30,8 +30,17 @@ MAX_STEPS = 12
 
 
 class JobReconciler:
-    def __init__(self, store: Store, agent, *, clock, wake: Callable[..., None], owner: str,
-                 rand: random.Random | None = None, strategy: str = "spread"):
+    def __init__(
+        self,
+        store: Store,
+        agent,
+        *,
+        clock,
+        wake: Callable[..., None],
+        owner: str,
+        rand: random.Random | None = None,
+        strategy: str = "spread",
+    ):
         from .runs import RunSteps
 
         self.store = store
@@ -110,7 +119,9 @@ class JobReconciler:
         if ctx.cancel_requested():
             return self.complete(ctx, "Cancelled", "Cancelled", "cancelled by request")
         if deadlines.passed(self.job_deadline(ctx), ctx.now):
-            return self.complete(ctx, "TimedOut", "DeadlineExceeded", f"the job exceeded its timeout of {ctx.spec.timeout:g}s")
+            return self.complete(
+                ctx, "TimedOut", "DeadlineExceeded", f"the job exceeded its timeout of {ctx.spec.timeout:g}s"
+            )
         if ctx.spec.suspend:
             if ctx.phase == "Suspended":
                 return None
@@ -142,7 +153,11 @@ class JobReconciler:
             self.wake(dependent)
 
     def job_deadline(self, ctx: Ctx) -> float | None:
-        return deadlines.job_deadline(ctx.spec, to_epoch(ctx.status["acceptedAt"])) if ctx.status.get("acceptedAt") else None
+        return (
+            deadlines.job_deadline(ctx.spec, to_epoch(ctx.status["acceptedAt"]))
+            if ctx.status.get("acceptedAt")
+            else None
+        )
 
     # -- endings -------------------------------------------------------------------------
     def complete(self, ctx: Ctx, outcome: str, reason: str, message: str) -> None:
@@ -154,7 +169,7 @@ class JobReconciler:
         ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
         self.write(ctx, None)
         self._wake_dependents(ctx.name)
-        return None
+        return
 
     def finalize_delete(self, ctx: Ctx) -> None:
         self.paths.forget(ctx.name)
@@ -167,7 +182,7 @@ class JobReconciler:
             repo.remove(tx, ctx.obj)
             repo.record_event(tx, ctx.obj, "Deleted", "job deleted")
         self._wake_dependents(ctx.name)
-        return None
+        return
 
     # -- revisions -----------------------------------------------------------------------
     def revision_due(self, ctx: Ctx) -> bool:
@@ -199,8 +214,12 @@ class JobReconciler:
             status["acceptedAt"] = ctx.now_text
             for key in ("eligibleAt", "startTime", "completionTime", "nextRunAt", "admission", "nodeName", "stop"):
                 status.pop(key, None)
-            status.update(dependencies=[], waits=[], bypassCount=0,
-                          conditions=[c for c in status.get("conditions", []) if c["type"] not in ("Completed", "Succeeded")])
+            status.update(
+                dependencies=[],
+                waits=[],
+                bypassCount=0,
+                conditions=[c for c in status.get("conditions", []) if c["type"] not in ("Completed", "Succeeded")],
+            )
         token = ctx.obj.annotations.get(RERUN_ANNOTATION)
         rerun = token is not None and token != status.get("rerunToken")
         # dependents that consumed the old revision follow, unless this is a plain `rerun`
@@ -238,8 +257,17 @@ class JobReconciler:
         for name in names:
             o = found.get(name)
             s = o.status if o else {}
-            out[name] = None if o is None else dependencies.DepState(
-                o.uid, int(s.get("revision", 1)), s.get("phase", "Waiting"), s.get("outcome"), s.get("propagate", True))
+            out[name] = (
+                None
+                if o is None
+                else dependencies.DepState(
+                    o.uid,
+                    int(s.get("revision", 1)),
+                    s.get("phase", "Waiting"),
+                    s.get("outcome"),
+                    s.get("propagate", True),
+                )
+            )
         return out
 
     def waiting(self, ctx: Ctx) -> float | None:
@@ -254,8 +282,13 @@ class JobReconciler:
             message = dependencies.describe_broken(verdict.broken, spec.depends_on)
             return self.complete(ctx, "Aborted", "DependencyUnsatisfied", message)
         accepted = to_epoch(status["acceptedAt"])
-        checks = waits.evaluate(spec.wait_for, accepted_at=accepted, now=ctx.now, previous=status.get("waits"),
-                                probe=lambda cond: self._probe(ctx, cond))
+        checks = waits.evaluate(
+            spec.wait_for,
+            accepted_at=accepted,
+            now=ctx.now,
+            previous=status.get("waits"),
+            probe=lambda cond: self._probe(ctx, cond),
+        )
         self._record_waits(ctx, checks)
         if any(c.fatal for c in checks):
             failed = next(c for c in checks if c.fatal)
@@ -263,20 +296,27 @@ class JobReconciler:
         ready = verdict.satisfied and waits.gate(spec.wait_for, checks)
         abort_at = deadlines.wait_abort_deadline(spec, accepted)
         if not ready and deadlines.passed(abort_at, ctx.now):
-            return self.complete(ctx, "Aborted", "WaitAbortDeadline", "the wait conditions were not met before the abort deadline")
+            return self.complete(
+                ctx, "Aborted", "WaitAbortDeadline", "the wait conditions were not met before the abort deadline"
+            )
         if ready:
             self.paths.forget(ctx.name)
             self.probes.forget(ctx.name)
             status.setdefault("eligibleAt", ctx.now_text)
             ctx.move("Queued", "Eligible", "dependencies and waits are satisfied")
             return self.queued(ctx)  # eligibility and the admission attempt share one transaction
-        reason, message = ("WaitingForDependencies", "waiting for " + ", ".join(verdict.pending)) if verdict.pending else \
-            ("WaitingForConditions", "; ".join(c.message for c in checks if not c.satisfied))
+        reason, message = (
+            ("WaitingForDependencies", "waiting for " + ", ".join(verdict.pending))
+            if verdict.pending
+            else ("WaitingForConditions", "; ".join(c.message for c in checks if not c.satisfied))
+        )
         status.update(reason=reason, message=message)
         if ctx.changed():
             self.write(ctx, None)
         paths = self._watch_paths(ctx, checks)
-        recheck = [ctx.now + c.recheck_in for c in checks if c.recheck_in is not None and not (paths and c.type == "path")]
+        recheck = [
+            ctx.now + c.recheck_in for c in checks if c.recheck_in is not None and not (paths and c.type == "path")
+        ]
         due = deadlines.soonest(ctx.now, *recheck, abort_at, self.job_deadline(ctx))
         jitter = 0.9 + 0.2 * self.rand.random()
         safety = PATH_SAFETY_POLL if paths else SAFETY_POLL
@@ -288,7 +328,9 @@ class JobReconciler:
         wait_for = ctx.spec.wait_for
         if wait_for is None or not ctx.spec.wait_for.conditions:
             return False
-        pending = [cond for cond, check in zip(wait_for.conditions, checks) if not check.satisfied and cond.kind == "path"]
+        pending = [
+            cond for cond, check in zip(wait_for.conditions, checks) if not check.satisfied and cond.kind == "path"
+        ]
         if not pending:
             self.paths.forget(ctx.name)
             return False
@@ -303,7 +345,8 @@ class JobReconciler:
         previous = ctx.status.get("waits", [])
         fresh = [{"type": c.type, "satisfied": c.satisfied, "message": c.message} for c in checks]
         same = len(previous) == len(fresh) and all(
-            p.get("satisfied") == f["satisfied"] and p.get("message") == f["message"] for p, f in zip(previous, fresh))
+            p.get("satisfied") == f["satisfied"] and p.get("message") == f["message"] for p, f in zip(previous, fresh)
+        )
         last = min((to_epoch(p["lastCheckedAt"]) for p in previous if p.get("lastCheckedAt")), default=0.0)
         if same and ctx.now - last < WAIT_STATUS_REFRESH:
             return
@@ -316,10 +359,18 @@ class JobReconciler:
     def _enqueue_op(ctx: Ctx) -> Callable:
         spec, status = ctx.spec, ctx.status
         eligible = to_epoch(status.get("eligibleAt") or ctx.now_text)
-        return (lambda tx: sched.enqueue(
-            tx, uid=ctx.uid, name=ctx.name, pool=spec.pool, slots=spec.slots, priority=spec.priority,
-            eligible_at=eligible, bypass_count=int(status.get("bypassCount", 0)),
-            node_name=spec.placement.node_name, node_selector=spec.placement.node_selector))
+        return lambda tx: sched.enqueue(
+            tx,
+            uid=ctx.uid,
+            name=ctx.name,
+            pool=spec.pool,
+            slots=spec.slots,
+            priority=spec.priority,
+            eligible_at=eligible,
+            bypass_count=int(status.get("bypassCount", 0)),
+            node_name=spec.placement.node_name,
+            node_selector=spec.placement.node_selector,
+        )
 
     # -- Backoff -------------------------------------------------------------------------
     def backoff(self, ctx: Ctx) -> float | None:
@@ -341,32 +392,55 @@ class JobReconciler:
             if repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
                 raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
             me = self._enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
-            nodes = [NodeView(n.name, n.ready, n.unschedulable, n.capacity, n.allocated, n.labels)
-                     for n in sched.node_facts(tx.session, ctx.now)]
+            nodes = [
+                NodeView(n.name, n.ready, n.unschedulable, n.capacity, n.allocated, n.labels)
+                for n in sched.node_facts(tx.session, ctx.now)
+            ]
             scopes = self._scopes(tx.session, me, nodes)
             decision = admission.decide(_request(me), scopes)
-            placed = place(nodes, slots=spec.slots, node_name=spec.placement.node_name,
-                           selector=spec.placement.node_selector, strategy=self.strategy,
-                           turn=sched.round_robin_turn(tx) if self.strategy == "round-robin" else 0) \
-                if decision.admit else None
+            placed = (
+                place(
+                    nodes,
+                    slots=spec.slots,
+                    node_name=spec.placement.node_name,
+                    selector=spec.placement.node_selector,
+                    strategy=self.strategy,
+                    turn=sched.round_robin_turn(tx) if self.strategy == "round-robin" else 0,
+                )
+                if decision.admit
+                else None
+            )
             if decision.admit and placed.node is not None:
                 number = max((r["number"] for r in status.get("runs", [])), default=0) + 1
                 owner = self.owner if placed.node == self.agent.node else None
-                admitted_at = sched.admit(tx, uid=ctx.uid, name=ctx.name, pool=spec.pool, slots=spec.slots,
-                                          node=placed.node, run_number=number, owner=owner)
+                admitted_at = sched.admit(
+                    tx,
+                    uid=ctx.uid,
+                    name=ctx.name,
+                    pool=spec.pool,
+                    slots=spec.slots,
+                    node=placed.node,
+                    run_number=number,
+                    owner=owner,
+                )
                 for passed in decision.bypassed:
                     sched.count_bypass(tx, passed.uid)
                 status["admission"] = {"pool": spec.pool, "slots": spec.slots, "admittedAt": from_epoch(admitted_at)}
                 status["nodeName"] = placed.node
                 status["bypassCount"] = me.bypass_count
-                ctx.move("Starting", "Admitted", f"run {number}: {spec.slots} slot(s) granted"
-                         + (f" in pool {spec.pool}" if spec.pool else ""))
+                ctx.move(
+                    "Starting",
+                    "Admitted",
+                    f"run {number}: {spec.slots} slot(s) granted" + (f" in pool {spec.pool}" if spec.pool else ""),
+                )
                 ctx.note("Scheduled", placed.message)
                 commit(tx, ctx)
                 # what Starting would read back at once: it is what this transaction wrote
                 self.admitted[ctx.uid] = sched.Admission(placed.node, number, owner)
                 return AGAIN
-            reason, message = ("Unschedulable", placed.message) if decision.admit else (decision.reason, decision.message)
+            reason, message = (
+                ("Unschedulable", placed.message) if decision.admit else (decision.reason, decision.message)
+            )
             if (status.get("reason"), status.get("message")) != (reason, message):
                 status.update(reason=reason, message=message)
                 if reason == "Unschedulable":
@@ -394,7 +468,10 @@ class JobReconciler:
                 f = sched.pool_facts(session, pool)
                 scopes.append(admission.Scope(pool, f.capacity, f.used, f.max_bypass, None))
         verdict = admission.decide(admission.Request(ctx.uid, ctx.name, ctx.spec.slots), scopes)
-        return verdict.admit or (ctx.status.get("reason"), ctx.status.get("message")) != (verdict.reason, verdict.message)
+        return verdict.admit or (ctx.status.get("reason"), ctx.status.get("message")) != (
+            verdict.reason,
+            verdict.message,
+        )
 
     def _scopes(self, session, me: sched.QueueEntry, nodes: list[NodeView]) -> list[admission.Scope]:
         scopes = []
@@ -408,8 +485,11 @@ class JobReconciler:
         def fits_now(entry: sched.QueueEntry) -> bool:
             own = [facts("global")] + ([facts(entry.pool)] if entry.pool else [])
             room = all(f.capacity is None or entry.slots <= f.capacity - f.used for f in own)
-            return room and place(nodes, slots=entry.slots, node_name=entry.node_name,
-                                  selector=entry.node_selector).node is not None
+            return (
+                room
+                and place(nodes, slots=entry.slots, node_name=entry.node_name, selector=entry.node_selector).node
+                is not None
+            )
 
         # A queued job that no node could take even empty (pinned to a missing, cordoned or
         # NotReady node, a selector nobody matches, more slots than any node has) is
@@ -418,19 +498,35 @@ class JobReconciler:
         empty = [dataclasses.replace(n, allocated=0) for n in nodes]
 
         def could_place(entry: sched.QueueEntry) -> bool:
-            return place(empty, slots=entry.slots, node_name=entry.node_name, selector=entry.node_selector).node is not None
+            return (
+                place(empty, slots=entry.slots, node_name=entry.node_name, selector=entry.node_selector).node
+                is not None
+            )
 
         for scope_name in ["global"] + ([me.pool] if me.pool else []):
             f = facts(scope_name)
             if f.capacity is None:
                 continue
-            head = next((e for e in sched.in_line(session, me.pool, scope_is_pool=scope_name != "global")
-                         if e.uid == me.uid or could_place(e)), None)
-            scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head),
-                                          head is not None and head.uid != me.uid and fits_now(head)))
+            head = next(
+                (
+                    e
+                    for e in sched.in_line(session, me.pool, scope_is_pool=scope_name != "global")
+                    if e.uid == me.uid or could_place(e)
+                ),
+                None,
+            )
+            scopes.append(
+                admission.Scope(
+                    scope_name,
+                    f.capacity,
+                    f.used,
+                    f.max_bypass,
+                    _request(head),
+                    head is not None and head.uid != me.uid and fits_now(head),
+                )
+            )
         return scopes
 
 
 def _request(entry: sched.QueueEntry | None) -> admission.Request | None:
     return None if entry is None else admission.Request(entry.uid, entry.name, entry.slots, entry.bypass_count)
-

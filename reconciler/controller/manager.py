@@ -22,8 +22,9 @@ WATCH_INTERVAL = 0.05  # how far behind other processes' writes we may be
 
 
 class Controller:
-    def __init__(self, store: Store, *, node: str | None = None, workers: int = 1, clock=None,
-                 strategy: str = "spread"):
+    def __init__(
+        self, store: Store, *, node: str | None = None, workers: int = 1, clock=None, strategy: str = "spread"
+    ):
         from ..agent.local import LocalAgent
 
         self.store = store
@@ -31,15 +32,23 @@ class Controller:
         self.node = node or local_node_name()
         self.owner = controller_identity()
         self.queue = WorkQueue()
-        self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(("Job", job), urgent=True))
-        self.jobs = JobReconciler(store, self.agent, clock=self.clock, owner=self.owner, strategy=strategy,
-                                  wake=lambda job, urgent=False: self.queue.add(("Job", job), urgent))
+        self.agent = LocalAgent(
+            self.node, store.state_dir, on_exit=lambda job: self.queue.add(("Job", job), urgent=True)
+        )
+        self.jobs = JobReconciler(
+            store,
+            self.agent,
+            clock=self.clock,
+            owner=self.owner,
+            strategy=strategy,
+            wake=lambda job, urgent=False: self.queue.add(("Job", job), urgent),
+        )
         self.runner = Runner(self.queue, lambda key: self.jobs, workers=workers)  # every key is a job's
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="change-watcher", daemon=True)
         self._seen = 0
 
-    def start(self) -> "Controller":
+    def start(self) -> Controller:
         heartbeat(self.store, self.node, self.owner, self.clock.now())
         self._seen = self.store.change_seq()
         with self.store.read() as session:

@@ -25,9 +25,14 @@ def heartbeat(store: Store, node: str, owner: str, now: float) -> None:
     with store.write() as tx:
         obj = repo.get(tx.session, kind="Node", name=node)
         if obj is None:
-            obj = repo.create(tx, kind="Node", name=node, spec={"capacity": {}, "unschedulable": False},
-                              labels={"reconciler.dev/hostname": socket.gethostname()[:63]},
-                              annotations={"reconciler.dev/managed-by": "agent"})
+            obj = repo.create(
+                tx,
+                kind="Node",
+                name=node,
+                spec={"capacity": {}, "unschedulable": False},
+                labels={"reconciler.dev/hostname": socket.gethostname()[:63]},
+                annotations={"reconciler.dev/managed-by": "agent"},
+            )
             repo.record_event(tx, obj, "Registered", f"node {node} registered by its agent")
         allocated = next((f.allocated for f in sched.node_facts(tx.session, now) if f.name == node), 0)
         stamp = from_epoch(now)
@@ -35,8 +40,18 @@ def heartbeat(store: Store, node: str, owner: str, now: float) -> None:
         ready = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
         since = ready.get("lastTransitionTime") if ready.get("status") == "True" else stamp
         status = {
-            "conditions": [{"type": "Ready", "status": "True", "reason": "AgentHeartbeat",
-                            "message": "the node's agent is posting heartbeats", "lastTransitionTime": since}],
-            "heartbeatAt": stamp, "allocated": {"slots": allocated}, "cpuCount": os.cpu_count() or 1, "agent": owner,
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "AgentHeartbeat",
+                    "message": "the node's agent is posting heartbeats",
+                    "lastTransitionTime": since,
+                }
+            ],
+            "heartbeatAt": stamp,
+            "allocated": {"slots": allocated},
+            "cpuCount": os.cpu_count() or 1,
+            "agent": owner,
         }
         repo.update_object(tx, obj, status=status)

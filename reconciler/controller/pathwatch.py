@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 from .waits import check_path
 

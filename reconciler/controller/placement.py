@@ -43,8 +43,15 @@ def _why_not(node: NodeView, node_name: str | None, selector: dict[str, str], sl
     return None
 
 
-def place(nodes: list[NodeView], *, slots: int, node_name: str | None, selector: dict[str, str],
-          strategy: str = "spread", turn: int = 0) -> Placement:
+def place(
+    nodes: list[NodeView],
+    *,
+    slots: int,
+    node_name: str | None,
+    selector: dict[str, str],
+    strategy: str = "spread",
+    turn: int = 0,
+) -> Placement:
     """`turn` is the store-wide round-robin counter."""
     reasons: Counter[str] = Counter()
     candidates = []

@@ -3,8 +3,8 @@ cancellation or job timeout; success; non-retryable outcome; retry limit; otherw
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..api.job import Backoff, Retry
 
@@ -72,11 +72,15 @@ def after_run(
         return AfterRun(False, "TimedOut", "DeadlineExceeded", "the job exceeded its timeout")
     if service and run.outcome != "StartFailed":
         delay = backoff_delay(retry.backoff, attempts, rand)
-        return AfterRun(True, delay=delay, message=f"service run {attempts} ended {run.outcome}; restarting in {delay:.3g}s")
+        return AfterRun(
+            True, delay=delay, message=f"service run {attempts} ended {run.outcome}; restarting in {delay:.3g}s"
+        )
     if run.outcome == "Succeeded":
         return AfterRun(False, "Succeeded", None, "the run exited 0")
     ok, outcome, reason = _retryable(retry, run)
-    detail = f"run {attempts} ended {run.outcome}" + (f" with exit code {run.exit_code}" if run.exit_code is not None else "")
+    detail = f"run {attempts} ended {run.outcome}" + (
+        f" with exit code {run.exit_code}" if run.exit_code is not None else ""
+    )
     if not ok:
         return AfterRun(False, outcome, reason, f"{detail}; not retryable")
     if attempts > retry.limit:

@@ -46,7 +46,7 @@ def owner_gone(owner: str) -> bool:
 
 
 class RunSteps:
-    def __init__(self, jobs: "JobReconciler"):
+    def __init__(self, jobs: JobReconciler):
         self.jobs = jobs
         self.agent = jobs.agent
         self.store = jobs.store
@@ -101,19 +101,26 @@ class RunSteps:
                 faults.point("after-spawn")
             except StartFailed as exc:
                 run = self._new_run(ctx, number, None)
-                return self.finish(ctx, run, RunEnd("StartFailed"), exit_code=None, reason="StartFailed", message=str(exc))
+                return self.finish(
+                    ctx, run, RunEnd("StartFailed"), exit_code=None, reason="StartFailed", message=str(exc)
+                )
         elif identity is not None:  # spawned before a crash: adopt it, with its real start (runTimeout counts from it)
             self.agent.watch(ctx.name, identity)
             started_at = from_epoch(min(self.agent.started_at(identity), ctx.now))
         run = self._new_run(ctx, number, identity, started_at)
         ctx.status.setdefault("startTime", run["startedAt"])
-        ctx.move("Running", "Started", f"run {number} started on {held.node}" + (f" (pid {identity.pid})" if identity else ""))
+        ctx.move(
+            "Running",
+            "Started",
+            f"run {number} started on {held.node}" + (f" (pid {identity.pid})" if identity else ""),
+        )
         self.jobs.write(ctx, None)
         if identity is not None and started_at is None:
             # just spawned here and watched: the exit watcher wakes the job when it ends, so
             # only the deadlines need a timer (a Running step now would find it alive)
-            return deadlines.soonest(ctx.now, deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"])),
-                                     self.jobs.job_deadline(ctx))
+            return deadlines.soonest(
+                ctx.now, deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"])), self.jobs.job_deadline(ctx)
+            )
         return AGAIN
 
     def _claim(self, ctx: Ctx, held) -> bool:
@@ -127,7 +134,12 @@ class RunSteps:
             return sched.claim_spawn(tx, ctx.uid, self.jobs.owner, take_over_from=held.owner)
 
     def _new_run(self, ctx: Ctx, number: int, identity: ProcessIdentity | None, started_at: str | None = None) -> dict:
-        run = {"number": number, "revision": ctx.revision, "node": self.agent.node, "startedAt": started_at or ctx.now_text}
+        run = {
+            "number": number,
+            "revision": ctx.revision,
+            "node": self.agent.node,
+            "startedAt": started_at or ctx.now_text,
+        }
         if identity is not None:
             run.update(pid=identity.pid, processStartTime=identity.start_time)
         ctx.status.setdefault("runs", []).append(run)
@@ -166,17 +178,31 @@ class RunSteps:
     def _ended(self, ctx: Ctx, run: dict, exited) -> float | None:
         faults.point("before-exit-record")
         if exited is None:
-            return self.finish(ctx, run, RunEnd("Lost"), exit_code=None, reason="ProcessLost",
-                               message=f"run {run['number']} ended without recording an exit status")
+            return self.finish(
+                ctx,
+                run,
+                RunEnd("Lost"),
+                exit_code=None,
+                reason="ProcessLost",
+                message=f"run {run['number']} ended without recording an exit status",
+            )
         end = RunEnd("Succeeded" if exited.exit_code == 0 else "Failed", exited.exit_code)
         return self.finish(ctx, run, end, exit_code=exited.exit_code, signal=exited.signal)
 
     def _begin_stop(self, ctx: Ctx, identity: ProcessIdentity, reason: str, message: str) -> float:
         self.agent.terminate(identity)
-        ctx.status["stop"] = {"reason": reason, "message": message, "requestedAt": ctx.now_text,
-                              "killAt": ctx.now + ctx.spec.stop_grace_period}
-        ctx.move("Stopping", reason if reason != "Exited" else "Cleanup", message,
-                 event="Stopping" if reason != "RunTimeout" else "RunTimeout")
+        ctx.status["stop"] = {
+            "reason": reason,
+            "message": message,
+            "requestedAt": ctx.now_text,
+            "killAt": ctx.now + ctx.spec.stop_grace_period,
+        }
+        ctx.move(
+            "Stopping",
+            reason if reason != "Exited" else "Cleanup",
+            message,
+            event="Stopping" if reason != "RunTimeout" else "RunTimeout",
+        )
         self.jobs.write(ctx, None)
         return STOP_POLL
 
@@ -191,8 +217,11 @@ class RunSteps:
             if ctx.now >= kill_at:
                 if not stop.get("killed"):
                     stop["killed"] = True
-                    ctx.note("Killing", f"grace period over; SIGKILL to the process group of run {run['number']}",
-                             warning=True)
+                    ctx.note(
+                        "Killing",
+                        f"grace period over; SIGKILL to the process group of run {run['number']}",
+                        warning=True,
+                    )
                     self.jobs.write(ctx, None)
                 self.agent.kill(identity, wrapper_too=ctx.now >= kill_at + WRAPPER_GRACE)
             return STOP_POLL
@@ -250,23 +279,36 @@ class RunSteps:
             ctx.ops.append(lambda tx: sched.release(tx, ctx.uid))
             ctx.released(ctx.spec.pool, ctx.spec.slots)
 
-    def finish(self, ctx: Ctx, run: dict, end: RunEnd, *, exit_code, signal=None, reason=None, message="") -> float | None:
+    def finish(
+        self, ctx: Ctx, run: dict, end: RunEnd, *, exit_code, signal=None, reason=None, message=""
+    ) -> float | None:
         outcome = end.outcome
         self._close_run(ctx, run, outcome, exit_code, signal, reason)
-        ctx.note("Exited", f"run {run['number']} ended {outcome}" + (f" with exit code {exit_code}" if exit_code is not None else "")
-                 + (f": {message}" if message else ""), warning=outcome != "Succeeded")
+        ctx.note(
+            "Exited",
+            f"run {run['number']} ended {outcome}"
+            + (f" with exit code {exit_code}" if exit_code is not None else "")
+            + (f": {message}" if message else ""),
+            warning=outcome != "Succeeded",
+        )
         self._release(ctx)
         return self._decide(ctx, end, message)
 
     def _decide(self, ctx: Ctx, end: RunEnd, message: str) -> float | None:
         stop = self.stop_reason(ctx)
-        decision = after_run(ctx.spec.retry, end, attempts=len(ctx.runs_this_revision()),
-                             cancelled=stop is not None and stop[0] in ("Cancelled", "Deleted"),
-                             deadline_passed=stop is not None and stop[0] == "DeadlineExceeded",
-                             rand=self.jobs.rand.random, service=ctx.spec.type == "service")
+        decision = after_run(
+            ctx.spec.retry,
+            end,
+            attempts=len(ctx.runs_this_revision()),
+            cancelled=stop is not None and stop[0] in ("Cancelled", "Deleted"),
+            deadline_passed=stop is not None and stop[0] == "DeadlineExceeded",
+            rand=self.jobs.rand.random,
+            service=ctx.spec.type == "service",
+        )
         if not decision.retry:
-            return self.jobs.complete(ctx, decision.outcome, decision.reason or decision.outcome,
-                                      message or decision.message)
+            return self.jobs.complete(
+                ctx, decision.outcome, decision.reason or decision.outcome, message or decision.message
+            )
         ctx.status["nextRunAt"] = from_epoch(ctx.now + decision.delay)
         ctx.move("Backoff", "BackoffScheduled", decision.message)
         self.jobs.write(ctx, None)

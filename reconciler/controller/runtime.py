@@ -10,7 +10,7 @@ import random
 import threading
 import time
 from collections import deque
-from typing import Callable, Hashable
+from collections.abc import Callable, Hashable
 
 log = logging.getLogger("reconciler.runtime")
 
@@ -130,7 +130,9 @@ class Runner:
         self.queue = queue
         self._route = route
         self._failures: dict[Hashable, int] = {}
-        self._threads = [threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True) for i in range(workers)]
+        self._threads = [
+            threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True) for i in range(workers)
+        ]
 
     def start(self) -> None:
         for thread in self._threads:
@@ -148,10 +150,17 @@ class Runner:
             except Exception as exc:  # the runner, not reconcilers, owns retrying on errors
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
-                delay = min(ERROR_MAX, ERROR_BASE * 2 ** failures) * (0.5 + random.random())
+                delay = min(ERROR_MAX, ERROR_BASE * 2**failures) * (0.5 + random.random())
                 level = logging.WARNING if failures > 3 else logging.DEBUG
-                log.log(level, "reconcile %s failed (%s: %s); retrying in %.3fs", key, type(exc).__name__, exc, delay,
-                        exc_info=failures > 3)
+                log.log(
+                    level,
+                    "reconcile %s failed (%s: %s); retrying in %.3fs",
+                    key,
+                    type(exc).__name__,
+                    exc,
+                    delay,
+                    exc_info=failures > 3,
+                )
                 self.queue.done(key)
                 self.queue.add_after(key, delay)
                 continue

@@ -45,8 +45,16 @@ def _condition(status: dict[str, Any], type_: str, value: bool, reason: str, mes
     conditions.append({"type": type_, "status": text, "reason": reason, "message": message, "lastTransitionTime": now})
 
 
-def move(status: dict[str, Any], to: str, *, reason: str, message: str, now: str,
-         outcome: str | None = None, event_reason: str | None = None) -> Event:
+def move(
+    status: dict[str, Any],
+    to: str,
+    *,
+    reason: str,
+    message: str,
+    now: str,
+    outcome: str | None = None,
+    event_reason: str | None = None,
+) -> Event:
     """Change `status` in place from its phase to `to`; the caller writes it once."""
     current = status.get("phase", "Waiting")
     if (to != current and to not in ALLOWED[current]) or to == current == "Completed":
@@ -64,7 +72,13 @@ def move(status: dict[str, Any], to: str, *, reason: str, message: str, now: str
         _condition(status, "Succeeded", outcome == "Succeeded", reason, message, now)
     admitted = to in HOLDING_SLOTS
     if admitted != (current in HOLDING_SLOTS) or to == "Starting":
-        _condition(status, "Admitted", admitted, "SlotsGranted" if admitted else "SlotsReleased",
-                   message if admitted else "", now)
+        _condition(
+            status,
+            "Admitted",
+            admitted,
+            "SlotsGranted" if admitted else "SlotsReleased",
+            message if admitted else "",
+            now,
+        )
     warning = outcome in WARNING_OUTCOMES
     return Event(event_reason or (outcome if to == "Completed" else reason), message, warning)

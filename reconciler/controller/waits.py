@@ -4,8 +4,8 @@ passed in as functions, so the combining logic is pure and tested from tables.""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from ..api.job import WaitCondition, WaitFor
 
@@ -34,17 +34,27 @@ def check_path(path: str, kind: str | None) -> tuple[bool, str]:
     return (True, f"{path} exists") if os.path.exists(path) else (False, f"{path} does not exist")
 
 
-def check(cond: WaitCondition, *, accepted_at: float, now: float, probe: ProbeRunner,
-          path_check: Callable[[str, str | None], tuple[bool, str]] = check_path) -> Check:
+def check(
+    cond: WaitCondition,
+    *,
+    accepted_at: float,
+    now: float,
+    probe: ProbeRunner,
+    path_check: Callable[[str, str | None], tuple[bool, str]] = check_path,
+) -> Check:
     kind = cond.kind
     if kind == "until":
         at = cond.until.timestamp()
         ok = now >= at
-        return Check(kind, ok, "time reached" if ok else f"until {cond.until.isoformat()}", recheck_in=None if ok else at - now)
+        return Check(
+            kind, ok, "time reached" if ok else f"until {cond.until.isoformat()}", recheck_in=None if ok else at - now
+        )
     if kind == "delay":
         at = accepted_at + cond.delay
         ok = now >= at
-        return Check(kind, ok, "delay elapsed" if ok else f"{at - now:.3g}s of delay left", recheck_in=None if ok else at - now)
+        return Check(
+            kind, ok, "delay elapsed" if ok else f"{at - now:.3g}s of delay left", recheck_in=None if ok else at - now
+        )
     if kind == "path":
         ok, message = path_check(cond.path, cond.type)
         return Check(kind, ok, message, recheck_in=None if ok else (cond.interval or PATH_POLL))
@@ -52,8 +62,9 @@ def check(cond: WaitCondition, *, accepted_at: float, now: float, probe: ProbeRu
     if answer is None:  # the first probe runs: its end wakes the job, no timer needed
         return Check(kind, False, "probe running")
     ok, message = answer
-    return Check(kind, ok, message, fatal=not ok and cond.probe.fatal_on_error,
-                 recheck_in=None if ok else cond.probe.interval)
+    return Check(
+        kind, ok, message, fatal=not ok and cond.probe.fatal_on_error, recheck_in=None if ok else cond.probe.interval
+    )
 
 
 def gate(wait_for: WaitFor | None, checks: list[Check]) -> bool:
@@ -63,8 +74,9 @@ def gate(wait_for: WaitFor | None, checks: list[Check]) -> bool:
     return all(results) if wait_for.mode == "all" else any(results)
 
 
-def evaluate(wait_for: WaitFor | None, *, accepted_at: float, now: float, probe: ProbeRunner,
-             previous: list[dict] | None = None) -> list[Check]:
+def evaluate(
+    wait_for: WaitFor | None, *, accepted_at: float, now: float, probe: ProbeRunner, previous: list[dict] | None = None
+) -> list[Check]:
     """Check each condition; in `all` mode a condition already satisfied stays satisfied
     (waits gate the first run only and a file may be consumed once seen)."""
     if wait_for is None:

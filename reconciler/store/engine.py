@@ -10,13 +10,13 @@ import os
 import random
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from sqlalchemy import Connection, create_engine, event, text
-from sqlalchemy.exc import OperationalError
 from sqlalchemy.engine import Engine
+from sqlalchemy.exc import OperationalError
 
 from .migrations import current_version, migrate
 from .prepared import Prepared
@@ -53,7 +53,7 @@ class Tx:
     `session` is a SQLAlchemy Connection: Core statements only, no ORM unit of work, which
     halves the cost of the reconcile loop's small transactions."""
 
-    def __init__(self, session: Connection, store: "Store"):
+    def __init__(self, session: Connection, store: Store):
         self.session = session
         self.store = store
         self._rv: int | None = None
@@ -147,7 +147,7 @@ class Store:
                 # "database is locked" to one of them, not a wait. That one tries again.
                 if not self.is_sqlite or "locked" not in str(exc) or attempt == CREATE_ATTEMPTS - 1:
                     raise
-                time.sleep(min(0.5, 0.01 * 2 ** attempt) * random.uniform(0.5, 1.0))
+                time.sleep(min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.0))
 
     def _keep(self, engine: Engine) -> Connection:
         conn = engine.connect()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from sqlalchemy import Connection, inspect, text
 from sqlmodel import SQLModel
@@ -29,8 +29,10 @@ def current_version(conn: Connection) -> int:
 def migrate(conn: Connection, found: int) -> None:
     """Bring a store from version `found` to SCHEMA_VERSION; refuses a store from the future."""
     if found > SCHEMA_VERSION:
-        raise ReconcilerError(f"store schema {found} is newer than this reconciler ({SCHEMA_VERSION}); "
-                              "upgrade reconciler to use this store")
+        raise ReconcilerError(
+            f"store schema {found} is newer than this reconciler ({SCHEMA_VERSION}); "
+            "upgrade reconciler to use this store"
+        )
     for version in range(found + 1, SCHEMA_VERSION + 1):
         MIGRATIONS[version - 1](conn)
     if found == 0:

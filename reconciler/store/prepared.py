@@ -13,7 +13,8 @@ tables hold text, integers and floats only)."""
 from __future__ import annotations
 
 from collections import namedtuple
-from typing import Any, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from sqlalchemy import Connection
 from sqlalchemy.sql import ClauseElement

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from typing import Any, Iterable
+from datetime import UTC, datetime
+from typing import Any
 
-from sqlalchemy import bindparam, delete, insert, select, update
-from sqlalchemy import Connection
+from sqlalchemy import Connection, bindparam, delete, insert, select, update
 
 from ..api.meta import API_VERSION, format_time
 from ..errors import Conflict
@@ -26,7 +26,7 @@ def canonical(document: Any) -> str:
 
 
 def _time(epoch: float | None) -> str | None:
-    return None if epoch is None else format_time(datetime.fromtimestamp(epoch, timezone.utc))
+    return None if epoch is None else format_time(datetime.fromtimestamp(epoch, UTC))
 
 
 @dataclass
@@ -48,8 +48,11 @@ class StoredObject:
     def manifest(self) -> dict[str, Any]:
         """The object as Kubernetes would print it."""
         metadata: dict[str, Any] = {
-            "name": self.name, "uid": self.uid, "generation": self.generation,
-            "resourceVersion": str(self.resource_version), "creationTimestamp": _time(self.created_at),
+            "name": self.name,
+            "uid": self.uid,
+            "generation": self.generation,
+            "resourceVersion": str(self.resource_version),
+            "creationTimestamp": _time(self.created_at),
         }
         if self.deleted_at is not None:
             metadata["deletionTimestamp"] = _time(self.deleted_at)
@@ -70,11 +73,19 @@ EVENTS = EventRow.__table__
 def _from_mapping(row) -> StoredObject:
     """A StoredObject from a row of the objects table (any object with its column names)."""
     return StoredObject(
-        kind=row.kind, name=row.name, uid=row.uid, generation=row.generation,
-        resource_version=row.resource_version, labels=json.loads(row.labels),
-        annotations=json.loads(row.annotations), spec=json.loads(row.spec),
+        kind=row.kind,
+        name=row.name,
+        uid=row.uid,
+        generation=row.generation,
+        resource_version=row.resource_version,
+        labels=json.loads(row.labels),
+        annotations=json.loads(row.annotations),
+        spec=json.loads(row.spec),
         status=json.loads(row.status) if row.status else None,
-        created_at=row.created_at, deleted_at=row.deleted_at, spec_text=row.spec, status_text=row.status,
+        created_at=row.created_at,
+        deleted_at=row.deleted_at,
+        spec_text=row.spec,
+        status_text=row.status,
     )
 
 
@@ -87,8 +98,9 @@ def get(session: Connection, *, kind: str, name: str) -> StoredObject | None:
     return _from_mapping(row) if row else None
 
 
-_VERSION = Prepared(select(OBJECTS.c.resource_version).where(OBJECTS.c.kind == bindparam("kind"),
-                                                             OBJECTS.c.name == bindparam("name")))
+_VERSION = Prepared(
+    select(OBJECTS.c.resource_version).where(OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name == bindparam("name"))
+)
 
 
 def version(session: Connection, *, kind: str, name: str) -> int | None:
@@ -97,13 +109,17 @@ def version(session: Connection, *, kind: str, name: str) -> int | None:
     return _VERSION.execute(session, {"kind": kind, "name": name}).scalar()
 
 
-_STATUS = Prepared(select(OBJECTS.c.name, OBJECTS.c.uid, OBJECTS.c.status, OBJECTS.c.spec)
-                   .where(OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name == bindparam("name")))
+_STATUS = Prepared(
+    select(OBJECTS.c.name, OBJECTS.c.uid, OBJECTS.c.status, OBJECTS.c.spec).where(
+        OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name == bindparam("name")
+    )
+)
 
 
 @dataclass(frozen=True)
 class Observed:
     """What followers of an object's progress read: no labels or annotations decoded."""
+
     uid: str
     status: dict[str, Any]
     spec_text: str
@@ -122,8 +138,11 @@ def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[st
 
 
 _LIST = select(OBJECTS).where(OBJECTS.c.kind == bindparam("kind")).order_by(OBJECTS.c.name)
-_LIST_NAMED = select(OBJECTS).where(OBJECTS.c.kind == bindparam("kind"),
-                                    OBJECTS.c.name.in_(bindparam("names", expanding=True))).order_by(OBJECTS.c.name)
+_LIST_NAMED = (
+    select(OBJECTS)
+    .where(OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name.in_(bindparam("names", expanding=True)))
+    .order_by(OBJECTS.c.name)
+)
 
 
 def list_objects(session: Connection, *, kind: str, names: Iterable[str] | None = None) -> list[StoredObject]:
@@ -137,8 +156,9 @@ def list_objects(session: Connection, *, kind: str, names: Iterable[str] | None 
 def create(
     tx: Tx, *, kind: str, name: str, spec: dict, labels: dict, annotations: dict, status: dict | None = None
 ) -> StoredObject:
-    return create_many(tx, [dict(kind=kind, name=name, spec=spec, labels=labels, annotations=annotations,
-                                 status=status)])[0]
+    return create_many(
+        tx, [dict(kind=kind, name=name, spec=spec, labels=labels, annotations=annotations, status=status)]
+    )[0]
 
 
 _INSERT_OBJECT = insert(OBJECTS)  # built once; the rows go in as parameters
@@ -154,27 +174,56 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
         status = o.get("status")
         now = time.time()
         row = dict(
-            kind=o["kind"], name=o["name"], uid=str(uuid.uuid4()), generation=1, resource_version=tx.rv(),
-            labels=canonical(o["labels"]), annotations=canonical(o["annotations"]), spec=canonical(o["spec"]),
-            status=canonical(status) if status is not None else None, created_at=now,
-            phase=(status or {}).get("phase"), observed_generation=(status or {}).get("observedGeneration"),
+            kind=o["kind"],
+            name=o["name"],
+            uid=str(uuid.uuid4()),
+            generation=1,
+            resource_version=tx.rv(),
+            labels=canonical(o["labels"]),
+            annotations=canonical(o["annotations"]),
+            spec=canonical(o["spec"]),
+            status=canonical(status) if status is not None else None,
+            created_at=now,
+            phase=(status or {}).get("phase"),
+            observed_generation=(status or {}).get("observedGeneration"),
             deleted_at=None,
         )
         rows.append(row)
-        created.append(StoredObject(
-            kind=row["kind"], name=row["name"], uid=row["uid"], generation=1, resource_version=row["resource_version"],
-            labels=dict(o["labels"]), annotations=dict(o["annotations"]), spec=dict(o["spec"]), status=status,
-            created_at=now, deleted_at=None, spec_text=row["spec"],
-        ))
+        created.append(
+            StoredObject(
+                kind=row["kind"],
+                name=row["name"],
+                uid=row["uid"],
+                generation=1,
+                resource_version=row["resource_version"],
+                labels=dict(o["labels"]),
+                annotations=dict(o["annotations"]),
+                spec=dict(o["spec"]),
+                status=status,
+                created_at=now,
+                deleted_at=None,
+                spec_text=row["spec"],
+            )
+        )
     if rows:
         tx.session.execute(_INSERT_OBJECT, rows)
     return created
 
 
-_UPDATE_STATUS = Prepared(update(OBJECTS).where(
-    OBJECTS.c.kind == bindparam("k"), OBJECTS.c.name == bindparam("n"), OBJECTS.c.resource_version == bindparam("old"),
-).values(resource_version=bindparam("resource_version"), status=bindparam("status"), phase=bindparam("phase"),
-          observed_generation=bindparam("observed_generation")))
+_UPDATE_STATUS = Prepared(
+    update(OBJECTS)
+    .where(
+        OBJECTS.c.kind == bindparam("k"),
+        OBJECTS.c.name == bindparam("n"),
+        OBJECTS.c.resource_version == bindparam("old"),
+    )
+    .values(
+        resource_version=bindparam("resource_version"),
+        status=bindparam("status"),
+        phase=bindparam("phase"),
+        observed_generation=bindparam("observed_generation"),
+    )
+)
 
 
 def update_object(
@@ -204,14 +253,23 @@ def update_object(
         values["observed_generation"] = status.get("observedGeneration")
     if deleted_at is not None:
         values["deleted_at"] = deleted_at
-    if values.keys() == {"resource_version", "status", "phase", "observed_generation"}:  # the controller's status writes
-        result = _UPDATE_STATUS.execute(tx.session, {**values, "k": current.kind, "n": current.name,
-                                                     "old": current.resource_version})
+    if values.keys() == {
+        "resource_version",
+        "status",
+        "phase",
+        "observed_generation",
+    }:  # the controller's status writes
+        result = _UPDATE_STATUS.execute(
+            tx.session, {**values, "k": current.kind, "n": current.name, "old": current.resource_version}
+        )
     else:
         result = tx.session.execute(
             update(OBJECTS)
-            .where(OBJECTS.c.kind == current.kind, OBJECTS.c.name == current.name,
-                   OBJECTS.c.resource_version == current.resource_version)
+            .where(
+                OBJECTS.c.kind == current.kind,
+                OBJECTS.c.name == current.name,
+                OBJECTS.c.resource_version == current.resource_version,
+            )
             .values(**values)
         )
     if result.rowcount != 1:
@@ -221,13 +279,17 @@ def update_object(
         )
     # the new state is known: build it rather than read it back
     return StoredObject(
-        kind=current.kind, name=current.name, uid=current.uid, generation=generation,
+        kind=current.kind,
+        name=current.name,
+        uid=current.uid,
+        generation=generation,
         resource_version=values["resource_version"],
         labels=dict(labels) if labels is not None else current.labels,
         annotations=dict(annotations) if annotations is not None else current.annotations,
         spec=dict(spec) if "spec" in values else current.spec,
         status=status if status is not None else current.status,
-        created_at=current.created_at, deleted_at=deleted_at if deleted_at is not None else current.deleted_at,
+        created_at=current.created_at,
+        deleted_at=deleted_at if deleted_at is not None else current.deleted_at,
         spec_text=values.get("spec", current.spec_text),
         status_text=values["status"] if status is not None else current.status_text,
     )
@@ -237,8 +299,11 @@ def remove(tx: Tx, current: StoredObject) -> None:
     """Compare-and-swap delete."""
     tx.rv()
     result = tx.session.execute(
-        delete(OBJECTS).where(OBJECTS.c.kind == current.kind, OBJECTS.c.name == current.name,
-                              OBJECTS.c.resource_version == current.resource_version)
+        delete(OBJECTS).where(
+            OBJECTS.c.kind == current.kind,
+            OBJECTS.c.name == current.name,
+            OBJECTS.c.resource_version == current.resource_version,
+        )
     )
     if result.rowcount != 1:
         raise Conflict(f'{current.kind.lower()} "{current.name}" was modified meanwhile; try again')
@@ -255,17 +320,30 @@ def record_events(tx: Tx, entries: Iterable[tuple[StoredObject, str, str]], *, w
 
 def record_typed_events(tx: Tx, entries: Iterable[tuple[StoredObject, str, str, bool]]) -> None:
     """Events given as (object, reason, message, warning), in one statement, in order."""
-    rows = [dict(resource_version=tx.rv(), time=time.time(), kind=obj.kind, name=obj.name, uid=obj.uid,
-                 type="Warning" if warning else "Normal", reason=reason, message=message)
-            for obj, reason, message, warning in entries]
+    rows = [
+        dict(
+            resource_version=tx.rv(),
+            time=time.time(),
+            kind=obj.kind,
+            name=obj.name,
+            uid=obj.uid,
+            type="Warning" if warning else "Normal",
+            reason=reason,
+            message=message,
+        )
+        for obj, reason, message, warning in entries
+    ]
     if len(rows) == 1:
         _INSERT_EVENT.execute(tx.session, rows[0])
     elif rows:
         _INSERT_EVENT.execute_many(tx.session, rows)
 
 
-_INSERT_EVENT = Prepared(insert(EVENTS).values({c: bindparam(c) for c in (
-    "resource_version", "time", "kind", "name", "uid", "type", "reason", "message")}))
+_INSERT_EVENT = Prepared(
+    insert(EVENTS).values(
+        {c: bindparam(c) for c in ("resource_version", "time", "kind", "name", "uid", "type", "reason", "message")}
+    )
+)
 
 
 def events(session: Connection, *, kind: str | None = None, name: str | None = None, limit: int = 500) -> list:

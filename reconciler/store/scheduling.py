@@ -7,9 +7,9 @@ import functools
 import itertools
 import json
 import time
-from datetime import datetime
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
+from datetime import datetime
 
 from sqlalchemy import Connection, bindparam, delete, func, insert, literal_column, select, tuple_, update
 
@@ -28,35 +28,59 @@ _QUEUED = Prepared(select(QUEUE).where(QUEUE.c.job_uid == bindparam("uid")))
 _ENQUEUE = Prepared(insert(QUEUE).values({c.name: bindparam(c.name) for c in QUEUE.c}))
 _DEQUEUE = Prepared(delete(QUEUE).where(QUEUE.c.job_uid == bindparam("uid")))
 _OBJECTS = ObjectRow.__table__
-_POOL_SPEC = select(_OBJECTS.c.spec).where(_OBJECTS.c.kind == "Pool", _OBJECTS.c.name == bindparam("name")) \
-    .scalar_subquery()
+_POOL_SPEC = (
+    select(_OBJECTS.c.spec).where(_OBJECTS.c.kind == "Pool", _OBJECTS.c.name == bindparam("name")).scalar_subquery()
+)
 _USED_ALL = select(func.coalesce(func.sum(ADMISSIONS.c.slots), 0))
 _USED_IN_POOL = _USED_ALL.where(ADMISSIONS.c.pool == bindparam("name"))
 # a pool's spec and its slots in use in one round trip
-_POOL_FACTS = {True: Prepared(select(_POOL_SPEC, _USED_ALL.scalar_subquery())),
-               False: Prepared(select(_POOL_SPEC, _USED_IN_POOL.scalar_subquery()))}
-_ALLOCATED = select(ADMISSIONS.c.node, func.sum(ADMISSIONS.c.slots).label("allocated")) \
-    .group_by(ADMISSIONS.c.node).subquery()
+_POOL_FACTS = {
+    True: Prepared(select(_POOL_SPEC, _USED_ALL.scalar_subquery())),
+    False: Prepared(select(_POOL_SPEC, _USED_IN_POOL.scalar_subquery())),
+}
+_ALLOCATED = (
+    select(ADMISSIONS.c.node, func.sum(ADMISSIONS.c.slots).label("allocated")).group_by(ADMISSIONS.c.node).subquery()
+)
 # every node with the slots allocated on it, in one round trip
-_NODES = Prepared(select(_OBJECTS.c.name, _OBJECTS.c.spec, _OBJECTS.c.status, _OBJECTS.c.labels,
-                func.coalesce(_ALLOCATED.c.allocated, 0).label("allocated")) \
-    .select_from(_OBJECTS.outerjoin(_ALLOCATED, _ALLOCATED.c.node == _OBJECTS.c.name)) \
-    .where(_OBJECTS.c.kind == "Node"))
+_NODES = Prepared(
+    select(
+        _OBJECTS.c.name,
+        _OBJECTS.c.spec,
+        _OBJECTS.c.status,
+        _OBJECTS.c.labels,
+        func.coalesce(_ALLOCATED.c.allocated, 0).label("allocated"),
+    )
+    .select_from(_OBJECTS.outerjoin(_ALLOCATED, _ALLOCATED.c.node == _OBJECTS.c.name))
+    .where(_OBJECTS.c.kind == "Node")
+)
 _ADMIT = Prepared(insert(ADMISSIONS).values({c.name: bindparam(c.name) for c in ADMISSIONS.c}))
 _ADMISSION = Prepared(select(ADMISSIONS).where(ADMISSIONS.c.job_uid == bindparam("uid")))
-_RELEASE = Prepared(delete(ADMISSIONS).where(ADMISSIONS.c.job_uid == bindparam("uid"))
-                    .returning(ADMISSIONS.c.pool, ADMISSIONS.c.slots))
-_COUNT_BYPASS = Prepared(update(QUEUE).where(QUEUE.c.job_uid == bindparam("uid"))
-                         .values(bypass_count=QUEUE.c.bypass_count + 1))
-_CLAIM = Prepared(update(ADMISSIONS).where(ADMISSIONS.c.job_uid == bindparam("uid"), ADMISSIONS.c.owner.is_(None))
-                  .values(owner=bindparam("owner")))
-_TAKE_OVER = Prepared(update(ADMISSIONS).where(ADMISSIONS.c.job_uid == bindparam("uid"),
-                                               ADMISSIONS.c.owner == bindparam("previous"))
-                      .values(owner=bindparam("owner")))
-_WRITTEN_SINCE = Prepared(select(_OBJECTS.c.kind, _OBJECTS.c.name, _OBJECTS.c.resource_version)
-                          .where(_OBJECTS.c.resource_version > bindparam("rv")))
-_DELETED_SINCE = Prepared(select(EventRow.kind, EventRow.name, EventRow.resource_version)
-                          .where(EventRow.resource_version > bindparam("rv"), EventRow.reason == "Deleted"))
+_RELEASE = Prepared(
+    delete(ADMISSIONS).where(ADMISSIONS.c.job_uid == bindparam("uid")).returning(ADMISSIONS.c.pool, ADMISSIONS.c.slots)
+)
+_COUNT_BYPASS = Prepared(
+    update(QUEUE).where(QUEUE.c.job_uid == bindparam("uid")).values(bypass_count=QUEUE.c.bypass_count + 1)
+)
+_CLAIM = Prepared(
+    update(ADMISSIONS)
+    .where(ADMISSIONS.c.job_uid == bindparam("uid"), ADMISSIONS.c.owner.is_(None))
+    .values(owner=bindparam("owner"))
+)
+_TAKE_OVER = Prepared(
+    update(ADMISSIONS)
+    .where(ADMISSIONS.c.job_uid == bindparam("uid"), ADMISSIONS.c.owner == bindparam("previous"))
+    .values(owner=bindparam("owner"))
+)
+_WRITTEN_SINCE = Prepared(
+    select(_OBJECTS.c.kind, _OBJECTS.c.name, _OBJECTS.c.resource_version).where(
+        _OBJECTS.c.resource_version > bindparam("rv")
+    )
+)
+_DELETED_SINCE = Prepared(
+    select(EventRow.kind, EventRow.name, EventRow.resource_version).where(
+        EventRow.resource_version > bindparam("rv"), EventRow.reason == "Deleted"
+    )
+)
 
 
 @dataclass(frozen=True)
@@ -72,9 +96,18 @@ class QueueEntry:
     node_selector: dict[str, str]
 
     @classmethod
-    def from_row(cls, row: QueueRow) -> "QueueEntry":
-        return cls(row.job_uid, row.job_name, row.pool, row.slots, row.rank, row.eligible_at, row.bypass_count,
-                   row.node_name, json.loads(row.node_selector))
+    def from_row(cls, row: QueueRow) -> QueueEntry:
+        return cls(
+            row.job_uid,
+            row.job_name,
+            row.pool,
+            row.slots,
+            row.rank,
+            row.eligible_at,
+            row.bypass_count,
+            row.node_name,
+            json.loads(row.node_selector),
+        )
 
 
 @dataclass(frozen=True)
@@ -95,15 +128,37 @@ class NodeFacts:
     ready: bool
 
 
-def enqueue(tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, priority: int, eligible_at: float,
-            bypass_count: int, node_name: str | None, node_selector: dict[str, str]) -> QueueEntry:
+def enqueue(
+    tx: Tx,
+    *,
+    uid: str,
+    name: str,
+    pool: str | None,
+    slots: int,
+    priority: int,
+    eligible_at: float,
+    bypass_count: int,
+    node_name: str | None,
+    node_selector: dict[str, str],
+) -> QueueEntry:
     """Idempotent: a job already queued keeps its row (and its bypass count). Returns the row."""
     entry = queued(tx.session, uid)
     if entry is None:
         entry = QueueEntry(uid, name, pool, slots, -priority, eligible_at, bypass_count, node_name, dict(node_selector))
-        _ENQUEUE.execute(tx.session, dict(
-            job_uid=uid, job_name=name, pool=pool, slots=slots, rank=-priority, eligible_at=eligible_at,
-            bypass_count=bypass_count, node_name=node_name, node_selector=json.dumps(node_selector, sort_keys=True)))
+        _ENQUEUE.execute(
+            tx.session,
+            dict(
+                job_uid=uid,
+                job_name=name,
+                pool=pool,
+                slots=slots,
+                rank=-priority,
+                eligible_at=eligible_at,
+                bypass_count=bypass_count,
+                node_name=node_name,
+                node_selector=json.dumps(node_selector, sort_keys=True),
+            ),
+        )
     return entry
 
 
@@ -116,7 +171,7 @@ def queued(session: Connection, uid: str) -> QueueEntry | None:
     return QueueEntry.from_row(row) if row else None
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _line(scope_is_pool: bool, after: bool, batch: int):
     """A page of one scope's queue in admission order. Keyset paging (after the last row
     read) and a literal LIMIT: with a bound LIMIT or OFFSET, PostgreSQL's generic plan for a
@@ -146,8 +201,12 @@ def in_line(session: Connection, pool: str | None, *, scope_is_pool: bool, batch
 
 def first_in_line(session: Connection, pool: str | None, limit: int) -> list[str]:
     """Names of the first `limit` queued jobs of a scope: who to wake when slots free up."""
-    return [entry.name for entry in itertools.islice(
-        in_line(session, pool, scope_is_pool=pool is not None, batch=min(max(limit, 1), 64)), limit)]
+    return [
+        entry.name
+        for entry in itertools.islice(
+            in_line(session, pool, scope_is_pool=pool is not None, batch=min(max(limit, 1), 64)), limit
+        )
+    ]
 
 
 def count_bypass(tx: Tx, uid: str) -> None:
@@ -170,19 +229,42 @@ def node_facts(session: Connection, now: float | None = None) -> list[NodeFacts]
         if capacity is None:
             capacity = status.get("cpuCount") or 1
         beat = status.get("heartbeatAt")
-        fresh = beat is not None and now - datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp() < NODE_READY_WINDOW
-        facts.append(NodeFacts(row.name, json.loads(row.labels), bool(spec.get("unschedulable")), int(capacity),
-                               int(row.allocated), fresh))
+        fresh = (
+            beat is not None
+            and now - datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp() < NODE_READY_WINDOW
+        )
+        facts.append(
+            NodeFacts(
+                row.name,
+                json.loads(row.labels),
+                bool(spec.get("unschedulable")),
+                int(capacity),
+                int(row.allocated),
+                fresh,
+            )
+        )
     return facts
 
 
-def admit(tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, node: str, run_number: int,
-          owner: str | None = None) -> float:
+def admit(
+    tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, node: str, run_number: int, owner: str | None = None
+) -> float:
     """Record the admission; `owner` claims the spawn at once when the admitting controller
     is the node's own agent."""
     now = time.time()
-    _ADMIT.execute(tx.session, dict(job_uid=uid, job_name=name, pool=pool, slots=slots, node=node,
-                                    run_number=run_number, admitted_at=now, owner=owner))
+    _ADMIT.execute(
+        tx.session,
+        dict(
+            job_uid=uid,
+            job_name=name,
+            pool=pool,
+            slots=slots,
+            node=node,
+            run_number=run_number,
+            admitted_at=now,
+            owner=owner,
+        ),
+    )
     dequeue(tx, uid)
     return now
 
@@ -190,6 +272,7 @@ def admit(tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, node: st
 @dataclass(frozen=True)
 class Admission:
     """What starting a run needs of an admission row."""
+
     node: str | None
     run_number: int
     owner: str | None
@@ -234,18 +317,30 @@ def changed_since(session: Connection, rv: int) -> list[tuple[str, str, int]]:
 
 def open_job_names(session: Connection) -> list[str]:
     """Jobs that are not Completed (or were never reconciled): the controller's start-up work."""
-    return list(session.scalars(select(ObjectRow.name).where(
-        ObjectRow.kind == "Job", (ObjectRow.phase.is_(None)) | (ObjectRow.phase != "Completed"))))
+    return list(
+        session.scalars(
+            select(ObjectRow.name).where(
+                ObjectRow.kind == "Job", (ObjectRow.phase.is_(None)) | (ObjectRow.phase != "Completed")
+            )
+        )
+    )
 
 
 def job_names_needing_revision(session: Connection) -> list[str]:
     """Completed jobs that may be due a new revision: their spec changed since they were
     reconciled, or a rerun was asked for (the reconciler tells an old request from a new)."""
     c = _OBJECTS.c
-    return list(session.scalars(select(c.name).where(
-        c.kind == "Job", c.phase == "Completed",
-        (c.observed_generation.is_(None)) | (c.observed_generation != c.generation)
-        | c.annotations.like('%"reconciler.dev/rerun"%'))))
+    return list(
+        session.scalars(
+            select(c.name).where(
+                c.kind == "Job",
+                c.phase == "Completed",
+                (c.observed_generation.is_(None))
+                | (c.observed_generation != c.generation)
+                | c.annotations.like('%"reconciler.dev/rerun"%'),
+            )
+        )
+    )
 
 
 def dependency_graph(session: Connection) -> dict[str, list[str]]:
@@ -258,7 +353,11 @@ def dependency_graph(session: Connection) -> dict[str, list[str]]:
 
 def usage(session: Connection) -> tuple[dict[str | None, int], dict[str | None, int], dict[str | None, int]]:
     """(slots used per pool, jobs queued per pool, slots allocated per node), for `get`."""
-    used = dict(session.execute(select(ADMISSIONS.c.pool, func.sum(ADMISSIONS.c.slots)).group_by(ADMISSIONS.c.pool)).all())
+    used = dict(
+        session.execute(select(ADMISSIONS.c.pool, func.sum(ADMISSIONS.c.slots)).group_by(ADMISSIONS.c.pool)).all()
+    )
     queued_ = dict(session.execute(select(QUEUE.c.pool, func.count()).group_by(QUEUE.c.pool)).all())
-    nodes = dict(session.execute(select(ADMISSIONS.c.node, func.sum(ADMISSIONS.c.slots)).group_by(ADMISSIONS.c.node)).all())
+    nodes = dict(
+        session.execute(select(ADMISSIONS.c.node, func.sum(ADMISSIONS.c.slots)).group_by(ADMISSIONS.c.node)).all()
+    )
     return used, queued_, nodes

@@ -23,8 +23,7 @@ from reconciler.agent.process import (  # noqa: E402
     signal_group,
     spawn_run,
 )
-
-from tests.helpers import wait_until  # noqa: F401  (re-exported for the agent tests)
+from tests.helpers import wait_until
 
 
 def group_names(identity: ProcessIdentity) -> list[str]:

@@ -33,7 +33,7 @@ def test_sigterm_ignoring_run_survives_term_and_dies_by_kill(spawn, tmp_path):
     # its child ignores TERM outright, as in `trap "" TERM; sleep 60`.
     identity, run_dir = spawn(
         shell='trap "echo > got_term" TERM; (trap "" TERM; exec sleep 60) & '
-        'while :; do wait $!; [ -e got_term ] && break; done; wait $!'
+        "while :; do wait $!; [ -e got_term ] && break; done; wait $!"
     )
     # wrapper, the user's sh, and sleep (the subshell exec'd it)
     wait_until(lambda: group_names(identity) == ["sh", "sh", "sleep"])
@@ -65,9 +65,7 @@ def test_wrapper_outlives_other_catchable_signals(spawn):
     identity, run_dir = spawn(argv=["sleep", "60"])
     wait_until(lambda: group_names(identity) == ["sh", "sleep"])
     assert signal_group(identity, signal.SIGUSR1)  # kills sleep (default action)
-    assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(
-        exit_code=128 + signal.SIGUSR1, signal=signal.SIGUSR1
-    )
+    assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(exit_code=128 + signal.SIGUSR1, signal=signal.SIGUSR1)
 
 
 def test_stop_right_after_spawn_always_leaves_an_exit_record(spawn):

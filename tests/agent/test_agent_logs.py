@@ -125,7 +125,10 @@ def test_the_agent_finds_runs_of_the_earlier_layout_only_when_there_are_any(tmp_
     uid = "0b5e6f3a-8c1d-4f2e-9a7b-1c2d3e4f5a6b"
     legacy = tmp_path / "old" / "runs" / "build-1" / uid / "1"
     legacy.mkdir(parents=True)
-    for state, expected in ((tmp_path / "old", legacy), (tmp_path / "new", tmp_path / "new" / "runs" / f"build-1.{uid}.1")):
+    for state, expected in (
+        (tmp_path / "old", legacy),
+        (tmp_path / "new", tmp_path / "new" / "runs" / f"build-1.{uid}.1"),
+    ):
         agent = LocalAgent("node-a", state, on_exit=lambda job: None)
         try:
             assert agent.run_dir("build-1", uid, 1) == expected

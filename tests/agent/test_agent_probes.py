@@ -20,7 +20,9 @@ def gated_probe(tmp_path, name: str, code: int, interval: str = "2s") -> WaitCon
     gate = tmp_path / name
     os.mkfifo(gate)
     script = f"echo run >> '{gate}.runs'; read x < '{gate}'; echo said $x; exit {code}"
-    return WaitCondition.model_validate({"probe": {"command": ["sh", "-c", script], "timeout": "60s", "interval": interval}})
+    return WaitCondition.model_validate(
+        {"probe": {"command": ["sh", "-c", script], "timeout": "60s", "interval": interval}}
+    )
 
 
 def runs(tmp_path, name: str) -> int:
@@ -121,7 +123,8 @@ def test_a_forgotten_jobs_running_probe_neither_wakes_nor_leaves_a_verdict(tmp_p
 def test_close_kills_the_probes_still_running(tmp_path):
     probes = Probes(Wakes())
     cond = WaitCondition.model_validate(
-        {"probe": {"command": ["sh", "-c", f"echo $$ > '{tmp_path}/pid'; exec sleep 60"], "timeout": "120s"}})
+        {"probe": {"command": ["sh", "-c", f"echo $$ > '{tmp_path}/pid'; exec sleep 60"], "timeout": "120s"}}
+    )
     assert probes.verdict("job", UID, cond, None) is None
     pid = int(wait_until(lambda: (tmp_path / "pid").exists() and (tmp_path / "pid").read_text().strip()))
     assert psutil.pid_exists(pid)

@@ -104,9 +104,7 @@ def test_many_runs_watched_from_many_threads_each_reported_once(spawn, watcher):
         wait_until(lambda: group_names(identity) == ["sh", "sleep"])
         assert signal_group(identity, signal.SIGTERM)
     wait_until(lambda: len(seen.identities()) == 20)
-    assert sorted(seen.identities(), key=lambda i: i.pid) == sorted(
-        (i for i, _ in runs), key=lambda i: i.pid
-    )
+    assert sorted(seen.identities(), key=lambda i: i.pid) == sorted((i for i, _ in runs), key=lambda i: i.pid)
     for _, run_dir in runs:
         assert read_exit(run_dir) == ExitRecord(exit_code=143, signal=15)
 
@@ -147,7 +145,11 @@ def test_adopted_run_is_reported_and_its_exit_code_read(watcher, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     spawner = subprocess.run(
         [sys.executable, "-c", ADOPT_SCRIPT, str(tmp_path), str(run_dir)],
-        env=env, capture_output=True, text=True, check=True, timeout=60,
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
     )
     identity = ProcessIdentity(**json.loads(spawner.stdout))
     try:

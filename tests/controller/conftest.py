@@ -3,7 +3,7 @@ plain numbers from reconciler.clock.FakeClock, since policies take `now` as an a
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 
 def fixed(value: float) -> Callable[[], float]:

@@ -15,8 +15,15 @@ BIG = Request("uid-big", "big", slots=3)
 OLD = Request("uid-old", "old", slots=2)
 
 
-def pool(head: Request | None, *, capacity: int | None = 4, used: int = 2, max_bypass: int = 3,
-         head_fits: bool = False, name: str = "analysis") -> Scope:
+def pool(
+    head: Request | None,
+    *,
+    capacity: int | None = 4,
+    used: int = 2,
+    max_bypass: int = 3,
+    head_fits: bool = False,
+    name: str = "analysis",
+) -> Scope:
     return Scope(name, capacity, used, max_bypass, head, head_fits)
 
 
@@ -24,30 +31,70 @@ def glob(head: Request | None, **kw) -> Scope:
     return pool(head, name="global", **kw)
 
 
-@pytest.mark.parametrize(("request_", "scopes", "admit", "reason", "bypassed"), [
-    pytest.param(ME, [], True, "SlotsGranted", [], id="no-finite-scope-admits"),
-    pytest.param(ME, [glob(BIG, capacity=None, head_fits=True)], True, "SlotsGranted", [],
-                 id="unlimited-scope-orders-nobody-even-if-head-fits"),
-    pytest.param(ME, [glob(replace(BIG, bypass_count=9), capacity=None, max_bypass=0)], True, "SlotsGranted", [],
-                 id="unlimited-scope-ignores-bypass-limit"),
-    pytest.param(ME, [pool(None)], True, "SlotsGranted", [], id="empty-queue-and-room"),
-    pytest.param(ME, [pool(ME, used=3)], True, "SlotsGranted", [], id="head-itself-fits-exactly"),
-    pytest.param(BIG, [pool(BIG, used=2)], False, "InsufficientSlots", [], id="head-itself-does-not-fit"),
-    pytest.param(ME, [pool(OLD, head_fits=True)], False, "WaitingForTurn", [], id="head-fits-younger-waits"),
-    pytest.param(ME, [pool(replace(OLD, bypass_count=3), head_fits=True)], False, "WaitingForTurn", [],
-                 id="head-fits-wins-over-bypass-check"),
-    pytest.param(ME, [pool(BIG, used=2)], True, "SlotsGranted", [BIG], id="younger-passes-non-fitting-head"),
-    pytest.param(ME, [pool(replace(BIG, bypass_count=2), max_bypass=3)], True, "SlotsGranted",
-                 [replace(BIG, bypass_count=2)], id="last-allowed-pass"),
-    pytest.param(ME, [pool(replace(BIG, bypass_count=3), max_bypass=3)], False, "BypassLimit", [],
-                 id="bypass-limit-reached"),
-    pytest.param(ME, [pool(replace(BIG, bypass_count=5), max_bypass=3)], False, "BypassLimit", [],
-                 id="bypass-count-above-limit"),
-    pytest.param(ME, [pool(BIG, max_bypass=0)], False, "BypassLimit", [], id="max-bypass-0-strict-fifo"),
-    pytest.param(replace(ME, slots=3), [pool(BIG, used=2)], False, "InsufficientSlots", [],
-                 id="younger-passing-but-not-fitting-either"),
-    pytest.param(ME, [pool(None, used=4)], False, "InsufficientSlots", [], id="pool-full-no-head"),
-])
+@pytest.mark.parametrize(
+    ("request_", "scopes", "admit", "reason", "bypassed"),
+    [
+        pytest.param(ME, [], True, "SlotsGranted", [], id="no-finite-scope-admits"),
+        pytest.param(
+            ME,
+            [glob(BIG, capacity=None, head_fits=True)],
+            True,
+            "SlotsGranted",
+            [],
+            id="unlimited-scope-orders-nobody-even-if-head-fits",
+        ),
+        pytest.param(
+            ME,
+            [glob(replace(BIG, bypass_count=9), capacity=None, max_bypass=0)],
+            True,
+            "SlotsGranted",
+            [],
+            id="unlimited-scope-ignores-bypass-limit",
+        ),
+        pytest.param(ME, [pool(None)], True, "SlotsGranted", [], id="empty-queue-and-room"),
+        pytest.param(ME, [pool(ME, used=3)], True, "SlotsGranted", [], id="head-itself-fits-exactly"),
+        pytest.param(BIG, [pool(BIG, used=2)], False, "InsufficientSlots", [], id="head-itself-does-not-fit"),
+        pytest.param(ME, [pool(OLD, head_fits=True)], False, "WaitingForTurn", [], id="head-fits-younger-waits"),
+        pytest.param(
+            ME,
+            [pool(replace(OLD, bypass_count=3), head_fits=True)],
+            False,
+            "WaitingForTurn",
+            [],
+            id="head-fits-wins-over-bypass-check",
+        ),
+        pytest.param(ME, [pool(BIG, used=2)], True, "SlotsGranted", [BIG], id="younger-passes-non-fitting-head"),
+        pytest.param(
+            ME,
+            [pool(replace(BIG, bypass_count=2), max_bypass=3)],
+            True,
+            "SlotsGranted",
+            [replace(BIG, bypass_count=2)],
+            id="last-allowed-pass",
+        ),
+        pytest.param(
+            ME, [pool(replace(BIG, bypass_count=3), max_bypass=3)], False, "BypassLimit", [], id="bypass-limit-reached"
+        ),
+        pytest.param(
+            ME,
+            [pool(replace(BIG, bypass_count=5), max_bypass=3)],
+            False,
+            "BypassLimit",
+            [],
+            id="bypass-count-above-limit",
+        ),
+        pytest.param(ME, [pool(BIG, max_bypass=0)], False, "BypassLimit", [], id="max-bypass-0-strict-fifo"),
+        pytest.param(
+            replace(ME, slots=3),
+            [pool(BIG, used=2)],
+            False,
+            "InsufficientSlots",
+            [],
+            id="younger-passing-but-not-fitting-either",
+        ),
+        pytest.param(ME, [pool(None, used=4)], False, "InsufficientSlots", [], id="pool-full-no-head"),
+    ],
+)
 def test_decide_single_scope(request_, scopes, admit, reason, bypassed):
     d = decide(request_, scopes)
     assert (d.admit, d.reason) == (admit, reason)
@@ -58,28 +105,84 @@ GLOBAL_HEAD = Request("uid-g", "global-head", slots=4)
 POOL_HEAD = Request("uid-p", "pool-head", slots=3)
 
 
-@pytest.mark.parametrize(("scopes", "admit", "reason", "scope_named", "bypassed"), [
-    pytest.param([glob(None, capacity=10, used=0), pool(None)], True, "SlotsGranted", None, [],
-                 id="room-in-both"),
-    pytest.param([glob(None, capacity=10, used=0), pool(None, used=4)], False, "InsufficientSlots", "analysis",
-                 [], id="global-room-pool-full"),
-    pytest.param([glob(None, capacity=5, used=5), pool(None, used=0)], False, "InsufficientSlots", "global",
-                 [], id="pool-room-global-full"),
-    pytest.param([glob(GLOBAL_HEAD, capacity=10, used=8), pool(POOL_HEAD, head_fits=True)],
-                 False, "WaitingForTurn", "analysis", [], id="pool-head-fits"),
-    pytest.param([glob(GLOBAL_HEAD, capacity=10, used=0, head_fits=True), pool(None)],
-                 False, "WaitingForTurn", "global", [], id="global-head-fits"),
-    pytest.param([glob(replace(GLOBAL_HEAD, bypass_count=3), capacity=10, used=8), pool(POOL_HEAD)],
-                 False, "BypassLimit", "global", [], id="global-head-at-limit"),
-    pytest.param([glob(GLOBAL_HEAD, capacity=10, used=8), pool(replace(POOL_HEAD, bypass_count=1), max_bypass=1)],
-                 False, "BypassLimit", "analysis", [], id="pool-head-at-limit"),
-    pytest.param([glob(GLOBAL_HEAD, capacity=10, used=8), pool(POOL_HEAD)], True, "SlotsGranted", None,
-                 [GLOBAL_HEAD, POOL_HEAD], id="passes-both-heads"),
-    pytest.param([glob(GLOBAL_HEAD, capacity=10, used=8), pool(ME)], True, "SlotsGranted", None,
-                 [GLOBAL_HEAD], id="head-of-pool-passes-global-head"),
-    pytest.param([glob(GLOBAL_HEAD, capacity=10, used=8), pool(ME, used=4)], False, "InsufficientSlots", "analysis",
-                 [], id="passes-global-head-but-pool-full"),
-])
+@pytest.mark.parametrize(
+    ("scopes", "admit", "reason", "scope_named", "bypassed"),
+    [
+        pytest.param([glob(None, capacity=10, used=0), pool(None)], True, "SlotsGranted", None, [], id="room-in-both"),
+        pytest.param(
+            [glob(None, capacity=10, used=0), pool(None, used=4)],
+            False,
+            "InsufficientSlots",
+            "analysis",
+            [],
+            id="global-room-pool-full",
+        ),
+        pytest.param(
+            [glob(None, capacity=5, used=5), pool(None, used=0)],
+            False,
+            "InsufficientSlots",
+            "global",
+            [],
+            id="pool-room-global-full",
+        ),
+        pytest.param(
+            [glob(GLOBAL_HEAD, capacity=10, used=8), pool(POOL_HEAD, head_fits=True)],
+            False,
+            "WaitingForTurn",
+            "analysis",
+            [],
+            id="pool-head-fits",
+        ),
+        pytest.param(
+            [glob(GLOBAL_HEAD, capacity=10, used=0, head_fits=True), pool(None)],
+            False,
+            "WaitingForTurn",
+            "global",
+            [],
+            id="global-head-fits",
+        ),
+        pytest.param(
+            [glob(replace(GLOBAL_HEAD, bypass_count=3), capacity=10, used=8), pool(POOL_HEAD)],
+            False,
+            "BypassLimit",
+            "global",
+            [],
+            id="global-head-at-limit",
+        ),
+        pytest.param(
+            [glob(GLOBAL_HEAD, capacity=10, used=8), pool(replace(POOL_HEAD, bypass_count=1), max_bypass=1)],
+            False,
+            "BypassLimit",
+            "analysis",
+            [],
+            id="pool-head-at-limit",
+        ),
+        pytest.param(
+            [glob(GLOBAL_HEAD, capacity=10, used=8), pool(POOL_HEAD)],
+            True,
+            "SlotsGranted",
+            None,
+            [GLOBAL_HEAD, POOL_HEAD],
+            id="passes-both-heads",
+        ),
+        pytest.param(
+            [glob(GLOBAL_HEAD, capacity=10, used=8), pool(ME)],
+            True,
+            "SlotsGranted",
+            None,
+            [GLOBAL_HEAD],
+            id="head-of-pool-passes-global-head",
+        ),
+        pytest.param(
+            [glob(GLOBAL_HEAD, capacity=10, used=8), pool(ME, used=4)],
+            False,
+            "InsufficientSlots",
+            "analysis",
+            [],
+            id="passes-global-head-but-pool-full",
+        ),
+    ],
+)
 def test_decide_checks_global_and_pool(scopes, admit, reason, scope_named, bypassed):
     d = decide(ME, scopes)
     assert (d.admit, d.reason) == (admit, reason)
@@ -98,32 +201,54 @@ def test_head_shared_by_global_and_pool_is_counted_once_per_pass():
     assert d.bypassed == [head]
 
 
-@pytest.mark.parametrize(("request_", "scopes", "reason", "text"), [
-    pytest.param(ME, [pool(OLD, head_fits=True)], "WaitingForTurn", "an older job in analysis fits first",
-                 id="waiting-for-turn"),
-    pytest.param(ME, [pool(replace(BIG, bypass_count=3))], "BypassLimit",
-                 "the oldest job in analysis was passed 3 times and goes first", id="bypass-limit"),
-    pytest.param(BIG, [pool(None, used=2)], "InsufficientSlots", "analysis: 2/4 slots in use, 3 needed",
-                 id="insufficient-slots"),
-    pytest.param(ME, [pool(None)], "SlotsGranted", "slots granted", id="granted"),
-])
+@pytest.mark.parametrize(
+    ("request_", "scopes", "reason", "text"),
+    [
+        pytest.param(
+            ME,
+            [pool(OLD, head_fits=True)],
+            "WaitingForTurn",
+            "an older job in analysis fits first",
+            id="waiting-for-turn",
+        ),
+        pytest.param(
+            ME,
+            [pool(replace(BIG, bypass_count=3))],
+            "BypassLimit",
+            "the oldest job in analysis was passed 3 times and goes first",
+            id="bypass-limit",
+        ),
+        pytest.param(
+            BIG,
+            [pool(None, used=2)],
+            "InsufficientSlots",
+            "analysis: 2/4 slots in use, 3 needed",
+            id="insufficient-slots",
+        ),
+        pytest.param(ME, [pool(None)], "SlotsGranted", "slots granted", id="granted"),
+    ],
+)
 def test_decision_messages(request_, scopes, reason, text):
     d = decide(request_, scopes)
     assert (d.reason, d.message) == (reason, text)
 
 
-@pytest.mark.parametrize(("slots", "scopes", "expected"), [
-    pytest.param(2, [], True, id="no-scopes"),
-    pytest.param(2, [pool(None, capacity=None, used=99)], True, id="unlimited"),
-    pytest.param(2, [pool(None, capacity=4, used=2)], True, id="exact-fit"),
-    pytest.param(3, [pool(None, capacity=4, used=2)], False, id="one-short"),
-    pytest.param(2, [glob(None, capacity=10, used=0), pool(None, capacity=4, used=3)], False, id="any-scope-short"),
-])
+@pytest.mark.parametrize(
+    ("slots", "scopes", "expected"),
+    [
+        pytest.param(2, [], True, id="no-scopes"),
+        pytest.param(2, [pool(None, capacity=None, used=99)], True, id="unlimited"),
+        pytest.param(2, [pool(None, capacity=4, used=2)], True, id="exact-fit"),
+        pytest.param(3, [pool(None, capacity=4, used=2)], False, id="one-short"),
+        pytest.param(2, [glob(None, capacity=10, used=0), pool(None, capacity=4, used=3)], False, id="any-scope-short"),
+    ],
+)
 def test_fits(slots, scopes, expected):
     assert fits(replace(ME, slots=slots), scopes) is expected
 
 
 # --- property: a simulated pool never exceeds capacity, and starvation is bounded -----------
+
 
 @dataclass
 class Job:
@@ -158,17 +283,25 @@ class Sim:
         return sorted(members, key=lambda j: (-j.priority, j.seq, j.uid))
 
     def room(self, job: Job) -> bool:
-        return all(self.capacity[s] is None or job.slots <= self.capacity[s] - self.used(s)
-                   for s in ("global", job.pool))
+        return all(
+            self.capacity[s] is None or job.slots <= self.capacity[s] - self.used(s) for s in ("global", job.pool)
+        )
 
     def scopes_for(self, job: Job) -> list[Scope]:
         scopes = []
         for name in ("global", job.pool):
             order = self.ordered(name)
             head = order[0] if order else None
-            scopes.append(Scope(name, self.capacity[name], self.used(name), self.max_bypass[name],
-                                None if head is None else head.request(),
-                                head is not None and head.uid != job.uid and self.room(head)))
+            scopes.append(
+                Scope(
+                    name,
+                    self.capacity[name],
+                    self.used(name),
+                    self.max_bypass[name],
+                    None if head is None else head.request(),
+                    head is not None and head.uid != job.uid and self.room(head),
+                )
+            )
         return scopes
 
     def round(self) -> None:
@@ -191,8 +324,9 @@ class Sim:
             assert not self.room(self._job(head.uid)), f"{job.uid} passed {head.uid}, which fits"
             key = (scope.name, head.uid)
             self.passes[key] = self.passes.get(key, 0) + 1
-            assert self.passes[key] <= self.max_bypass[scope.name], \
+            assert self.passes[key] <= self.max_bypass[scope.name], (
                 f"{head.uid} passed {self.passes[key]} times in {scope.name} (maxBypass {self.max_bypass[scope.name]})"
+            )
         assert len({b.uid for b in decision.bypassed}) == len(decision.bypassed), "a head counted twice"
         for passed in decision.bypassed:  # as job.py does: count_bypass per entry
             self._job(passed.uid).bypass_count += 1
@@ -219,8 +353,13 @@ KINDS = ("arrive",) * 4 + ("finish",) * 2 + ("reconcile",) * 2 + ("round",)  # c
 def _steps(max_slots: int, pools: list[str]):
     """Arrivals, finishes, and reconciles: the work queue hands out keys in any order, so after
     slots are released any queued job (not necessarily the head) may be reconciled first."""
-    step = st.tuples(st.sampled_from(KINDS), st.integers(1, max_slots), st.integers(0, 1),
-                     st.sampled_from(pools), st.integers(0, 1_000))
+    step = st.tuples(
+        st.sampled_from(KINDS),
+        st.integers(1, max_slots),
+        st.integers(0, 1),
+        st.sampled_from(pools),
+        st.integers(0, 1_000),
+    )
     return st.lists(step, min_size=10, max_size=80)
 
 
@@ -258,8 +397,13 @@ def test_property_pool_capacity_and_bounded_bypass(data, capacity, max_bypass):
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), g=st.integers(1, 6), a=st.integers(1, 4), b=st.integers(1, 4),
-       mb=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)))
+@given(
+    data=st.data(),
+    g=st.integers(1, 6),
+    a=st.integers(1, 4),
+    b=st.integers(1, 4),
+    mb=st.tuples(st.integers(0, 3), st.integers(0, 3), st.integers(0, 3)),
+)
 def test_property_global_and_two_pools_capacity_and_bounded_bypass(data, g, a, b, mb):
     """A finite global limit and two finite pools: every scope stays within capacity and no
     head is really passed more than its scope's maxBypass times."""
@@ -270,8 +414,12 @@ def test_property_global_and_two_pools_capacity_and_bounded_bypass(data, g, a, b
 
 
 @settings(max_examples=200, deadline=None)
-@given(sizes=st.lists(st.integers(1, 4), min_size=1, max_size=25), capacity=st.integers(4, 6),
-       finish_every=st.integers(1, 3), picks=st.lists(st.integers(0, 1_000), min_size=25, max_size=25))
+@given(
+    sizes=st.lists(st.integers(1, 4), min_size=1, max_size=25),
+    capacity=st.integers(4, 6),
+    finish_every=st.integers(1, 3),
+    picks=st.lists(st.integers(0, 1_000), min_size=25, max_size=25),
+)
 def test_property_max_bypass_zero_is_strict_fifo(sizes, capacity, finish_every, picks):
     """With maxBypass 0 nobody is ever passed: admission order is arrival order, whichever
     queued job happens to be reconciled first."""

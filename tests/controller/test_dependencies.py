@@ -21,12 +21,12 @@ def done(outcome: str, *, uid: str = "uid-x", revision: int = 1) -> DepState:
     return DepState(uid, revision, "Completed", outcome)
 
 
-def receipt(job: str, outcome: str | None, satisfied: bool, *, uid: str = "uid-x", revision: int = 1,
-            at: str = NOW) -> dict:
+def receipt(
+    job: str, outcome: str | None, satisfied: bool, *, uid: str = "uid-x", revision: int = 1, at: str = NOW
+) -> dict:
     if outcome is None:
         return {"job": job, "satisfied": satisfied, "observedAt": at, "outcome": None}
-    return {"job": job, "uid": uid, "revision": revision, "outcome": outcome, "satisfied": satisfied,
-            "observedAt": at}
+    return {"job": job, "uid": uid, "revision": revision, "outcome": outcome, "satisfied": satisfied, "observedAt": at}
 
 
 @pytest.mark.parametrize("phase", ["Waiting", "Queued", "Starting", "Running", "Backoff", "Stopping", "Suspended"])
@@ -40,19 +40,22 @@ def test_completed_without_an_outcome_yet_is_still_pending():
     assert v.pending == ["prep"] and not v.satisfied
 
 
-@pytest.mark.parametrize(("outcomes", "outcome", "satisfied"), [
-    pytest.param((), "Succeeded", True, id="shorthand-means-Succeeded"),
-    pytest.param((), "Failed", False, id="shorthand-Failed-breaks"),
-    pytest.param(("Succeeded", "Failed"), "Failed", True, id="listed-Failed"),
-    pytest.param(("Succeeded", "Failed"), "TimedOut", False, id="unlisted-TimedOut"),
-    pytest.param(("Finished",), "Succeeded", True, id="Finished-Succeeded"),
-    pytest.param(("Finished",), "Failed", True, id="Finished-Failed"),
-    pytest.param(("Finished",), "Cancelled", True, id="Finished-Cancelled"),
-    pytest.param(("Finished",), "Aborted", True, id="Finished-Aborted"),
-    pytest.param(("Finished",), "Lost", True, id="Finished-Lost"),
-    pytest.param(("Failed",), "Succeeded", False, id="only-Failed-and-it-succeeded"),
-    pytest.param(("Aborted", "Lost"), "Lost", True, id="listed-Lost"),
-])
+@pytest.mark.parametrize(
+    ("outcomes", "outcome", "satisfied"),
+    [
+        pytest.param((), "Succeeded", True, id="shorthand-means-Succeeded"),
+        pytest.param((), "Failed", False, id="shorthand-Failed-breaks"),
+        pytest.param(("Succeeded", "Failed"), "Failed", True, id="listed-Failed"),
+        pytest.param(("Succeeded", "Failed"), "TimedOut", False, id="unlisted-TimedOut"),
+        pytest.param(("Finished",), "Succeeded", True, id="Finished-Succeeded"),
+        pytest.param(("Finished",), "Failed", True, id="Finished-Failed"),
+        pytest.param(("Finished",), "Cancelled", True, id="Finished-Cancelled"),
+        pytest.param(("Finished",), "Aborted", True, id="Finished-Aborted"),
+        pytest.param(("Finished",), "Lost", True, id="Finished-Lost"),
+        pytest.param(("Failed",), "Succeeded", False, id="only-Failed-and-it-succeeded"),
+        pytest.param(("Aborted", "Lost"), "Lost", True, id="listed-Lost"),
+    ],
+)
 def test_a_completed_dependency_writes_a_receipt(outcomes, outcome, satisfied):
     v = evaluate([dep("prep", *outcomes)], {"prep": done(outcome, uid="uid-p", revision=3)}, [], NOW)
     expected = receipt("prep", outcome, satisfied, uid="uid-p", revision=3)
@@ -62,14 +65,25 @@ def test_a_completed_dependency_writes_a_receipt(outcomes, outcome, satisfied):
     assert v.broken == (None if satisfied else expected)
 
 
-@pytest.mark.parametrize(("old", "now_state"), [
-    pytest.param(receipt("prep", "Succeeded", True, at=EARLIER), done("Failed", revision=2), id="kept-after-rerun-failed"),
-    pytest.param(receipt("prep", "Succeeded", True, at=EARLIER), DepState("uid-x", 2, "Running", None),
-                 id="kept-while-dependency-runs-again"),
-    pytest.param(receipt("prep", "Succeeded", True, at=EARLIER), None, id="kept-after-dependency-deleted"),
-    pytest.param(receipt("prep", "Failed", False, at=EARLIER), done("Succeeded", revision=2),
-                 id="broken-receipt-stays-broken"),
-])
+@pytest.mark.parametrize(
+    ("old", "now_state"),
+    [
+        pytest.param(
+            receipt("prep", "Succeeded", True, at=EARLIER), done("Failed", revision=2), id="kept-after-rerun-failed"
+        ),
+        pytest.param(
+            receipt("prep", "Succeeded", True, at=EARLIER),
+            DepState("uid-x", 2, "Running", None),
+            id="kept-while-dependency-runs-again",
+        ),
+        pytest.param(receipt("prep", "Succeeded", True, at=EARLIER), None, id="kept-after-dependency-deleted"),
+        pytest.param(
+            receipt("prep", "Failed", False, at=EARLIER),
+            done("Succeeded", revision=2),
+            id="broken-receipt-stays-broken",
+        ),
+    ],
+)
 def test_an_existing_receipt_is_never_rewritten(old, now_state):
     v = evaluate([dep("prep")], {"prep": now_state}, [old], NOW)
     assert v.receipts == [old]
@@ -78,10 +92,13 @@ def test_an_existing_receipt_is_never_rewritten(old, now_state):
     assert v.pending == []
 
 
-@pytest.mark.parametrize("observed", [
-    pytest.param({"prep": None}, id="observed-as-none"),
-    pytest.param({}, id="absent-from-observed"),
-])
+@pytest.mark.parametrize(
+    "observed",
+    [
+        pytest.param({"prep": None}, id="observed-as-none"),
+        pytest.param({}, id="absent-from-observed"),
+    ],
+)
 def test_a_missing_dependency_is_broken(observed):
     v = evaluate([dep("prep")], observed, [], NOW)
     assert not v.satisfied
@@ -140,14 +157,28 @@ def test_no_dependencies_is_satisfied():
     assert evaluate([], {}, [], NOW).satisfied
 
 
-@pytest.mark.parametrize(("deps", "broken", "message"), [
-    pytest.param([dep("prep")], receipt("prep", "Failed", False, revision=2),
-                 "dependency prep ended Failed at revision 2, which can never satisfy Succeeded", id="default"),
-    pytest.param([dep("lint", "Succeeded", "TimedOut")], receipt("lint", "Cancelled", False),
-                 "dependency lint ended Cancelled at revision 1, which can never satisfy Succeeded/TimedOut",
-                 id="several-outcomes"),
-    pytest.param([dep("prep")], {**receipt("prep", None, False), "message": "the job no longer exists"},
-                 "dependency prep no longer exists", id="missing"),
-])
+@pytest.mark.parametrize(
+    ("deps", "broken", "message"),
+    [
+        pytest.param(
+            [dep("prep")],
+            receipt("prep", "Failed", False, revision=2),
+            "dependency prep ended Failed at revision 2, which can never satisfy Succeeded",
+            id="default",
+        ),
+        pytest.param(
+            [dep("lint", "Succeeded", "TimedOut")],
+            receipt("lint", "Cancelled", False),
+            "dependency lint ended Cancelled at revision 1, which can never satisfy Succeeded/TimedOut",
+            id="several-outcomes",
+        ),
+        pytest.param(
+            [dep("prep")],
+            {**receipt("prep", None, False), "message": "the job no longer exists"},
+            "dependency prep no longer exists",
+            id="missing",
+        ),
+    ],
+)
 def test_describe_broken(deps, broken, message):
     assert describe_broken(broken, deps) == message

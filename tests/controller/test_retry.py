@@ -25,42 +25,58 @@ def retry(**fields) -> Retry:
 
 # --- backoff_delay -------------------------------------------------------------------------
 
-@pytest.mark.parametrize(("spec", "retry_number", "expected"), [
-    pytest.param({"policy": "constant", "delay": "2s"}, 1, 2.0, id="constant-first"),
-    pytest.param({"policy": "constant", "delay": "2s"}, 5, 2.0, id="constant-fifth"),
-    pytest.param({"policy": "linear", "delay": "2s"}, 1, 2.0, id="linear-first"),
-    pytest.param({"policy": "linear", "delay": "2s"}, 3, 6.0, id="linear-third"),
-    pytest.param({"policy": "exponential", "delay": "1s"}, 1, 1.0, id="exponential-first-is-base"),
-    pytest.param({"policy": "exponential", "delay": "1s"}, 2, 2.0, id="exponential-default-factor-2"),
-    pytest.param({"policy": "exponential", "delay": "1s"}, 4, 8.0, id="exponential-fourth"),
-    pytest.param({"policy": "exponential", "delay": "500ms", "factor": 3}, 3, 4.5, id="exponential-factor-3"),
-    pytest.param({"policy": "exponential", "delay": "1s", "factor": 1}, 6, 1.0, id="exponential-factor-1-is-constant"),
-    pytest.param({"policy": "exponential", "delay": "1s", "factor": 1.5}, 3, 2.25, id="exponential-fractional-factor"),
-    pytest.param({"policy": "constant", "delay": "0s"}, 3, 0.0, id="zero-delay"),
-    pytest.param({"policy": "linear", "delay": "2s"}, 0, 2.0, id="retry-number-below-1-counts-as-first"),
-])
+
+@pytest.mark.parametrize(
+    ("spec", "retry_number", "expected"),
+    [
+        pytest.param({"policy": "constant", "delay": "2s"}, 1, 2.0, id="constant-first"),
+        pytest.param({"policy": "constant", "delay": "2s"}, 5, 2.0, id="constant-fifth"),
+        pytest.param({"policy": "linear", "delay": "2s"}, 1, 2.0, id="linear-first"),
+        pytest.param({"policy": "linear", "delay": "2s"}, 3, 6.0, id="linear-third"),
+        pytest.param({"policy": "exponential", "delay": "1s"}, 1, 1.0, id="exponential-first-is-base"),
+        pytest.param({"policy": "exponential", "delay": "1s"}, 2, 2.0, id="exponential-default-factor-2"),
+        pytest.param({"policy": "exponential", "delay": "1s"}, 4, 8.0, id="exponential-fourth"),
+        pytest.param({"policy": "exponential", "delay": "500ms", "factor": 3}, 3, 4.5, id="exponential-factor-3"),
+        pytest.param(
+            {"policy": "exponential", "delay": "1s", "factor": 1}, 6, 1.0, id="exponential-factor-1-is-constant"
+        ),
+        pytest.param(
+            {"policy": "exponential", "delay": "1s", "factor": 1.5}, 3, 2.25, id="exponential-fractional-factor"
+        ),
+        pytest.param({"policy": "constant", "delay": "0s"}, 3, 0.0, id="zero-delay"),
+        pytest.param({"policy": "linear", "delay": "2s"}, 0, 2.0, id="retry-number-below-1-counts-as-first"),
+    ],
+)
 def test_backoff_delay_by_policy(spec, retry_number, expected):
     assert backoff_delay(backoff(**spec), retry_number, fixed(MID)) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize(("spec", "retry_number", "expected"), [
-    pytest.param({"policy": "exponential", "delay": "1s", "maxDelay": "10s"}, 4, 8.0, id="exponential-below-cap"),
-    pytest.param({"policy": "exponential", "delay": "1s", "maxDelay": "10s"}, 5, 10.0, id="exponential-capped"),
-    pytest.param({"policy": "exponential", "delay": "1s", "maxDelay": "10s"}, 60, 10.0, id="exponential-far-past-cap"),
-    pytest.param({"policy": "linear", "delay": "3s", "maxDelay": "7s"}, 3, 7.0, id="linear-capped"),
-    pytest.param({"policy": "constant", "delay": "30s", "maxDelay": "5s"}, 1, 5.0, id="constant-above-cap"),
-    pytest.param({"policy": "exponential", "delay": "1s", "maxDelay": "1s"}, 2, 1.0, id="cap-equal-to-base"),
-])
+@pytest.mark.parametrize(
+    ("spec", "retry_number", "expected"),
+    [
+        pytest.param({"policy": "exponential", "delay": "1s", "maxDelay": "10s"}, 4, 8.0, id="exponential-below-cap"),
+        pytest.param({"policy": "exponential", "delay": "1s", "maxDelay": "10s"}, 5, 10.0, id="exponential-capped"),
+        pytest.param(
+            {"policy": "exponential", "delay": "1s", "maxDelay": "10s"}, 60, 10.0, id="exponential-far-past-cap"
+        ),
+        pytest.param({"policy": "linear", "delay": "3s", "maxDelay": "7s"}, 3, 7.0, id="linear-capped"),
+        pytest.param({"policy": "constant", "delay": "30s", "maxDelay": "5s"}, 1, 5.0, id="constant-above-cap"),
+        pytest.param({"policy": "exponential", "delay": "1s", "maxDelay": "1s"}, 2, 1.0, id="cap-equal-to-base"),
+    ],
+)
 def test_backoff_delay_is_capped_by_max_delay(spec, retry_number, expected):
     assert backoff_delay(backoff(**spec), retry_number, fixed(MID)) == pytest.approx(expected)
 
 
-@pytest.mark.parametrize(("draw", "expected"), [
-    pytest.param(0.0, 10.0 - 1.0, id="rand-0-gives-minus-half-jitter"),
-    pytest.param(0.25, 10.0 - 0.5, id="rand-quarter"),
-    pytest.param(0.5, 10.0, id="rand-half-gives-no-jitter"),
-    pytest.param(1.0, 10.0 + 1.0, id="rand-1-gives-plus-half-jitter"),
-])
+@pytest.mark.parametrize(
+    ("draw", "expected"),
+    [
+        pytest.param(0.0, 10.0 - 1.0, id="rand-0-gives-minus-half-jitter"),
+        pytest.param(0.25, 10.0 - 0.5, id="rand-quarter"),
+        pytest.param(0.5, 10.0, id="rand-half-gives-no-jitter"),
+        pytest.param(1.0, 10.0 + 1.0, id="rand-1-gives-plus-half-jitter"),
+    ],
+)
 def test_jitter_is_symmetric_full_width(draw, expected):
     spec = backoff(policy="constant", delay="10s", jitter="2s")
     assert backoff_delay(spec, 1, fixed(draw)) == pytest.approx(expected)
@@ -73,12 +89,15 @@ def test_jitter_applies_after_the_cap():
     assert backoff_delay(spec, 10, fixed(0.0)) == pytest.approx(3.0)
 
 
-@pytest.mark.parametrize(("draw", "expected"), [
-    pytest.param(0.0, 0.0, id="rand-0-clamped-to-zero"),
-    pytest.param(0.2, 0.0, id="rand-0.2-clamped-to-zero"),
-    pytest.param(0.3, 0.1, id="rand-0.3-just-above-zero"),
-    pytest.param(1.0, 1.5, id="rand-1-positive"),
-])
+@pytest.mark.parametrize(
+    ("draw", "expected"),
+    [
+        pytest.param(0.0, 0.0, id="rand-0-clamped-to-zero"),
+        pytest.param(0.2, 0.0, id="rand-0.2-clamped-to-zero"),
+        pytest.param(0.3, 0.1, id="rand-0.3-just-above-zero"),
+        pytest.param(1.0, 1.5, id="rand-1-positive"),
+    ],
+)
 def test_jitter_never_makes_the_delay_negative(draw, expected):
     spec = backoff(policy="constant", delay="500ms", jitter="2s")
     assert backoff_delay(spec, 1, fixed(draw)) == pytest.approx(expected)
@@ -118,80 +137,234 @@ def test_after_run_at_high_attempt_with_large_factor_schedules_capped_backoff():
 
 # --- after_run: the decision order -----------------------------------------------------------
 
-RETRY_ALL = {"limit": 3, "onExitCodes": [], "onTimeout": True, "onLost": True,
-             "backoff": {"policy": "constant", "delay": "5s"}}
+RETRY_ALL = {
+    "limit": 3,
+    "onExitCodes": [],
+    "onTimeout": True,
+    "onLost": True,
+    "backoff": {"policy": "constant", "delay": "5s"},
+}
 
 
-@pytest.mark.parametrize(("spec", "run", "attempts", "cancelled", "deadline", "outcome", "reason"), [
-    # 1. cancellation or job timeout comes before everything else
-    pytest.param(RETRY_ALL, RunEnd("Failed", 1), 1, True, False, "Cancelled", "Cancelled",
-                 id="cancelled-beats-retryable-failure"),
-    pytest.param(RETRY_ALL, RunEnd("Succeeded", 0), 1, True, False, "Cancelled", "Cancelled",
-                 id="cancelled-beats-success"),
-    pytest.param(RETRY_ALL, RunEnd("Failed", 1), 1, False, True, "TimedOut", "DeadlineExceeded",
-                 id="job-deadline-beats-retryable-failure"),
-    pytest.param(RETRY_ALL, RunEnd("Succeeded", 0), 1, False, True, "TimedOut", "DeadlineExceeded",
-                 id="job-deadline-beats-success"),
-    pytest.param({"limit": 0}, RunEnd("Failed", 1), 1, False, True, "TimedOut", "DeadlineExceeded",
-                 id="job-deadline-beats-retry-limit"),
-    pytest.param(RETRY_ALL, RunEnd("Failed", 1), 1, True, True, "Cancelled", "Cancelled",
-                 id="cancelled-and-deadline-cancelled-wins"),
-    # 2. success
-    pytest.param(RETRY_ALL, RunEnd("Succeeded", 0), 1, False, False, "Succeeded", None, id="success"),
-    pytest.param({"limit": 0}, RunEnd("Succeeded", 0), 1, False, False, "Succeeded", None,
-                 id="success-on-last-attempt-is-not-limit"),
-    pytest.param({"limit": 2, "onExitCodes": [3]}, RunEnd("Succeeded", 0), 3, False, False, "Succeeded", None,
-                 id="success-after-retries"),
-    # 3. non-retryable outcomes
-    pytest.param({"limit": 3, "onExitCodes": [1, 75]}, RunEnd("Failed", 2), 1, False, False,
-                 "Failed", "NonRetryableExitCode", id="exit-code-not-listed"),
-    pytest.param({"limit": 3, "onExitCodes": [1, 75]}, RunEnd("Failed", None), 1, False, False,
-                 "Failed", "NonRetryableExitCode", id="no-exit-code-with-a-code-list"),
-    pytest.param({"limit": 0, "onExitCodes": [1]}, RunEnd("Failed", 2), 1, False, False,
-                 "Failed", "NonRetryableExitCode", id="non-retryable-beats-retry-limit"),
-    pytest.param({"limit": 3, "onTimeout": False}, RunEnd("TimedOut", -1), 1, False, False,
-                 "TimedOut", "RunTimeout", id="run-timeout-without-onTimeout"),
-    pytest.param({"limit": 3, "onLost": False}, RunEnd("Lost"), 1, False, False,
-                 "Lost", "NodeLost", id="lost-without-onLost"),
-    pytest.param(RETRY_ALL, RunEnd("StartFailed"), 1, False, False,
-                 "Failed", "StartFailed", id="start-failed-never-retried"),
-    pytest.param(RETRY_ALL, RunEnd("Cancelled"), 1, False, False,
-                 "Cancelled", "Cancelled", id="run-cancelled-not-retried"),
-    # 4. retry limit reached: attempts = limit + 1
-    pytest.param({"limit": 0}, RunEnd("Failed", 1), 1, False, False,
-                 "Failed", "BackoffLimitExceeded", id="limit-0-first-failure"),
-    pytest.param({"limit": 2}, RunEnd("Failed", 1), 3, False, False,
-                 "Failed", "BackoffLimitExceeded", id="limit-2-third-failure"),
-    pytest.param({"limit": 2, "onExitCodes": [75]}, RunEnd("Failed", 75), 3, False, False,
-                 "Failed", "BackoffLimitExceeded", id="listed-code-at-limit"),
-    pytest.param({"limit": 1, "onTimeout": True}, RunEnd("TimedOut", -1), 2, False, False,
-                 "TimedOut", "RunTimeout", id="retryable-timeout-at-limit-keeps-RunTimeout"),
-    pytest.param({"limit": 1, "onLost": True}, RunEnd("Lost"), 2, False, False,
-                 "Lost", "NodeLost", id="retryable-lost-at-limit-keeps-NodeLost"),
-])
+@pytest.mark.parametrize(
+    ("spec", "run", "attempts", "cancelled", "deadline", "outcome", "reason"),
+    [
+        # 1. cancellation or job timeout comes before everything else
+        pytest.param(
+            RETRY_ALL,
+            RunEnd("Failed", 1),
+            1,
+            True,
+            False,
+            "Cancelled",
+            "Cancelled",
+            id="cancelled-beats-retryable-failure",
+        ),
+        pytest.param(
+            RETRY_ALL, RunEnd("Succeeded", 0), 1, True, False, "Cancelled", "Cancelled", id="cancelled-beats-success"
+        ),
+        pytest.param(
+            RETRY_ALL,
+            RunEnd("Failed", 1),
+            1,
+            False,
+            True,
+            "TimedOut",
+            "DeadlineExceeded",
+            id="job-deadline-beats-retryable-failure",
+        ),
+        pytest.param(
+            RETRY_ALL,
+            RunEnd("Succeeded", 0),
+            1,
+            False,
+            True,
+            "TimedOut",
+            "DeadlineExceeded",
+            id="job-deadline-beats-success",
+        ),
+        pytest.param(
+            {"limit": 0},
+            RunEnd("Failed", 1),
+            1,
+            False,
+            True,
+            "TimedOut",
+            "DeadlineExceeded",
+            id="job-deadline-beats-retry-limit",
+        ),
+        pytest.param(
+            RETRY_ALL,
+            RunEnd("Failed", 1),
+            1,
+            True,
+            True,
+            "Cancelled",
+            "Cancelled",
+            id="cancelled-and-deadline-cancelled-wins",
+        ),
+        # 2. success
+        pytest.param(RETRY_ALL, RunEnd("Succeeded", 0), 1, False, False, "Succeeded", None, id="success"),
+        pytest.param(
+            {"limit": 0},
+            RunEnd("Succeeded", 0),
+            1,
+            False,
+            False,
+            "Succeeded",
+            None,
+            id="success-on-last-attempt-is-not-limit",
+        ),
+        pytest.param(
+            {"limit": 2, "onExitCodes": [3]},
+            RunEnd("Succeeded", 0),
+            3,
+            False,
+            False,
+            "Succeeded",
+            None,
+            id="success-after-retries",
+        ),
+        # 3. non-retryable outcomes
+        pytest.param(
+            {"limit": 3, "onExitCodes": [1, 75]},
+            RunEnd("Failed", 2),
+            1,
+            False,
+            False,
+            "Failed",
+            "NonRetryableExitCode",
+            id="exit-code-not-listed",
+        ),
+        pytest.param(
+            {"limit": 3, "onExitCodes": [1, 75]},
+            RunEnd("Failed", None),
+            1,
+            False,
+            False,
+            "Failed",
+            "NonRetryableExitCode",
+            id="no-exit-code-with-a-code-list",
+        ),
+        pytest.param(
+            {"limit": 0, "onExitCodes": [1]},
+            RunEnd("Failed", 2),
+            1,
+            False,
+            False,
+            "Failed",
+            "NonRetryableExitCode",
+            id="non-retryable-beats-retry-limit",
+        ),
+        pytest.param(
+            {"limit": 3, "onTimeout": False},
+            RunEnd("TimedOut", -1),
+            1,
+            False,
+            False,
+            "TimedOut",
+            "RunTimeout",
+            id="run-timeout-without-onTimeout",
+        ),
+        pytest.param(
+            {"limit": 3, "onLost": False}, RunEnd("Lost"), 1, False, False, "Lost", "NodeLost", id="lost-without-onLost"
+        ),
+        pytest.param(
+            RETRY_ALL, RunEnd("StartFailed"), 1, False, False, "Failed", "StartFailed", id="start-failed-never-retried"
+        ),
+        pytest.param(
+            RETRY_ALL, RunEnd("Cancelled"), 1, False, False, "Cancelled", "Cancelled", id="run-cancelled-not-retried"
+        ),
+        # 4. retry limit reached: attempts = limit + 1
+        pytest.param(
+            {"limit": 0},
+            RunEnd("Failed", 1),
+            1,
+            False,
+            False,
+            "Failed",
+            "BackoffLimitExceeded",
+            id="limit-0-first-failure",
+        ),
+        pytest.param(
+            {"limit": 2},
+            RunEnd("Failed", 1),
+            3,
+            False,
+            False,
+            "Failed",
+            "BackoffLimitExceeded",
+            id="limit-2-third-failure",
+        ),
+        pytest.param(
+            {"limit": 2, "onExitCodes": [75]},
+            RunEnd("Failed", 75),
+            3,
+            False,
+            False,
+            "Failed",
+            "BackoffLimitExceeded",
+            id="listed-code-at-limit",
+        ),
+        pytest.param(
+            {"limit": 1, "onTimeout": True},
+            RunEnd("TimedOut", -1),
+            2,
+            False,
+            False,
+            "TimedOut",
+            "RunTimeout",
+            id="retryable-timeout-at-limit-keeps-RunTimeout",
+        ),
+        pytest.param(
+            {"limit": 1, "onLost": True},
+            RunEnd("Lost"),
+            2,
+            False,
+            False,
+            "Lost",
+            "NodeLost",
+            id="retryable-lost-at-limit-keeps-NodeLost",
+        ),
+    ],
+)
 def test_after_run_ends_the_job(spec, run, attempts, cancelled, deadline, outcome, reason):
-    d = after_run(retry(**spec), run, attempts=attempts, cancelled=cancelled, deadline_passed=deadline,
-                  rand=no_rand)
+    d = after_run(retry(**spec), run, attempts=attempts, cancelled=cancelled, deadline_passed=deadline, rand=no_rand)
     assert (d.retry, d.outcome, d.reason) == (False, outcome, reason)
     assert d.delay == 0.0
     assert d.message
 
 
-@pytest.mark.parametrize(("spec", "run", "attempts", "delay"), [
-    pytest.param({"limit": 1}, RunEnd("Failed", 1), 1, 1.0, id="default-backoff-first-retry"),
-    pytest.param({"limit": 3, "onExitCodes": []}, RunEnd("Failed", 137), 1, 1.0,
-                 id="empty-code-list-retries-any-nonzero"),
-    pytest.param({"limit": 3, "onExitCodes": [1, 75]}, RunEnd("Failed", 75), 1, 1.0, id="listed-exit-code"),
-    pytest.param({"limit": 3, "onTimeout": True}, RunEnd("TimedOut", -1), 1, 1.0, id="timeout-with-onTimeout"),
-    pytest.param({"limit": 3}, RunEnd("Lost"), 1, 1.0, id="lost-retried-by-default"),
-    pytest.param({"limit": 3, "backoff": {"delay": "1s", "factor": 2}}, RunEnd("Failed", 1), 3, 4.0,
-                 id="third-attempt-uses-third-retry-delay"),
-    pytest.param({"limit": 3, "backoff": {"policy": "linear", "delay": "2s"}}, RunEnd("Failed", 1), 2, 4.0,
-                 id="linear-second-retry"),
-    pytest.param({"limit": 5, "backoff": {"delay": "1s", "maxDelay": "3s"}}, RunEnd("Failed", 1), 5, 3.0,
-                 id="capped-delay"),
-    pytest.param({"limit": 2}, RunEnd("Failed", 1), 2, 2.0, id="last-retry-before-limit"),
-])
+@pytest.mark.parametrize(
+    ("spec", "run", "attempts", "delay"),
+    [
+        pytest.param({"limit": 1}, RunEnd("Failed", 1), 1, 1.0, id="default-backoff-first-retry"),
+        pytest.param(
+            {"limit": 3, "onExitCodes": []}, RunEnd("Failed", 137), 1, 1.0, id="empty-code-list-retries-any-nonzero"
+        ),
+        pytest.param({"limit": 3, "onExitCodes": [1, 75]}, RunEnd("Failed", 75), 1, 1.0, id="listed-exit-code"),
+        pytest.param({"limit": 3, "onTimeout": True}, RunEnd("TimedOut", -1), 1, 1.0, id="timeout-with-onTimeout"),
+        pytest.param({"limit": 3}, RunEnd("Lost"), 1, 1.0, id="lost-retried-by-default"),
+        pytest.param(
+            {"limit": 3, "backoff": {"delay": "1s", "factor": 2}},
+            RunEnd("Failed", 1),
+            3,
+            4.0,
+            id="third-attempt-uses-third-retry-delay",
+        ),
+        pytest.param(
+            {"limit": 3, "backoff": {"policy": "linear", "delay": "2s"}},
+            RunEnd("Failed", 1),
+            2,
+            4.0,
+            id="linear-second-retry",
+        ),
+        pytest.param(
+            {"limit": 5, "backoff": {"delay": "1s", "maxDelay": "3s"}}, RunEnd("Failed", 1), 5, 3.0, id="capped-delay"
+        ),
+        pytest.param({"limit": 2}, RunEnd("Failed", 1), 2, 2.0, id="last-retry-before-limit"),
+    ],
+)
 def test_after_run_retries_with_computed_delay(spec, run, attempts, delay):
     d = after_run(retry(**spec), run, attempts=attempts, cancelled=False, deadline_passed=False, rand=fixed(MID))
     assert d.retry is True
@@ -199,10 +372,13 @@ def test_after_run_retries_with_computed_delay(spec, run, attempts, delay):
     assert d.delay == pytest.approx(delay)
 
 
-@pytest.mark.parametrize(("draw", "delay"), [
-    pytest.param(0.0, 3.5, id="rand-0"),
-    pytest.param(1.0, 4.5, id="rand-1"),
-])
+@pytest.mark.parametrize(
+    ("draw", "delay"),
+    [
+        pytest.param(0.0, 3.5, id="rand-0"),
+        pytest.param(1.0, 4.5, id="rand-1"),
+    ],
+)
 def test_after_run_passes_the_random_source_to_the_jitter(draw, delay):
     r = retry(limit=3, backoff={"policy": "constant", "delay": "4s", "jitter": "1s"})
     d = after_run(r, RunEnd("Failed", 1), attempts=1, cancelled=False, deadline_passed=False, rand=fixed(draw))
@@ -211,19 +387,24 @@ def test_after_run_passes_the_random_source_to_the_jitter(draw, delay):
 
 def test_attempt_count_walks_up_to_the_limit():
     r = retry(limit=3, backoff={"policy": "exponential", "delay": "1s", "factor": 2})
-    decisions = [after_run(r, RunEnd("Failed", 1), attempts=n, cancelled=False, deadline_passed=False,
-                           rand=fixed(MID)) for n in (1, 2, 3, 4)]
+    decisions = [
+        after_run(r, RunEnd("Failed", 1), attempts=n, cancelled=False, deadline_passed=False, rand=fixed(MID))
+        for n in (1, 2, 3, 4)
+    ]
     assert [d.retry for d in decisions] == [True, True, True, False]
     assert [d.delay for d in decisions[:3]] == [1.0, 2.0, 4.0]
     assert (decisions[3].outcome, decisions[3].reason) == ("Failed", "BackoffLimitExceeded")
 
 
-@pytest.mark.parametrize(("run", "attempts", "cancelled", "deadline", "fragment"), [
-    pytest.param(RunEnd("Failed", 2), 1, False, False, "exit code 2", id="names-exit-code"),
-    pytest.param(RunEnd("Failed", 1), 4, False, False, "retry limit 3 reached", id="names-limit"),
-    pytest.param(RunEnd("Failed", 1), 1, True, False, "cancelled", id="cancelled"),
-    pytest.param(RunEnd("Failed", 1), 1, False, True, "timeout", id="deadline"),
-])
+@pytest.mark.parametrize(
+    ("run", "attempts", "cancelled", "deadline", "fragment"),
+    [
+        pytest.param(RunEnd("Failed", 2), 1, False, False, "exit code 2", id="names-exit-code"),
+        pytest.param(RunEnd("Failed", 1), 4, False, False, "retry limit 3 reached", id="names-limit"),
+        pytest.param(RunEnd("Failed", 1), 1, True, False, "cancelled", id="cancelled"),
+        pytest.param(RunEnd("Failed", 1), 1, False, True, "timeout", id="deadline"),
+    ],
+)
 def test_after_run_message_says_why(run, attempts, cancelled, deadline, fragment):
     r = retry(limit=3, onExitCodes=[1])
     d = after_run(r, run, attempts=attempts, cancelled=cancelled, deadline_passed=deadline, rand=fixed(MID))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import types
-from typing import Hashable
+from collections.abc import Hashable
 
 import pytest
 
@@ -49,6 +49,7 @@ class BackgroundGet:
 
 
 # --- WorkQueue: deduplication and exclusivity ----------------------------------------------
+
 
 def test_adding_a_queued_key_again_does_not_duplicate_it():
     q = WorkQueue()
@@ -123,6 +124,7 @@ def test_idle_tracks_queued_and_processing_keys():
 
 # --- WorkQueue: the urgent lane ------------------------------------------------------------
 
+
 def test_urgent_keys_are_handed_out_before_earlier_normal_keys():
     q = WorkQueue()
     for key in ("n1", "n2"):
@@ -190,6 +192,7 @@ def test_a_stream_of_urgent_keys_lets_one_normal_key_through_every_few():
 
 # --- WorkQueue: timers ---------------------------------------------------------------------
 
+
 def test_add_after_with_no_delay_is_an_immediate_add():
     q = WorkQueue()
     q.add_after("a", 0)
@@ -248,6 +251,7 @@ def test_a_timer_firing_while_the_key_is_processed_is_not_lost():
 
 # --- WorkQueue: close ----------------------------------------------------------------------
 
+
 def test_close_unblocks_a_waiting_get():
     q = WorkQueue()
     getter = BackgroundGet(q)
@@ -271,6 +275,7 @@ def test_get_after_close_returns_none_even_with_keys_queued():
 
 
 # --- Runner ----------------------------------------------------------------------------------
+
 
 class RecordingQueue(WorkQueue):
     """A WorkQueue that remembers every add_after the runner makes."""
@@ -356,7 +361,7 @@ def test_runner_requeues_a_failing_reconcile_with_growing_delay(start_runner, st
     q.add("k")
     wait_until(lambda: _settled(q, script, 6), timeout=DEADLINE, message="five failures then success")
     delays = [d for _, d in q.delays]
-    assert delays == pytest.approx([runtime.ERROR_BASE * 2 ** n for n in range(1, 6)])
+    assert delays == pytest.approx([runtime.ERROR_BASE * 2**n for n in range(1, 6)])
     assert all(later > earlier for earlier, later in zip(delays, delays[1:]))
 
 
@@ -377,7 +382,7 @@ def test_runner_error_delay_jitter_stays_within_half_to_one_and_a_half(start_run
     q.add("k")
     wait_until(lambda: _settled(q, script, 5), timeout=DEADLINE)
     for n, (_, delay) in enumerate(q.delays, start=1):
-        base = runtime.ERROR_BASE * 2 ** n
+        base = runtime.ERROR_BASE * 2**n
         assert 0.5 * base <= delay < 1.5 * base
 
 
@@ -439,7 +444,7 @@ def test_the_same_key_is_never_reconciled_twice_at_once(start_runner):
             if key == "a":
                 with lock:
                     active["a"] -= 1
-        return None
+        return
 
     start_runner(q, lambda key: reconcile, workers=4)
     q.add("a")

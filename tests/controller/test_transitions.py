@@ -46,13 +46,16 @@ def test_disallowed_transition_raises_and_changes_nothing(src, dst):
     assert status == before
 
 
-@pytest.mark.parametrize(("src", "dst"), [
-    pytest.param("Waiting", "Running", id="cannot-run-without-admission"),
-    pytest.param("Queued", "Running", id="cannot-skip-starting"),
-    pytest.param("Running", "Queued", id="running-must-stop-first"),
-    pytest.param("Completed", "Queued", id="completed-only-to-waiting"),
-    pytest.param("Backoff", "Running", id="backoff-must-requeue"),
-])
+@pytest.mark.parametrize(
+    ("src", "dst"),
+    [
+        pytest.param("Waiting", "Running", id="cannot-run-without-admission"),
+        pytest.param("Queued", "Running", id="cannot-skip-starting"),
+        pytest.param("Running", "Queued", id="running-must-stop-first"),
+        pytest.param("Completed", "Queued", id="completed-only-to-waiting"),
+        pytest.param("Backoff", "Running", id="backoff-must-requeue"),
+    ],
+)
 def test_notable_disallowed_transitions(src, dst):
     assert (src, dst) in DISALLOWED_PAIRS
 
@@ -80,8 +83,9 @@ def test_completed_requires_an_outcome(src):
     assert status == {"phase": src}
 
 
-@pytest.mark.parametrize(("src", "dst"), [("Waiting", "Queued"), ("Running", "Backoff"), ("Completed", "Waiting"),
-                                          ("Queued", "Queued")])
+@pytest.mark.parametrize(
+    ("src", "dst"), [("Waiting", "Queued"), ("Running", "Backoff"), ("Completed", "Waiting"), ("Queued", "Queued")]
+)
 def test_only_completed_takes_an_outcome(src, dst):
     with pytest.raises(IllegalTransition, match="outcome"):
         move({"phase": src}, dst, reason="x", message="m", now=T1, outcome="Failed")
@@ -91,24 +95,45 @@ def _cond(status: dict, type_: str) -> dict | None:
     return next((c for c in status.get("conditions", []) if c["type"] == type_), None)
 
 
-@pytest.mark.parametrize(("outcome", "succeeded"), [
-    ("Succeeded", "True"), ("Failed", "False"), ("TimedOut", "False"), ("Cancelled", "False"),
-    ("Aborted", "False"), ("Lost", "False"),
-])
+@pytest.mark.parametrize(
+    ("outcome", "succeeded"),
+    [
+        ("Succeeded", "True"),
+        ("Failed", "False"),
+        ("TimedOut", "False"),
+        ("Cancelled", "False"),
+        ("Aborted", "False"),
+        ("Lost", "False"),
+    ],
+)
 def test_completing_sets_completed_and_succeeded_conditions(outcome, succeeded):
     status = {"phase": "Running", "nextRunAt": T1}
     move(status, "Completed", reason="SomeReason", message="done", now=T2, outcome=outcome)
-    assert _cond(status, "Completed") == {"type": "Completed", "status": "True", "reason": outcome,
-                                          "message": "done", "lastTransitionTime": T2}
-    assert _cond(status, "Succeeded") == {"type": "Succeeded", "status": succeeded, "reason": "SomeReason",
-                                          "message": "done", "lastTransitionTime": T2}
+    assert _cond(status, "Completed") == {
+        "type": "Completed",
+        "status": "True",
+        "reason": outcome,
+        "message": "done",
+        "lastTransitionTime": T2,
+    }
+    assert _cond(status, "Succeeded") == {
+        "type": "Succeeded",
+        "status": succeeded,
+        "reason": "SomeReason",
+        "message": "done",
+        "lastTransitionTime": T2,
+    }
     assert status["completionTime"] == T2
     assert "nextRunAt" not in status
 
 
 def test_last_transition_time_changes_only_when_status_flips():
-    status = {"phase": "Waiting", "conditions": [
-        {"type": "Succeeded", "status": "False", "reason": "Old", "message": "old", "lastTransitionTime": T1}]}
+    status = {
+        "phase": "Waiting",
+        "conditions": [
+            {"type": "Succeeded", "status": "False", "reason": "Old", "message": "old", "lastTransitionTime": T1}
+        ],
+    }
     move(status, "Completed", reason="BackoffLimitExceeded", message="failed", now=T2, outcome="Failed")
     succeeded = _cond(status, "Succeeded")
     assert succeeded["status"] == "False"
@@ -124,33 +149,61 @@ def test_last_transition_time_changes_only_when_status_flips():
 def test_admitted_condition_follows_slot_holding_phases():
     status = {"phase": "Queued"}
     move(status, "Starting", reason="Admitted", message="run 1: 1 slot(s) granted", now=T1)
-    assert _cond(status, "Admitted") == {"type": "Admitted", "status": "True", "reason": "SlotsGranted",
-                                         "message": "run 1: 1 slot(s) granted", "lastTransitionTime": T1}
+    assert _cond(status, "Admitted") == {
+        "type": "Admitted",
+        "status": "True",
+        "reason": "SlotsGranted",
+        "message": "run 1: 1 slot(s) granted",
+        "lastTransitionTime": T1,
+    }
     move(status, "Running", reason="Started", message="started", now=T2)
     assert _cond(status, "Admitted")["lastTransitionTime"] == T1  # still holding: untouched
     assert _cond(status, "Admitted")["message"] == "run 1: 1 slot(s) granted"
     move(status, "Backoff", reason="BackoffScheduled", message="retry", now=T3)
-    assert _cond(status, "Admitted") == {"type": "Admitted", "status": "False", "reason": "SlotsReleased",
-                                         "message": "", "lastTransitionTime": T3}
+    assert _cond(status, "Admitted") == {
+        "type": "Admitted",
+        "status": "False",
+        "reason": "SlotsReleased",
+        "message": "",
+        "lastTransitionTime": T3,
+    }
     move(status, "Queued", reason="BackoffElapsed", message="queued", now=T4)
     assert _cond(status, "Admitted")["lastTransitionTime"] == T3  # still not holding: untouched
 
 
 def test_readmission_refreshes_the_admitted_message_without_a_flip():
-    status = {"phase": "Starting", "conditions": [
-        {"type": "Admitted", "status": "True", "reason": "SlotsGranted", "message": "run 1", "lastTransitionTime": T1}]}
+    status = {
+        "phase": "Starting",
+        "conditions": [
+            {
+                "type": "Admitted",
+                "status": "True",
+                "reason": "SlotsGranted",
+                "message": "run 1",
+                "lastTransitionTime": T1,
+            }
+        ],
+    }
     move(status, "Starting", reason="Admitted", message="run 2", now=T2)
-    assert _cond(status, "Admitted") == {"type": "Admitted", "status": "True", "reason": "SlotsGranted",
-                                         "message": "run 2", "lastTransitionTime": T1}
+    assert _cond(status, "Admitted") == {
+        "type": "Admitted",
+        "status": "True",
+        "reason": "SlotsGranted",
+        "message": "run 2",
+        "lastTransitionTime": T1,
+    }
 
 
-@pytest.mark.parametrize(("src", "dst", "admitted"), [
-    pytest.param("Queued", "Starting", "True", id="admission"),
-    pytest.param("Starting", "Queued", "False", id="admission-lost"),
-    pytest.param("Stopping", "Suspended", "False", id="suspended-releases"),
-    pytest.param("Running", "Completed", "False", id="completion-releases"),
-    pytest.param("Waiting", "Queued", None, id="no-slots-involved"),
-])
+@pytest.mark.parametrize(
+    ("src", "dst", "admitted"),
+    [
+        pytest.param("Queued", "Starting", "True", id="admission"),
+        pytest.param("Starting", "Queued", "False", id="admission-lost"),
+        pytest.param("Stopping", "Suspended", "False", id="suspended-releases"),
+        pytest.param("Running", "Completed", "False", id="completion-releases"),
+        pytest.param("Waiting", "Queued", None, id="no-slots-involved"),
+    ],
+)
 def test_admitted_condition_on_entering_or_leaving_holding_phases(src, dst, admitted):
     status = {"phase": src}
     move(status, dst, reason="R", message="m", now=T1, outcome=_outcome_for(dst))
@@ -159,24 +212,36 @@ def test_admitted_condition_on_entering_or_leaving_holding_phases(src, dst, admi
     assert (dst in HOLDING_SLOTS) == (admitted == "True")
 
 
-@pytest.mark.parametrize(("outcome", "warning"), [
-    ("Succeeded", False), ("Cancelled", False), ("Failed", True), ("TimedOut", True), ("Aborted", True), ("Lost", True),
-])
+@pytest.mark.parametrize(
+    ("outcome", "warning"),
+    [
+        ("Succeeded", False),
+        ("Cancelled", False),
+        ("Failed", True),
+        ("TimedOut", True),
+        ("Aborted", True),
+        ("Lost", True),
+    ],
+)
 def test_completion_event_reason_and_warning(outcome, warning):
     event = move({"phase": "Running"}, "Completed", reason="Why", message="msg", now=T1, outcome=outcome)
     assert event == Event(outcome, "msg", warning)
 
 
-@pytest.mark.parametrize(("to", "event_reason", "expected_reason"), [
-    pytest.param("Queued", None, "Eligible", id="reason-by-default"),
-    pytest.param("Queued", "Requeued", "Requeued", id="explicit-event-reason"),
-])
+@pytest.mark.parametrize(
+    ("to", "event_reason", "expected_reason"),
+    [
+        pytest.param("Queued", None, "Eligible", id="reason-by-default"),
+        pytest.param("Queued", "Requeued", "Requeued", id="explicit-event-reason"),
+    ],
+)
 def test_non_completion_event(to, event_reason, expected_reason):
     event = move({"phase": "Waiting"}, to, reason="Eligible", message="m", now=T1, event_reason=event_reason)
     assert event == Event(expected_reason, "m", False)
 
 
 def test_explicit_event_reason_overrides_outcome_and_keeps_warning():
-    event = move({"phase": "Running"}, "Completed", reason="R", message="m", now=T1, outcome="Lost",
-                 event_reason="RunLost")
+    event = move(
+        {"phase": "Running"}, "Completed", reason="R", message="m", now=T1, outcome="Lost", event_reason="RunLost"
+    )
     assert event == Event("RunLost", "m", True)

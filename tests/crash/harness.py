@@ -23,9 +23,10 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 import psutil
 import pytest
@@ -58,8 +59,12 @@ def pool(name: str, slots: int | str, **spec: Any) -> dict:
 
 
 def node(slots: int = NODE_SLOTS) -> dict:
-    return {"apiVersion": API, "kind": "Node", "metadata": {"name": local_node_name()},
-            "spec": {"capacity": {"slots": slots}}}
+    return {
+        "apiVersion": API,
+        "kind": "Node",
+        "metadata": {"name": local_node_name()},
+        "spec": {"capacity": {"slots": slots}},
+    }
 
 
 # -- processes -------------------------------------------------------------------------
@@ -71,7 +76,7 @@ class Pid:
     start: float
 
     @classmethod
-    def of(cls, pid: int) -> "Pid":
+    def of(cls, pid: int) -> Pid:
         return cls(pid, psutil.Process(pid).create_time())
 
     def alive(self) -> bool:
@@ -111,7 +116,7 @@ def read_pids(path: Path, count: int, timeout: float = 20.0, *, skip: int = 0) -
 
 
 class Controller:
-    def __init__(self, env: "Env", fault: str | None, name: str):
+    def __init__(self, env: Env, fault: str | None, name: str):
         environ = {k: v for k, v in os.environ.items() if k != "RECONCILER_FAULT"}
         environ.update(RECONCILER_STORE=env.url, PYTHONUNBUFFERED="1", **{TAG: str(env.root)})
         if fault:
@@ -119,9 +124,15 @@ class Controller:
         self.log_path = env.root / f"{name}.log"
         self.fault = fault
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([sys.executable, "-m", "reconciler", "controller"], env=environ,
-                                         stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                         cwd=env.work, start_new_session=True)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "reconciler", "controller"],
+                env=environ,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=env.work,
+                start_new_session=True,
+            )
 
     @property
     def pid(self) -> int:
@@ -133,10 +144,12 @@ class Controller:
         except FileNotFoundError:
             return ""
 
-    def wait_ready(self, timeout: float = 30.0) -> "Controller":
+    def wait_ready(self, timeout: float = 30.0) -> Controller:
         def ready():
             if self.proc.poll() is not None:
-                raise AssertionError(f"controller exited with {self.proc.returncode} before it was ready:\n{self.log()}")
+                raise AssertionError(
+                    f"controller exited with {self.proc.returncode} before it was ready:\n{self.log()}"
+                )
             return READY_LINE in self.log()
 
         wait_until(ready, timeout, interval=0.02, message="controller ready")
@@ -219,8 +232,13 @@ class Env:
     def wait_running(self, name: str, run: int = 1, timeout: float = 30.0) -> dict:
         """Running, with run `run` started (pid recorded)."""
         return self.wait_status(
-            name, lambda s: s.get("phase") == "Running" and any(r["number"] == run and r.get("pid") for r in s.get("runs", [])),
-            timeout, f"{name} running run {run}")
+            name,
+            lambda s: (
+                s.get("phase") == "Running" and any(r["number"] == run and r.get("pid") for r in s.get("runs", []))
+            ),
+            timeout,
+            f"{name} running run {run}",
+        )
 
     def wait_completed(self, names: Iterable[str], timeout: float = 30.0) -> dict[str, dict]:
         return {n: self.wait_phase(n, "Completed", timeout=timeout) for n in names}
@@ -292,8 +310,11 @@ class Env:
 # -- run records ---------------------------------------------------------------------------
 def intervals(status: dict) -> list[tuple[float, float]]:
     """(started, finished) of every run that has both, in start order."""
-    return sorted((to_epoch(r["startedAt"]), to_epoch(r["finishedAt"]))
-                  for r in status.get("runs", []) if r.get("startedAt") and r.get("finishedAt"))
+    return sorted(
+        (to_epoch(r["startedAt"]), to_epoch(r["finishedAt"]))
+        for r in status.get("runs", [])
+        if r.get("startedAt") and r.get("finishedAt")
+    )
 
 
 def max_overlap(spans: Iterable[tuple[float, float]]) -> int:
@@ -309,8 +330,8 @@ def max_overlap(spans: Iterable[tuple[float, float]]) -> int:
 # -- markers: what the runs themselves saw -----------------------------------------------------
 def marked(marker_file: Path, body: str) -> str:
     """A shell command that appends `started JOB RUN TIME` before `body` and `ended JOB RUN
-    TIME` after it to `marker_file`, then exits with the status of `body` (run in a subshell,
-so an `exit` in it ends only the body)."""
+        TIME` after it to `marker_file`, then exits with the status of `body` (run in a subshell,
+    so an `exit` in it ends only the body)."""
     stamp = f'"$RECONCILER_JOB $RECONCILER_RUN $(date +%s.%N)" >> {marker_file}'
     return f"echo started {stamp}\n( {body} )\nc=$?\necho ended {stamp}; exit $c"
 
@@ -318,7 +339,9 @@ so an `exit` in it ends only the body)."""
 def marker_runs(marker_file: Path) -> dict[str, list[tuple[int, float, float | None]]]:
     """Per job, (run, started, ended) as the runs recorded them, checked on the way: a job's
     runs never overlap and no run number starts twice."""
-    lines = [line.split() for line in marker_file.read_text().splitlines() if line.strip()] if marker_file.exists() else []
+    lines = (
+        [line.split() for line in marker_file.read_text().splitlines() if line.strip()] if marker_file.exists() else []
+    )
     by_job: dict[str, list[tuple[float, str, int]]] = {}
     for what, name, run, at in lines:
         by_job.setdefault(name, []).append((float(at), what, int(run)))
@@ -332,7 +355,9 @@ def marker_runs(marker_file: Path) -> dict[str, list[tuple[int, float, float | N
                 assert run not in [r for r, _, _ in runs], f"{name}: run {run} started twice: {events}"
                 open_run = (run, at)
             else:
-                assert open_run is not None and open_run[0] == run, f"{name}: run {run} ended but was not open: {events}"
+                assert open_run is not None and open_run[0] == run, (
+                    f"{name}: run {run} ended but was not open: {events}"
+                )
                 runs.append((run, open_run[1], at))
                 open_run = None
         if open_run is not None:

@@ -31,9 +31,14 @@ def pipeline(markers) -> list[dict]:
 def summary(statuses: dict[str, dict]) -> dict[str, tuple]:
     """What must not depend on crashes: outcome, reason and every run's (number, outcome,
     exit code, reason)."""
-    return {name: (s.get("outcome"), s.get("reason"),
-                   [(r["number"], r.get("outcome"), r.get("exitCode"), r.get("reason")) for r in s.get("runs", [])])
-            for name, s in statuses.items()}
+    return {
+        name: (
+            s.get("outcome"),
+            s.get("reason"),
+            [(r["number"], r.get("outcome"), r.get("exitCode"), r.get("reason")) for r in s.get("runs", [])],
+        )
+        for name, s in statuses.items()
+    }
 
 
 def assert_clean_history(env: Env, statuses: dict[str, dict], markers) -> None:
@@ -80,8 +85,14 @@ def crash_window(env: Env, point: str) -> str:
     held = {a.job_name: a for a in env.admissions()}
     if point in ("after-admission", "after-spawn"):
         # admitted and claimed, no run recorded yet
-        starting = [n for n, s in statuses.items() if s.get("phase") == "Starting" and n in held
-                    and held[n].owner is not None and not any(r["number"] == held[n].run_number for r in s.get("runs", []))]
+        starting = [
+            n
+            for n, s in statuses.items()
+            if s.get("phase") == "Starting"
+            and n in held
+            and held[n].owner is not None
+            and not any(r["number"] == held[n].run_number for r in s.get("runs", []))
+        ]
         assert starting, (statuses, held)
         spawned = [n for n in starting if (env.run_dir(n, held[n].run_number) / "stdout").exists()]
         if point == "after-admission":
@@ -91,8 +102,11 @@ def crash_window(env: Env, point: str) -> str:
         return starting[0]
     if point == "before-exit-record":
         # a run whose processes ended, still open in status
-        open_runs = [n for n, s in statuses.items() if s.get("phase") in ("Running", "Stopping")
-                     and s["runs"] and s["runs"][-1].get("finishedAt") is None]
+        open_runs = [
+            n
+            for n, s in statuses.items()
+            if s.get("phase") in ("Running", "Stopping") and s["runs"] and s["runs"][-1].get("finishedAt") is None
+        ]
         assert open_runs, statuses
         return open_runs[0]
     assert point == "during-backoff"

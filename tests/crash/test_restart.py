@@ -70,8 +70,10 @@ def test_a_run_killed_while_the_controller_was_down_is_lost_and_retried_per_on_l
     done = env.wait_completed(["lost-retried", "lost-final"])
 
     retried = done["lost-retried"]
-    assert [(r["number"], r["outcome"], r.get("exitCode")) for r in retried["runs"]] == \
-        [(1, "Lost", None), (2, "Succeeded", 0)], retried["runs"]
+    assert [(r["number"], r["outcome"], r.get("exitCode")) for r in retried["runs"]] == [
+        (1, "Lost", None),
+        (2, "Succeeded", 0),
+    ], retried["runs"]
     assert retried["outcome"] == "Succeeded"
 
     final = done["lost-final"]
@@ -132,8 +134,9 @@ def test_a_run_adopted_after_a_crash_keeps_its_real_start_time(env):
     running = env.wait_status("adopted", lambda s: bool(s.get("runs")))
     [run] = running["runs"]
     assert (run["pid"], run["processStartTime"]) == (wrapper.pid, wrapper.start), "adopted, not started again"
-    assert to_epoch(run["startedAt"]) - wrapper.start < 1.0, \
+    assert to_epoch(run["startedAt"]) - wrapper.start < 1.0, (
         f"startedAt {run['startedAt']} is when it was adopted, not when it started ({wrapper.start})"
+    )
     status = env.wait_phase("adopted", "Completed")
     assert (status["outcome"], status["reason"]) == ("TimedOut", "RunTimeout")
     assert not wrapper.alive()
@@ -150,8 +153,10 @@ def test_only_the_wrapper_itself_is_adopted_not_a_process_that_shares_its_argv(e
     assert faulty.wait_exit() == -signal.SIGKILL, faulty.log()
     run_dir = env.run_dir("real", 1)
     run_dir.mkdir(parents=True)
-    lookalike = subprocess.Popen(["/bin/sh", "-c", "sleep 60", WRAPPER_NAME, str(run_dir.resolve()), "0", "/bin/true"],
-                                 env={**os.environ, TAG: str(env.root)})  # same argv, our process group
+    lookalike = subprocess.Popen(
+        ["/bin/sh", "-c", "sleep 60", WRAPPER_NAME, str(run_dir.resolve()), "0", "/bin/true"],
+        env={**os.environ, TAG: str(env.root)},
+    )  # same argv, our process group
     try:
         env.start_controller()
         status = env.wait_phase("real", "Completed")

@@ -46,7 +46,9 @@ def two_controllers(tmp_path_factory) -> Outcome:
         while True:
             with env.store.read() as conn:
                 queued = [n for (n,) in conn.execute(select(QueueRow.job_name)).all()]
-                phases = dict(conn.execute(select(ObjectRow.name, ObjectRow.phase).where(ObjectRow.kind == "Job")).all())
+                phases = dict(
+                    conn.execute(select(ObjectRow.name, ObjectRow.phase).where(ObjectRow.kind == "Job")).all()
+                )
                 held = conn.execute(select(AdmissionRow.job_name)).all()
             peak = max(peak, len(held))
             ghosts |= {(n, phases.get(n)) for n in queued if phases.get(n) != "Queued"}
@@ -54,8 +56,16 @@ def two_controllers(tmp_path_factory) -> Outcome:
                 break
             assert time.monotonic() < deadline, f"not all jobs completed: {phases}\n{env.logs()}"
             time.sleep(0.01)  # polling interval
-        return Outcome({n: env.status(n) for n in JOBS}, marker_runs(markers), peak, ghosts, env.admissions(),
-                       env.queue(), [c.proc.poll() is None for c in controllers], env.logs())
+        return Outcome(
+            {n: env.status(n) for n in JOBS},
+            marker_runs(markers),
+            peak,
+            ghosts,
+            env.admissions(),
+            env.queue(),
+            [c.proc.poll() is None for c in controllers],
+            env.logs(),
+        )
     finally:
         env.close()
 

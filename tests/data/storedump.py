@@ -17,7 +17,6 @@ def dump_store(url: str) -> dict[str, list[tuple[Any, ...]]]:
         with engine.connect() as conn:
             tables = sorted(inspect(conn).get_table_names())
             assert {"objects", "events", "meta"} <= set(tables), tables
-            return {t: sorted((tuple(r) for r in conn.execute(text(f'SELECT * FROM "{t}"'))), key=repr)
-                    for t in tables}
+            return {t: sorted((tuple(r) for r in conn.execute(text(f'SELECT * FROM "{t}"'))), key=repr) for t in tables}
     finally:
         engine.dispose()

@@ -16,9 +16,10 @@ import signal
 import subprocess
 import sys
 import textwrap
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import psutil
 import pytest
@@ -76,8 +77,14 @@ class Env:
 
     # -- the CLI -------------------------------------------------------------------------
     def cli(self, *args: str, timeout: float = 90, cwd: Path | None = None, input: str | None = None) -> Result:
-        return run_cli(*args, store=self.url, timeout=timeout, cwd=str(cwd or self.root), input=input,
-                       env={"XDG_STATE_HOME": str(self.xdg)})
+        return run_cli(
+            *args,
+            store=self.url,
+            timeout=timeout,
+            cwd=str(cwd or self.root),
+            input=input,
+            env={"XDG_STATE_HOME": str(self.xdg)},
+        )
 
     def cli_all(self, *calls: tuple[str, ...]) -> list[Result]:
         """Independent read-only calls, run side by side (each is a new interpreter)."""
@@ -146,8 +153,10 @@ class Env:
         try:
             return wait_until(check, timeout=timeout, interval=0.03, message=f"{name}: {what}")
         except AssertionError:
-            raise AssertionError(f"{name}: {what} not reached; last status: {json.dumps(self.status(name), indent=1)}"
-                                 + self.controller_log()) from None
+            raise AssertionError(
+                f"{name}: {what} not reached; last status: {json.dumps(self.status(name), indent=1)}"
+                + self.controller_log()
+            ) from None
 
     def wait_phase(self, name: str, phase: str, timeout: float = 30) -> dict:
         return self.wait_status(name, lambda s: s.get("phase") == phase, timeout, f"phase {phase}")
@@ -165,9 +174,14 @@ class Env:
         try:
             wait_until(done, timeout=timeout, interval=0.05, message="jobs completed")
         except AssertionError:
-            raise AssertionError("jobs not completed: " + json.dumps(
-                {n: d["status"] for n, d in self.jobs().items() if d["status"].get("phase") != "Completed"}, indent=1)
-                + self.controller_log()) from None
+            raise AssertionError(
+                "jobs not completed: "
+                + json.dumps(
+                    {n: d["status"] for n, d in self.jobs().items() if d["status"].get("phase") != "Completed"},
+                    indent=1,
+                )
+                + self.controller_log()
+            ) from None
 
     def run_dir(self, name: str, number: int) -> Path:
         doc = self.peek(name)
@@ -175,7 +189,7 @@ class Env:
         return run_dir(base, name, doc["metadata"]["uid"], number)
 
     # -- a controller process ----------------------------------------------------------------
-    def controller(self) -> "ControllerProcess":
+    def controller(self) -> ControllerProcess:
         proc = ControllerProcess(self)
         self.controllers.append(proc)
         return proc
@@ -199,9 +213,13 @@ class ControllerProcess:
         self.log_path = env.root / f"controller-{len(env.controllers)}.log"
         self._log = open(self.log_path, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reconciler", "controller"], cwd=env.root, stdin=subprocess.DEVNULL,
-            stdout=self._log, stderr=subprocess.STDOUT,
-            env={**os.environ, "RECONCILER_STORE": env.url, "XDG_STATE_HOME": str(env.xdg)})
+            [sys.executable, "-m", "reconciler", "controller"],
+            cwd=env.root,
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "RECONCILER_STORE": env.url, "XDG_STATE_HOME": str(env.xdg)},
+        )
 
     def log_text(self) -> str:
         try:
@@ -264,7 +282,9 @@ def docs(*documents: str) -> str:
 
 def pool_yaml(name: str, slots: int | str, max_bypass: int | None = None) -> str:
     extra = f"\n  maxBypass: {max_bypass}" if max_bypass is not None else ""
-    return f"apiVersion: reconciler.dev/v1alpha1\nkind: Pool\nmetadata:\n  name: {name}\nspec:\n  slots: {slots}{extra}\n"
+    return (
+        f"apiVersion: reconciler.dev/v1alpha1\nkind: Pool\nmetadata:\n  name: {name}\nspec:\n  slots: {slots}{extra}\n"
+    )
 
 
 def held_until(path: Path, then: str = "") -> str:

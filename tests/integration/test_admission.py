@@ -15,8 +15,9 @@ def _start(jobs: dict, name: str) -> float:
 def test_pool_of_one_never_runs_two(any_env):
     env = any_env
     names = [f"one-{i}" for i in range(1, 5)]
-    manifest = env.write("one.yaml", docs(pool_yaml("single", 1),
-                                          *(job_yaml(n, "command: [sleep, '0.2']\npool: single") for n in names)))
+    manifest = env.write(
+        "one.yaml", docs(pool_yaml("single", 1), *(job_yaml(n, "command: [sleep, '0.2']\npool: single") for n in names))
+    )
     result = env.up(manifest)
     assert result.code == 0, result.stderr
     jobs = env.jobs()
@@ -32,12 +33,15 @@ def test_priority_then_eligible_order(env):
     env.wait_phase("blocker", "Running")
     # while the only slot is held, four jobs queue up: e1, e2, e3 become eligible in that
     # order (delays), `hi` last but with the highest priority
-    env.apply("contenders.yaml", docs(
-        job_yaml("e1", "command: ['true']\npool: solo"),
-        job_yaml("e2", "command: ['true']\npool: solo\nwaitFor: {conditions: [{delay: 300ms}]}"),
-        job_yaml("e3", "command: ['true']\npool: solo\nwaitFor: {conditions: [{delay: 600ms}]}"),
-        job_yaml("hi", "command: ['true']\npool: solo\npriority: 10\nwaitFor: {conditions: [{delay: 900ms}]}"),
-    ))
+    env.apply(
+        "contenders.yaml",
+        docs(
+            job_yaml("e1", "command: ['true']\npool: solo"),
+            job_yaml("e2", "command: ['true']\npool: solo\nwaitFor: {conditions: [{delay: 300ms}]}"),
+            job_yaml("e3", "command: ['true']\npool: solo\nwaitFor: {conditions: [{delay: 600ms}]}"),
+            job_yaml("hi", "command: ['true']\npool: solo\npriority: 10\nwaitFor: {conditions: [{delay: 900ms}]}"),
+        ),
+    )
     for name in ("e1", "e2", "e3", "hi"):
         env.wait_phase(name, "Queued")
     go.touch()
@@ -53,15 +57,20 @@ def test_bounded_bypass(env):
     go = env.root / "go"
     smalls = [f"small-{i}" for i in range(1, 6)]
     env.controller()
-    env.apply("holder.yaml", docs(pool_yaml("pair", 2, max_bypass=2), job_yaml("holder", held_until(go) + "\npool: pair")))
+    env.apply(
+        "holder.yaml", docs(pool_yaml("pair", 2, max_bypass=2), job_yaml("holder", held_until(go) + "\npool: pair"))
+    )
     env.wait_phase("holder", "Running")
     # `big` needs both slots and is first in line; it cannot fit while `holder` runs
     env.apply("big.yaml", job_yaml("big", "command: ['true']\npool: pair\nslots: 2"))
     env.wait_status("big", lambda s: s.get("reason") == "InsufficientSlots", what="big queued without room")
     # a stream of younger one-slot jobs may pass it at most twice (maxBypass)
     env.apply("smalls.yaml", docs(*(job_yaml(n, "command: [sleep, '0.3']\npool: pair") for n in smalls)))
-    wait_until(lambda: any(env.status(n).get("reason") == "BypassLimit" for n in smalls), timeout=30,
-               message="a small job held back by the bypass limit")
+    wait_until(
+        lambda: any(env.status(n).get("reason") == "BypassLimit" for n in smalls),
+        timeout=30,
+        message="a small job held back by the bypass limit",
+    )
     go.touch()
     env.wait_completed()
     jobs = env.jobs()
@@ -77,8 +86,10 @@ def test_lowering_a_pool_holds_admissions_only(env):
     go_a, go_b = env.root / "go-a", env.root / "go-b"
     env.controller()
     env.apply("pool.yaml", pool_yaml("shrink", 2))
-    env.apply("ab.yaml", docs(job_yaml("a", held_until(go_a) + "\npool: shrink"),
-                              job_yaml("b", held_until(go_b) + "\npool: shrink")))
+    env.apply(
+        "ab.yaml",
+        docs(job_yaml("a", held_until(go_a) + "\npool: shrink"), job_yaml("b", held_until(go_b) + "\npool: shrink")),
+    )
     env.wait_phase("a", "Running")
     env.wait_phase("b", "Running")
     env.apply("c.yaml", job_yaml("c", "command: ['true']\npool: shrink"))
@@ -88,12 +99,18 @@ def test_lowering_a_pool_holds_admissions_only(env):
     go_a.touch()
     env.wait_phase("a", "Completed")
     # one slot is free again, but the pool now has one: c is looked at again and held
-    env.wait_status("c", lambda s: s.get("message") == "shrink: 1/1 slots in use, 1 needed", what="c held by the lower limit")
+    env.wait_status(
+        "c", lambda s: s.get("message") == "shrink: 1/1 slots in use, 1 needed", what="c held by the lower limit"
+    )
     assert env.status("b")["phase"] == "Running" and not env.status("c").get("runs")
     go_b.touch()
     env.wait_completed()
     jobs = env.jobs()
-    assert {n: j["status"]["outcome"] for n, j in jobs.items()} == {"a": "Succeeded", "b": "Succeeded", "c": "Succeeded"}
+    assert {n: j["status"]["outcome"] for n, j in jobs.items()} == {
+        "a": "Succeeded",
+        "b": "Succeeded",
+        "c": "Succeeded",
+    }
     assert [r["outcome"] for n in "ab" for r in jobs[n]["status"]["runs"]] == ["Succeeded", "Succeeded"]
     assert _start(jobs, "c") >= epoch(jobs["b"]["status"]["runs"][0]["finishedAt"]) - STAMP
 
@@ -102,8 +119,13 @@ def test_an_unschedulable_job_does_not_hold_the_line(env):
     """Regression: a job no node can take (pinned to a missing node) at the head of a finite
     scope used to be passed maxBypass times and then block every younger job for good."""
     env.controller()
-    env.apply("pinned.yaml", docs(pool_yaml("global", 2, max_bypass=1),
-                                  job_yaml("pinned", "command: ['true']\nplacement: {nodeName: worker-9}")))
+    env.apply(
+        "pinned.yaml",
+        docs(
+            pool_yaml("global", 2, max_bypass=1),
+            job_yaml("pinned", "command: ['true']\nplacement: {nodeName: worker-9}"),
+        ),
+    )
     env.wait_status("pinned", lambda s: s.get("reason") == "Unschedulable", what="Unschedulable")
     others = [f"later-{i}" for i in range(3)]
     env.apply("later.yaml", docs(*(job_yaml(n, "command: ['true']") for n in others)))

@@ -7,31 +7,39 @@ from .conftest import STAMP, docs, epoch, job_yaml
 
 
 def test_dependency_outcomes_and_receipts(env):
-    manifest = env.write("deps.yaml", docs(
-        job_yaml("good", "command: ['true']"),
-        job_yaml("bad", "command: [sh, -c, 'exit 3']"),
-        job_yaml("on-good", "command: ['true']\ndependsOn: [good]"),
-        job_yaml("on-bad-finished", "command: ['true']\ndependsOn: [{job: bad, outcomes: [Finished]}]"),
-        job_yaml("on-bad-failed", "command: ['true']\ndependsOn: [{job: bad, outcomes: [Failed]}]"),
-        job_yaml("on-bad", "command: ['true']\ndependsOn: [bad]"),
-        job_yaml("on-good-failed", "command: ['true']\ndependsOn: [{job: good, outcomes: [Failed, TimedOut]}]"),
-        job_yaml("after-aborted", "command: ['true']\ndependsOn: [on-bad, good]"),
-    ))
+    manifest = env.write(
+        "deps.yaml",
+        docs(
+            job_yaml("good", "command: ['true']"),
+            job_yaml("bad", "command: [sh, -c, 'exit 3']"),
+            job_yaml("on-good", "command: ['true']\ndependsOn: [good]"),
+            job_yaml("on-bad-finished", "command: ['true']\ndependsOn: [{job: bad, outcomes: [Finished]}]"),
+            job_yaml("on-bad-failed", "command: ['true']\ndependsOn: [{job: bad, outcomes: [Failed]}]"),
+            job_yaml("on-bad", "command: ['true']\ndependsOn: [bad]"),
+            job_yaml("on-good-failed", "command: ['true']\ndependsOn: [{job: good, outcomes: [Failed, TimedOut]}]"),
+            job_yaml("after-aborted", "command: ['true']\ndependsOn: [on-bad, good]"),
+        ),
+    )
     result = env.up(manifest)
     assert result.code == 1, result.stderr  # not everything succeeded
     jobs = env.jobs()
     outcome = {n: (j["status"]["outcome"], j["status"]["reason"]) for n, j in jobs.items()}
     assert outcome == {
-        "good": ("Succeeded", "Succeeded"), "bad": ("Failed", "BackoffLimitExceeded"),
-        "on-good": ("Succeeded", "Succeeded"), "on-bad-finished": ("Succeeded", "Succeeded"),
+        "good": ("Succeeded", "Succeeded"),
+        "bad": ("Failed", "BackoffLimitExceeded"),
+        "on-good": ("Succeeded", "Succeeded"),
+        "on-bad-finished": ("Succeeded", "Succeeded"),
         "on-bad-failed": ("Succeeded", "Succeeded"),
-        "on-bad": ("Aborted", "DependencyUnsatisfied"), "on-good-failed": ("Aborted", "DependencyUnsatisfied"),
+        "on-bad": ("Aborted", "DependencyUnsatisfied"),
+        "on-good-failed": ("Aborted", "DependencyUnsatisfied"),
         "after-aborted": ("Aborted", "DependencyUnsatisfied"),
     }
 
     # a dependent starts only after its dependency completed
     for name, dep in [("on-good", "good"), ("on-bad-finished", "bad"), ("on-bad-failed", "bad")]:
-        assert epoch(jobs[name]["status"]["runs"][0]["startedAt"]) >= epoch(jobs[dep]["status"]["completionTime"]) - STAMP
+        assert (
+            epoch(jobs[name]["status"]["runs"][0]["startedAt"]) >= epoch(jobs[dep]["status"]["completionTime"]) - STAMP
+        )
 
     # the aborted ones never started: no run records, no run folder
     for name in ("on-bad", "on-good-failed", "after-aborted"):
@@ -45,9 +53,14 @@ def test_dependency_outcomes_and_receipts(env):
         (r,) = [r for r in jobs[name]["status"]["dependencies"] if r["job"] == dep]
         return r
 
-    for name, dep, satisfied in [("on-good", "good", True), ("on-bad-finished", "bad", True),
-                                 ("on-bad-failed", "bad", True), ("on-bad", "bad", False),
-                                 ("on-good-failed", "good", False), ("after-aborted", "on-bad", False)]:
+    for name, dep, satisfied in [
+        ("on-good", "good", True),
+        ("on-bad-finished", "bad", True),
+        ("on-bad-failed", "bad", True),
+        ("on-bad", "bad", False),
+        ("on-good-failed", "good", False),
+        ("after-aborted", "on-bad", False),
+    ]:
         r = receipt(name, dep)
         assert r["uid"] == jobs[dep]["metadata"]["uid"], (name, r)
         assert r["revision"] == 1 and r["outcome"] == jobs[dep]["status"]["outcome"], (name, r)

@@ -6,21 +6,44 @@ import json
 
 from .conftest import job_yaml
 
-STORY = ["Created", "Eligible", "Admitted", "Scheduled", "Started", "Exited", "BackoffScheduled", "BackoffElapsed",
-         "Admitted", "Scheduled", "Started", "Exited", "Succeeded"]
+STORY = [
+    "Created",
+    "Eligible",
+    "Admitted",
+    "Scheduled",
+    "Started",
+    "Exited",
+    "BackoffScheduled",
+    "BackoffElapsed",
+    "Admitted",
+    "Scheduled",
+    "Started",
+    "Exited",
+    "Succeeded",
+]
 
 
 def test_events_of_a_retried_job(env):
     marker = env.root / "failed-once"
-    manifest = env.write("flaky.yaml", job_yaml("flaky", f"""
+    manifest = env.write(
+        "flaky.yaml",
+        job_yaml(
+            "flaky",
+            f"""
         shell: "if [ -e '{marker}' ]; then exit 0; fi; touch '{marker}'; exit 1"
         retry: {{limit: 1, backoff: {{delay: 100ms}}}}
-    """))
+    """,
+        ),
+    )
     result = env.up(manifest, timeout="30s")
     assert result.code == 0, result.stderr
 
     listing = json.loads(env.ok("get", "events", "-o", "json").stdout)
-    mine = [e for e in listing["items"] if e["involvedObject"] == {"kind": "Job", "name": "flaky", "uid": e["involvedObject"]["uid"]}]
+    mine = [
+        e
+        for e in listing["items"]
+        if e["involvedObject"] == {"kind": "Job", "name": "flaky", "uid": e["involvedObject"]["uid"]}
+    ]
     assert [e["reason"] for e in mine] == STORY
     assert {e["involvedObject"]["uid"] for e in mine} == {env.peek("flaky")["metadata"]["uid"]}
     exited = [e for e in mine if e["reason"] == "Exited"]

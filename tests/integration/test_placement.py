@@ -34,10 +34,15 @@ def test_unschedulable_pin_and_local_node(env):
 
 def test_node_selector_matching_the_local_node_runs(env):
     hostname = socket.gethostname()[:63]
-    manifest = env.write("selected.yaml", docs(
-        job_yaml("selected", f"command: ['true']\nplacement: {{nodeSelector: {{reconciler.dev/hostname: '{hostname}'}}}}"),
-        job_yaml("named", f"command: ['true']\nplacement: {{nodeName: {local_node_name()}}}"),
-    ))
+    manifest = env.write(
+        "selected.yaml",
+        docs(
+            job_yaml(
+                "selected", f"command: ['true']\nplacement: {{nodeSelector: {{reconciler.dev/hostname: '{hostname}'}}}}"
+            ),
+            job_yaml("named", f"command: ['true']\nplacement: {{nodeName: {local_node_name()}}}"),
+        ),
+    )
     result = env.up(manifest, timeout="30s")
     assert result.code == 0, result.stderr
     jobs = env.jobs()

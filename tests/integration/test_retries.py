@@ -11,12 +11,23 @@ def _gaps(runs: list[dict]) -> list[float]:
 
 
 def test_retry_policy(env):
-    manifest = env.write("retries.yaml", docs(
-        job_yaml("not-retryable", "command: [sh, -c, 'exit 3']\nretry: {limit: 3, onExitCodes: [1], backoff: {delay: 100ms}}"),
-        job_yaml("exhausted", "command: [sh, -c, 'exit 1']\n"
-                              "retry: {limit: 2, onExitCodes: [1, 75], backoff: {policy: exponential, delay: 200ms, factor: 2}}"),
-        job_yaml("constant", "command: [sh, -c, 'exit 9']\nretry: {limit: 1, backoff: {policy: constant, delay: 300ms}}"),
-    ))
+    manifest = env.write(
+        "retries.yaml",
+        docs(
+            job_yaml(
+                "not-retryable",
+                "command: [sh, -c, 'exit 3']\nretry: {limit: 3, onExitCodes: [1], backoff: {delay: 100ms}}",
+            ),
+            job_yaml(
+                "exhausted",
+                "command: [sh, -c, 'exit 1']\n"
+                "retry: {limit: 2, onExitCodes: [1, 75], backoff: {policy: exponential, delay: 200ms, factor: 2}}",
+            ),
+            job_yaml(
+                "constant", "command: [sh, -c, 'exit 9']\nretry: {limit: 1, backoff: {policy: constant, delay: 300ms}}"
+            ),
+        ),
+    )
     result = env.up(manifest)
     assert result.code == 1, result.stderr
     jobs = env.jobs()
@@ -26,7 +37,9 @@ def test_retry_policy(env):
         "constant": ("Failed", "BackoffLimitExceeded"),
     }
     # 3 is not in onExitCodes: one run only
-    assert [(r["number"], r["exitCode"], r["outcome"]) for r in jobs["not-retryable"]["status"]["runs"]] == [(1, 3, "Failed")]
+    assert [(r["number"], r["exitCode"], r["outcome"]) for r in jobs["not-retryable"]["status"]["runs"]] == [
+        (1, 3, "Failed")
+    ]
     # limit 2: limit + 1 runs, numbered 1..3, delays 200ms then 400ms (exponential)
     runs = jobs["exhausted"]["status"]["runs"]
     assert [(r["number"], r["revision"], r["exitCode"]) for r in runs] == [(1, 1, 1), (2, 1, 1), (3, 1, 1)]

@@ -13,8 +13,9 @@ def _runs(job: dict) -> list[tuple[int, int]]:
 
 
 def _pipeline(version: str) -> str:
-    return docs(job_yaml("base", f"command: [echo, {version}]"),
-                job_yaml("child", "command: [echo, child]\ndependsOn: [base]"))
+    return docs(
+        job_yaml("base", f"command: [echo, {version}]"), job_yaml("child", "command: [echo, child]\ndependsOn: [base]")
+    )
 
 
 def test_changed_spec_runs_again_with_its_dependents(env):
@@ -23,18 +24,30 @@ def test_changed_spec_runs_again_with_its_dependents(env):
     env.ok("apply", "-f", str(manifest))
     env.wait_completed()
     # re-applying the same manifest changes nothing and runs nothing
-    assert env.ok("apply", "-f", str(manifest)).stdout.splitlines() == \
-        ["job.reconciler.dev/base unchanged", "job.reconciler.dev/child unchanged"]
+    assert env.ok("apply", "-f", str(manifest)).stdout.splitlines() == [
+        "job.reconciler.dev/base unchanged",
+        "job.reconciler.dev/child unchanged",
+    ]
 
     env.write("pipeline.yaml", _pipeline("v2"))
-    assert env.ok("apply", "-f", str(manifest)).stdout.splitlines() == \
-        ["job.reconciler.dev/base configured", "job.reconciler.dev/child unchanged"]
+    assert env.ok("apply", "-f", str(manifest)).stdout.splitlines() == [
+        "job.reconciler.dev/base configured",
+        "job.reconciler.dev/child unchanged",
+    ]
     env.wait_status("child", lambda s: s.get("revision") == 2 and s.get("phase") == "Completed", what="child rev 2")
     jobs = env.jobs()
     base, child = jobs["base"], jobs["child"]
-    assert (base["metadata"]["generation"], base["status"]["revision"], base["status"]["outcome"]) == (2, 2, "Succeeded")
+    assert (base["metadata"]["generation"], base["status"]["revision"], base["status"]["outcome"]) == (
+        2,
+        2,
+        "Succeeded",
+    )
     assert _runs(base) == [(1, 1), (2, 2)]  # the unchanged apply ran nothing
-    assert (child["metadata"]["generation"], child["status"]["revision"], child["status"]["outcome"]) == (1, 2, "Succeeded")
+    assert (child["metadata"]["generation"], child["status"]["revision"], child["status"]["outcome"]) == (
+        1,
+        2,
+        "Succeeded",
+    )
     assert _runs(child) == [(1, 1), (2, 2)]
     assert epoch(child["status"]["runs"][1]["startedAt"]) >= epoch(base["status"]["runs"][1]["finishedAt"]) - STAMP
     (receipt,) = child["status"]["dependencies"]
@@ -58,13 +71,20 @@ def test_up_after_a_spec_change_converges_the_new_revision(env):
     manifest = env.write("pipeline.yaml", _pipeline("v1"))
     assert env.up(manifest).code == 0
     # a busy store: other jobs waiting for something that is not there yet
-    env.apply("others.yaml", docs(job_yaml("gate", "command: ['true']\nwaitFor: {conditions: [{path: /nonexistent/x}]}"),
-                                  *(job_yaml(f"other-{i}", "command: ['true']\ndependsOn: [gate]") for i in range(60))))
+    env.apply(
+        "others.yaml",
+        docs(
+            job_yaml("gate", "command: ['true']\nwaitFor: {conditions: [{path: /nonexistent/x}]}"),
+            *(job_yaml(f"other-{i}", "command: ['true']\ndependsOn: [gate]") for i in range(60)),
+        ),
+    )
     env.write("pipeline.yaml", _pipeline("v2"))
     assert env.up(manifest).code == 0
     jobs = env.jobs()
-    assert [(r["number"], r["revision"], r.get("outcome")) for r in jobs["base"]["status"]["runs"]] == \
-        [(1, 1, "Succeeded"), (2, 2, "Succeeded")]
+    assert [(r["number"], r["revision"], r.get("outcome")) for r in jobs["base"]["status"]["runs"]] == [
+        (1, 1, "Succeeded"),
+        (2, 2, "Succeeded"),
+    ]
     assert (jobs["child"]["status"]["revision"], jobs["child"]["status"]["phase"]) == (2, "Completed")
 
 
@@ -94,9 +114,14 @@ def test_changing_an_active_job_needs_force(env):
 
 def test_rerun_with_and_without_downstream(env):
     env.controller()
-    env.apply("chain.yaml", docs(job_yaml("a", "command: ['true']"),
-                                 job_yaml("b", "command: ['true']\ndependsOn: [a]"),
-                                 job_yaml("c", "command: ['true']\ndependsOn: [b]")))
+    env.apply(
+        "chain.yaml",
+        docs(
+            job_yaml("a", "command: ['true']"),
+            job_yaml("b", "command: ['true']\ndependsOn: [a]"),
+            job_yaml("c", "command: ['true']\ndependsOn: [b]"),
+        ),
+    )
     env.wait_completed()
     assert "rerun requested" in env.ok("rerun", "job/a").stdout
     env.wait_status("a", lambda s: s.get("revision") == 2 and s.get("phase") == "Completed", what="a rerun")
@@ -108,7 +133,13 @@ def test_rerun_with_and_without_downstream(env):
     # plain rerun left b and c alone; --downstream ran each once more, after its dependency
     assert _runs(jobs["b"]) == [(1, 1), (2, 2)]
     assert _runs(jobs["c"]) == [(1, 1), (2, 2)]
-    assert epoch(jobs["b"]["status"]["runs"][1]["startedAt"]) >= epoch(jobs["a"]["status"]["runs"][2]["finishedAt"]) - STAMP
-    assert epoch(jobs["c"]["status"]["runs"][1]["startedAt"]) >= epoch(jobs["b"]["status"]["runs"][1]["finishedAt"]) - STAMP
+    assert (
+        epoch(jobs["b"]["status"]["runs"][1]["startedAt"])
+        >= epoch(jobs["a"]["status"]["runs"][2]["finishedAt"]) - STAMP
+    )
+    assert (
+        epoch(jobs["c"]["status"]["runs"][1]["startedAt"])
+        >= epoch(jobs["b"]["status"]["runs"][1]["finishedAt"]) - STAMP
+    )
     assert jobs["b"]["status"]["dependencies"][0]["revision"] == 3
     assert all(j["status"]["outcome"] == "Succeeded" for j in jobs.values())

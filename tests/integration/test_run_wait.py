@@ -8,11 +8,25 @@ from .conftest import STAMP, epoch
 def test_run_and_wait(env):
     marker = env.root / "failed-once"
     assert env.ok("run", "--", "true").stdout.strip() == "job.reconciler.dev/job-1 created"
-    assert env.ok("run", "--name", "after", "--after-success", "job-1", "--", "echo", "after").stdout.strip() == \
-        "job.reconciler.dev/after created"
+    assert (
+        env.ok("run", "--name", "after", "--after-success", "job-1", "--", "echo", "after").stdout.strip()
+        == "job.reconciler.dev/after created"
+    )
     # --wait reconciles in the foreground until its job completes: 0 when it succeeded
-    flaky = env.cli("run", "--wait", "--after-success", "after", "--retries", "2", "--retry-delay", "300ms", "--",
-                    "sh", "-c", f"if [ -e '{marker}' ]; then echo ok; else touch '{marker}'; exit 1; fi")
+    flaky = env.cli(
+        "run",
+        "--wait",
+        "--after-success",
+        "after",
+        "--retries",
+        "2",
+        "--retry-delay",
+        "300ms",
+        "--",
+        "sh",
+        "-c",
+        f"if [ -e '{marker}' ]; then echo ok; else touch '{marker}'; exit 1; fi",
+    )
     assert flaky.code == 0, flaky.stderr
     assert flaky.stdout.splitlines()[0] == "job.reconciler.dev/job-2 created"  # then progress lines
     # ... and 1 when it did not
@@ -24,7 +38,10 @@ def test_run_and_wait(env):
     assert jobs["after"]["status"]["outcome"] == "Succeeded"
     (receipt,) = jobs["after"]["status"]["dependencies"]
     assert (receipt["job"], receipt["outcome"], receipt["satisfied"]) == ("job-1", "Succeeded", True)
-    assert epoch(jobs["after"]["status"]["runs"][0]["startedAt"]) >= epoch(jobs["job-1"]["status"]["completionTime"]) - STAMP
+    assert (
+        epoch(jobs["after"]["status"]["runs"][0]["startedAt"])
+        >= epoch(jobs["job-1"]["status"]["completionTime"]) - STAMP
+    )
     runs = jobs["job-2"]["status"]["runs"]
     assert [r["exitCode"] for r in runs] == [1, 0]
     assert epoch(runs[1]["startedAt"]) - epoch(runs[0]["finishedAt"]) >= 0.3 - STAMP
@@ -38,7 +55,8 @@ def test_run_and_wait(env):
         ("wait", "job/job-2", "job/after", "--for", "condition=Succeeded", "--timeout", "5s"),
         ("wait", "job/job-3", "--for", "condition=Succeeded", "--timeout", "30s"),
         ("wait", "job/job-3", "--for", "condition=Completed", "--timeout", "5s"),
-        ("wait", "job/idle", "--for", "condition=Succeeded", "--timeout", "300ms"))
+        ("wait", "job/idle", "--for", "condition=Succeeded", "--timeout", "300ms"),
+    )
     assert met.code == 0, met
     assert never.code == 1 and "job-3 can no longer be Succeeded" in never.stderr, never
     assert completed.code == 0, completed

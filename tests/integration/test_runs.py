@@ -17,22 +17,33 @@ def test_commands_output_and_logs(env):
     folder = env.root / "manifests"
     (folder / "sub").mkdir(parents=True)
     marker = env.root / "tried-once"
-    env.write("manifests/runs.yaml", docs(
-        job_yaml("literal", "command: [echo, '$HOME', '*']"),
-        job_yaml("shelled", "shell: 'echo \"$GREETING from $0\"; echo oops >&2'\nenv: {GREETING: hello}"),
-        job_yaml("where", "command: [pwd]\nworkingDir: sub"),
-        job_yaml("lines", "shell: 'for i in 1 2 3 4 5; do echo out-$i; done; echo err-1 >&2; echo err-2 >&2'"),
-        job_yaml("twice", f"shell: \"if [ -e '{marker}' ]; then echo attempt-2; else touch '{marker}'; echo attempt-1; exit 1; fi\"\n"
-                          "retry: {limit: 1, backoff: {delay: 100ms}}"),
-        job_yaml("missing", "command: [no-such-program-here, --flag]\nretry: {limit: 2, backoff: {delay: 100ms}}"),
-    ))
+    env.write(
+        "manifests/runs.yaml",
+        docs(
+            job_yaml("literal", "command: [echo, '$HOME', '*']"),
+            job_yaml("shelled", "shell: 'echo \"$GREETING from $0\"; echo oops >&2'\nenv: {GREETING: hello}"),
+            job_yaml("where", "command: [pwd]\nworkingDir: sub"),
+            job_yaml("lines", "shell: 'for i in 1 2 3 4 5; do echo out-$i; done; echo err-1 >&2; echo err-2 >&2'"),
+            job_yaml(
+                "twice",
+                f"shell: \"if [ -e '{marker}' ]; then echo attempt-2; else touch '{marker}'; echo attempt-1; exit 1; fi\"\n"
+                "retry: {limit: 1, backoff: {delay: 100ms}}",
+            ),
+            job_yaml("missing", "command: [no-such-program-here, --flag]\nretry: {limit: 2, backoff: {delay: 100ms}}"),
+        ),
+    )
     # a relative -f from the test folder: workingDir must still resolve against the manifest's folder
     result = env.cli("--store", env.url, "up", "-f", "manifests/runs.yaml", "--timeout", "60s", cwd=env.root)
     assert result.code == 1, result.stderr  # `missing` failed
     jobs = env.jobs()
     assert {n: j["status"]["outcome"] for n, j in jobs.items()} == {
-        "literal": "Succeeded", "shelled": "Succeeded", "where": "Succeeded", "lines": "Succeeded",
-        "twice": "Succeeded", "missing": "Failed"}
+        "literal": "Succeeded",
+        "shelled": "Succeeded",
+        "where": "Succeeded",
+        "lines": "Succeeded",
+        "twice": "Succeeded",
+        "missing": "Failed",
+    }
 
     def out(name: str, number: int = 1, stream: str = "stdout") -> str:
         return (env.run_dir(name, number) / stream).read_text()
@@ -46,9 +57,13 @@ def test_commands_output_and_logs(env):
 
     # `logs`: both streams by default, one with --stream, the last lines with --tail, any run with --run
     both, stderr, tail, first, latest, absent = env.cli_all(
-        ("logs", "job/lines"), ("logs", "job/shelled", "--stream", "stderr"),
+        ("logs", "job/lines"),
+        ("logs", "job/shelled", "--stream", "stderr"),
         ("logs", "job/lines", "--stream", "stdout", "--tail", "2"),
-        ("logs", "job/twice", "--run", "1"), ("logs", "job/twice"), ("logs", "job/twice", "--run", "7"))
+        ("logs", "job/twice", "--run", "1"),
+        ("logs", "job/twice"),
+        ("logs", "job/twice", "--run", "7"),
+    )
     assert both.stdout == "".join(f"out-{i}\n" for i in range(1, 6)) + "err-1\nerr-2\n"
     assert stderr.stdout == "oops\n"
     assert tail.stdout == "out-4\nout-5\n"
@@ -74,15 +89,25 @@ def test_commands_output_and_logs(env):
 def test_logs_follow_returns_when_the_run_ends(env):
     go = env.root / "go"
     env.controller()
-    env.apply("follow.yaml", job_yaml("follow", f"""
+    env.apply(
+        "follow.yaml",
+        job_yaml(
+            "follow",
+            f"""
         shell: "echo first; echo warn >&2; while [ ! -e '{go}' ]; do sleep 0.05; done; echo last"
-    """))
+    """,
+        ),
+    )
     env.wait_status("follow", lambda s: s.get("phase") == "Running" and s.get("runs"), what="running")
     out_path = env.root / "follow.out"
     with open(out_path, "wb") as out:
-        follower = subprocess.Popen([sys.executable, "-m", "reconciler", "logs", "job/follow", "-f", "--stream", "stdout"],
-                                    stdout=out, stderr=subprocess.PIPE, cwd=env.root,
-                                    env={**os.environ, "RECONCILER_STORE": env.url})
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "reconciler", "logs", "job/follow", "-f", "--stream", "stdout"],
+            stdout=out,
+            stderr=subprocess.PIPE,
+            cwd=env.root,
+            env={**os.environ, "RECONCILER_STORE": env.url},
+        )
         try:
             wait_until(lambda: out_path.read_text() == "first\n" or follower.poll() is not None, timeout=30)
             assert follower.poll() is None, "logs -f returned while the run was still going"

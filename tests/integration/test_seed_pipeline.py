@@ -17,7 +17,7 @@ def test_shards_converge_within_limits(any_env):
     result = env.up(folder)
     assert result.code == 0, result.stderr
     jobs = env.jobs()
-    assert {n: j["status"]["outcome"] for n, j in jobs.items()} == {n: "Succeeded" for n in ["prepare-data", *SHARDS]}
+    assert {n: j["status"]["outcome"] for n, j in jobs.items()} == dict.fromkeys(["prepare-data", *SHARDS], "Succeeded")
 
     # capacity, from the recorded run times: pool analysis 2, global 4
     assert max_concurrent(run_intervals(jobs, SHARDS)) <= 2
@@ -29,8 +29,10 @@ def test_shards_converge_within_limits(any_env):
 
     # the flaky shard: run 1 exit 1, run 2 (same revision) at least the 1 s backoff later
     runs = jobs["analyze-3"]["status"]["runs"]
-    assert [(r["number"], r["revision"], r["exitCode"], r["outcome"]) for r in runs] == \
-        [(1, 1, 1, "Failed"), (2, 1, 0, "Succeeded")]
+    assert [(r["number"], r["revision"], r["exitCode"], r["outcome"]) for r in runs] == [
+        (1, 1, 1, "Failed"),
+        (2, 1, 0, "Succeeded"),
+    ]
     assert epoch(runs[1]["startedAt"]) - epoch(runs[0]["finishedAt"]) >= 1.0 - STAMP
     assert all(len(jobs[n]["status"]["runs"]) == 1 for n in ["prepare-data", "analyze-1", "analyze-2", "analyze-4"])
 

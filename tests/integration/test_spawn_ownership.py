@@ -45,8 +45,16 @@ def test_a_live_controllers_spawn_is_not_adopted_by_another(sqlite_url, tmp_path
         # and has not recorded the run yet
         with store.write() as tx:
             sched.admit(tx, uid=obj.uid, name="owned", pool=None, slots=1, node=wired.node, run_number=1, owner=owner)
-            repo.update_object(tx, obj, status={**obj.status, "phase": "Starting", "acceptedAt": obj.status.get(
-                "acceptedAt") or "2026-01-01T00:00:00.000Z", "admission": {"pool": None, "slots": 1}})
+            repo.update_object(
+                tx,
+                obj,
+                status={
+                    **obj.status,
+                    "phase": "Starting",
+                    "acceptedAt": obj.status.get("acceptedAt") or "2026-01-01T00:00:00.000Z",
+                    "admission": {"pool": None, "slots": 1},
+                },
+            )
         spec = wired.jobs.spec_of(obj)
         identity = wired.agent.start("owned", obj.uid, 1, spec, 1)  # the other controller's spawn
 

@@ -35,7 +35,10 @@ def test_a_rerun_asked_while_no_controller_runs_is_done_by_the_next_one(sqlite_u
 
     rerun(store, "once", downstream=False)  # no controller is running now
     status = _converge(store, lambda s: s.get("revision") == 2 and s.get("phase") == "Completed" and s)
-    assert [(r["number"], r["revision"], r["outcome"]) for r in status["runs"]] == [(1, 1, "Succeeded"), (2, 2, "Succeeded")]
+    assert [(r["number"], r["revision"], r["outcome"]) for r in status["runs"]] == [
+        (1, 1, "Succeeded"),
+        (2, 2, "Succeeded"),
+    ]
 
 
 def test_a_spec_change_made_while_no_controller_runs_is_run_by_the_next_one(sqlite_url, tmp_path):

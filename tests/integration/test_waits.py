@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import time
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 from .conftest import STAMP, docs, epoch, job_yaml
 
@@ -17,25 +17,54 @@ def _first_start(job: dict) -> float:
 def test_wait_conditions(env):
     root = env.root
     ready, flag, never = root / "ready", root / "probe-flag", root / "never"
-    until = (datetime.now(timezone.utc) + timedelta(seconds=1.5)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    manifest = env.write("waits.yaml", docs(
-        job_yaml("w-until", f"command: ['true']\nwaitFor: {{conditions: [{{until: '{until}'}}]}}"),
-        job_yaml("w-delay", "command: ['true']\nwaitFor: {conditions: [{delay: 1s}]}"),
-        job_yaml("w-file", f"command: ['true']\nwaitFor: {{conditions: [{{path: '{ready}', type: file, interval: 100ms}}]}}"),
-        job_yaml("w-dir", f"command: ['true']\nwaitFor: {{conditions: [{{path: '{ready}', type: dir, interval: 100ms}}]}}"),
-        job_yaml("w-probe", f"command: ['true']\nwaitFor: {{conditions: [{{probe: {{command: [test, -e, '{flag}'], interval: 100ms}}}}]}}"),
-        job_yaml("w-fatal", "command: ['true']\n"
-                            "waitFor: {conditions: [{probe: {command: [sh, -c, 'echo not ready; exit 2'], fatalOnError: true}}]}"),
-        job_yaml("w-any", f"command: ['true']\nwaitFor: {{mode: any, conditions: [{{path: '{never}', interval: 100ms}}, {{delay: 500ms}}]}}"),
-        job_yaml("w-abort", f"command: ['true']\nwaitFor: {{abortAfter: 1s, conditions: [{{path: '{never}', interval: 100ms}}]}}"),
-    ))
+    until = (
+        (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    )
+    manifest = env.write(
+        "waits.yaml",
+        docs(
+            job_yaml("w-until", f"command: ['true']\nwaitFor: {{conditions: [{{until: '{until}'}}]}}"),
+            job_yaml("w-delay", "command: ['true']\nwaitFor: {conditions: [{delay: 1s}]}"),
+            job_yaml(
+                "w-file",
+                f"command: ['true']\nwaitFor: {{conditions: [{{path: '{ready}', type: file, interval: 100ms}}]}}",
+            ),
+            job_yaml(
+                "w-dir",
+                f"command: ['true']\nwaitFor: {{conditions: [{{path: '{ready}', type: dir, interval: 100ms}}]}}",
+            ),
+            job_yaml(
+                "w-probe",
+                f"command: ['true']\nwaitFor: {{conditions: [{{probe: {{command: [test, -e, '{flag}'], interval: 100ms}}}}]}}",
+            ),
+            job_yaml(
+                "w-fatal",
+                "command: ['true']\n"
+                "waitFor: {conditions: [{probe: {command: [sh, -c, 'echo not ready; exit 2'], fatalOnError: true}}]}",
+            ),
+            job_yaml(
+                "w-any",
+                f"command: ['true']\nwaitFor: {{mode: any, conditions: [{{path: '{never}', interval: 100ms}}, {{delay: 500ms}}]}}",
+            ),
+            job_yaml(
+                "w-abort",
+                f"command: ['true']\nwaitFor: {{abortAfter: 1s, conditions: [{{path: '{never}', interval: 100ms}}]}}",
+            ),
+        ),
+    )
     env.controller()
     env.ok("apply", "-f", str(manifest))
 
     # each condition is evaluated and explained while the jobs wait
-    env.wait_status("w-file", lambda s: s.get("waits") and s["waits"][0]["message"] == f"{ready} is not a file", what="file wait")
-    env.wait_status("w-dir", lambda s: s.get("waits") and s["waits"][0]["message"] == f"{ready} is not a directory", what="dir wait")
-    env.wait_status("w-probe", lambda s: s.get("waits") and s["waits"][0]["message"].startswith("probe exited 1"), what="probe wait")
+    env.wait_status(
+        "w-file", lambda s: s.get("waits") and s["waits"][0]["message"] == f"{ready} is not a file", what="file wait"
+    )
+    env.wait_status(
+        "w-dir", lambda s: s.get("waits") and s["waits"][0]["message"] == f"{ready} is not a directory", what="dir wait"
+    )
+    env.wait_status(
+        "w-probe", lambda s: s.get("waits") and s["waits"][0]["message"].startswith("probe exited 1"), what="probe wait"
+    )
     waiting = env.status("w-file")
     assert waiting["phase"] == "Waiting" and waiting["reason"] == "WaitingForConditions"
     (wait,) = waiting["waits"]
@@ -49,7 +78,11 @@ def test_wait_conditions(env):
     ready.mkdir()
     env.wait_phase("w-dir", "Completed")
     still = env.status("w-file")
-    assert still["phase"] == "Waiting" and not still.get("runs") and still["waits"][0]["message"] == f"{ready} is not a file"
+    assert (
+        still["phase"] == "Waiting"
+        and not still.get("runs")
+        and still["waits"][0]["message"] == f"{ready} is not a file"
+    )
 
     # now a file: w-file runs; the probe starts succeeding: w-probe runs
     ready.rmdir()
@@ -60,10 +93,14 @@ def test_wait_conditions(env):
     jobs = env.jobs()
     outcome = {n: (j["status"]["outcome"], j["status"]["reason"]) for n, j in jobs.items()}
     assert outcome == {
-        "w-until": ("Succeeded", "Succeeded"), "w-delay": ("Succeeded", "Succeeded"),
-        "w-file": ("Succeeded", "Succeeded"), "w-dir": ("Succeeded", "Succeeded"),
-        "w-probe": ("Succeeded", "Succeeded"), "w-any": ("Succeeded", "Succeeded"),
-        "w-fatal": ("Aborted", "WaitProbeFailed"), "w-abort": ("Aborted", "WaitAbortDeadline"),
+        "w-until": ("Succeeded", "Succeeded"),
+        "w-delay": ("Succeeded", "Succeeded"),
+        "w-file": ("Succeeded", "Succeeded"),
+        "w-dir": ("Succeeded", "Succeeded"),
+        "w-probe": ("Succeeded", "Succeeded"),
+        "w-any": ("Succeeded", "Succeeded"),
+        "w-fatal": ("Aborted", "WaitProbeFailed"),
+        "w-abort": ("Aborted", "WaitAbortDeadline"),
     }
 
     def accepted(name: str) -> float:
@@ -92,11 +129,17 @@ def test_waits_gate_only_the_first_run(env):
     gate, marker = env.root / "gate", env.root / "attempted"
     gate.touch()
     # run 1 consumes the gate file and fails; the retry must not wait for the gate again
-    manifest = env.write("gated.yaml", job_yaml("gated", f"""
+    manifest = env.write(
+        "gated.yaml",
+        job_yaml(
+            "gated",
+            f"""
         shell: "if [ -e '{marker}' ]; then echo second; exit 0; fi; touch '{marker}'; rm '{gate}'; exit 1"
         waitFor: {{conditions: [{{path: '{gate}', interval: 100ms}}]}}
         retry: {{limit: 1, backoff: {{delay: 100ms}}}}
-    """))
+    """,
+        ),
+    )
     result = env.up(manifest, timeout="30s")
     assert result.code == 0, result.stderr
     status = env.get_job("gated")["status"]
@@ -110,11 +153,17 @@ def test_a_slow_probe_holds_up_no_other_job(env):
     controller's one reconcile worker, a probe that takes long must not stop other jobs."""
     gate = env.root / "gate"
     os.mkfifo(gate)
-    manifest = env.write("slow.yaml", docs(
-        job_yaml("w-slow", f"command: ['true']\nwaitFor: {{conditions: [{{probe: {{command: [sh, -c, 'read x < {gate}'], "
-                           "timeout: 60s}}]}"),
-        job_yaml("other", "command: ['true']"),
-    ))
+    manifest = env.write(
+        "slow.yaml",
+        docs(
+            job_yaml(
+                "w-slow",
+                f"command: ['true']\nwaitFor: {{conditions: [{{probe: {{command: [sh, -c, 'read x < {gate}'], "
+                "timeout: 60s}}]}",
+            ),
+            job_yaml("other", "command: ['true']"),
+        ),
+    )
     env.controller()
     env.ok("apply", "-f", str(manifest))
     try:

@@ -13,8 +13,7 @@ from tests.helpers import run_cli, wait_until
 
 
 def _job(name: str) -> str:
-    return (f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\n"
-            f"spec: {{command: ['true']}}\n")
+    return f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {name}}}\nspec: {{command: ['true']}}\n"
 
 
 def _names(store: str) -> set[str]:
@@ -23,8 +22,14 @@ def _names(store: str) -> set[str]:
 
 
 def _start(args: list[str], store: str, stderr=subprocess.PIPE) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "reconciler", *args], env={**os.environ, "RECONCILER_STORE": store},
-                            stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "reconciler", *args],
+        env={**os.environ, "RECONCILER_STORE": store},
+        stdout=subprocess.PIPE,
+        stderr=stderr,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _stop(proc: subprocess.Popen) -> tuple[str, str]:
@@ -50,7 +55,9 @@ def test_controller_watch_applies_and_prunes_the_folder(sqlite_url, tmp_path):
         wait_until(lambda: _names(sqlite_url) == {"beta"}, timeout=30, message="alpha pruned")
         # a bad file is reported with its line and field, and the folder stores nothing
         (folder / "c.yaml").write_text(_job("gamma").replace("spec: {command: ['true']}", "spec:\n  comand: ['true']"))
-        wait_until(lambda: "c.yaml:5: spec.comand: unknown field" in log.read_text(), timeout=30, message="error logged")
+        wait_until(
+            lambda: "c.yaml:5: spec.comand: unknown field" in log.read_text(), timeout=30, message="error logged"
+        )
         assert _names(sqlite_url) == {"beta"}
         (folder / "c.yaml").write_text(_job("gamma"))
         wait_until(lambda: _names(sqlite_url) == {"beta", "gamma"}, timeout=30, message="gamma applied once fixed")
@@ -59,7 +66,7 @@ def test_controller_watch_applies_and_prunes_the_folder(sqlite_url, tmp_path):
     assert "watch: job.reconciler.dev/alpha pruned" in log.read_text()
 
 
-def _lines(proc: subprocess.Popen) -> "queue.Queue[str]":
+def _lines(proc: subprocess.Popen) -> queue.Queue[str]:
     """The process's stdout lines as they come ('' at its end), read by a thread so that a
     test can wait for the next one with a deadline."""
     lines: queue.Queue[str] = queue.Queue()
@@ -83,8 +90,12 @@ def test_get_watch_prints_a_row_when_a_job_changes(sqlite_url, tmp_path):
         assert first.split()[:2] == ["NAME", "STATUS"]
         assert lines.get(timeout=30).split()[:2] == ["watched", "Waiting"]
         # `other` runs after `watched`, so the controller of `run --wait` runs `watched` to its end
-        assert run_cli("run", "--wait", "--name", "other", "--after-success", "watched", "--", "true",
-                       store=sqlite_url).code == 0
+        assert (
+            run_cli(
+                "run", "--wait", "--name", "other", "--after-success", "watched", "--", "true", store=sqlite_url
+            ).code
+            == 0
+        )
         states = []
         while "Succeeded" not in states:
             line = lines.get(timeout=30)

@@ -4,7 +4,6 @@ job moves on, and releases the admission. Real controller, real processes, real 
 
 from __future__ import annotations
 
-
 from reconciler.api.meta import to_epoch
 from tests.crash.harness import job, pool, read_pids
 from tests.helpers import wait_until
@@ -51,7 +50,9 @@ def test_suspend_releases_the_slot_and_resume_keeps_the_queue_position(env, cont
 
     # a younger job queues behind it; resume puts it back at its old position
     env.apply(job("third", "exit 0", pool="one"))
-    third_eligible = env.wait_status("third", lambda s: s.get("phase") == "Queued" and s.get("eligibleAt"))["eligibleAt"]
+    third_eligible = env.wait_status("third", lambda s: s.get("phase") == "Queued" and s.get("eligibleAt"))[
+        "eligibleAt"
+    ]
     assert to_epoch(third_eligible) > to_epoch(eligible)
     assert "resumed" in env.cli("resume", "job/first").stdout
     resumed = env.wait_phase("first", "Queued")
@@ -70,8 +71,11 @@ def test_suspend_releases_the_slot_and_resume_keeps_the_queue_position(env, cont
     env.cli("cancel", "job/first")
     done = env.wait_completed(["first", "second", "third"])
     assert not a2.alive()
-    assert [(n, s["outcome"]) for n, s in done.items()] == [("first", "Cancelled"), ("second", "Succeeded"),
-                                                          ("third", "Succeeded")]
+    assert [(n, s["outcome"]) for n, s in done.items()] == [
+        ("first", "Cancelled"),
+        ("second", "Succeeded"),
+        ("third", "Succeeded"),
+    ]
     assert [r["number"] for r in done["first"]["runs"]] == [1, 2]
     assert env.admissions() == [] and env.queue() == []
 

@@ -41,7 +41,13 @@ def test_run_timeout_ends_the_run_and_retries_only_with_on_timeout(env, controll
     backoff = {"policy": "constant", "delay": "100ms"}
     env.apply(
         job("not-retried", "sleep 30", runTimeout="1s", retry={"limit": 2, "backoff": backoff}, **FAST_STOP),
-        job("retried", "sleep 30", runTimeout="1s", retry={"limit": 1, "onTimeout": True, "backoff": backoff}, **FAST_STOP),
+        job(
+            "retried",
+            "sleep 30",
+            runTimeout="1s",
+            retry={"limit": 1, "onTimeout": True, "backoff": backoff},
+            **FAST_STOP,
+        ),
     )
     done = env.wait_completed(["not-retried", "retried"])
 
@@ -67,8 +73,13 @@ def test_job_timeout_ends_the_job_running_waiting_or_in_backoff(env, controller,
     retry_everything = {"limit": 5, "onTimeout": True, "backoff": {"policy": "constant", "delay": "30s"}}
     env.apply(
         job("deadline-running", "sleep 30", timeout="3s", retry=retry_everything, **FAST_STOP),
-        job("deadline-waiting", "exit 0", timeout="1s", retry=retry_everything,
-            waitFor={"conditions": [{"path": str(tmp_path / "never-created")}]}),
+        job(
+            "deadline-waiting",
+            "exit 0",
+            timeout="1s",
+            retry=retry_everything,
+            waitFor={"conditions": [{"path": str(tmp_path / "never-created")}]},
+        ),
         job("deadline-backoff", "exit 1", timeout="2s", retry=retry_everything),
     )
     env.wait_running("deadline-running")
@@ -114,8 +125,14 @@ def test_command_ignoring_sigterm_is_killed_after_the_grace_period(env, controll
 def test_grandchildren_die_on_timeout(env, controller, tmp_path):
     pids = tmp_path / "tree.pids"
     # runTimeout leaves the test time to identify the tree (pid + start time) while it is alive
-    env.apply(job("tree", f"sleep 60 & echo $! >> {pids}; sleep 60 & echo $! >> {pids}; echo $$ >> {pids}; wait",
-                  runTimeout="2s", **FAST_STOP))
+    env.apply(
+        job(
+            "tree",
+            f"sleep 60 & echo $! >> {pids}; sleep 60 & echo $! >> {pids}; echo $$ >> {pids}; wait",
+            runTimeout="2s",
+            **FAST_STOP,
+        )
+    )
     tree = read_pids(pids, 3)
     status = env.wait_phase("tree", "Completed")
     assert [p for p in tree if p.alive()] == [], "the job completed while part of its process tree is alive"
