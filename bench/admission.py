@@ -4,7 +4,7 @@ Pool `p` has 2 slots, held by two long-running jobs (`sleep`, started by a real 
 D single-slot jobs are applied to `p`, and each gets the reconcile a controller worker gives a
 new job (the same `JobReconciler`, driven here one job at a time), which leaves it Queued. With
 the queue at depth D, the benchmark times the reconcile of one queued job, exactly as a controller worker
-runs it when the job is woken: `JobReconciler.__call__(("Job", name))`, i.e. read the job,
+runs it when the job is woken: `JobReconciler.__call__(name)`, i.e. read the job,
 then `queued()`: one write transaction that re-enqueues idempotently, reads the queue entry,
 node facts, pool facts and the head of line, decides (no room: InsufficientSlots) and writes
 nothing. Two situations (VARIANTS): "no room" as above, and "head blocks" (one free slot,
@@ -105,8 +105,8 @@ def fill(store, wired, folder: Path, depth: int, store_kind: str, variant: str) 
     -> eligible -> admission attempt -> Queued), driven here one job at a time (a running
     controller would also re-check every queued job every 30 s; see the notes). Returns the
     mean cost of that first reconcile, in us."""
-    from reconciler.controller.manager import job_phases
     from reconciler.controller.nodes import heartbeat
+    from reconciler.reads import job_statuses
 
     v = VARIANTS[variant]
     _apply(
@@ -117,7 +117,7 @@ def fill(store, wired, folder: Path, depth: int, store_kind: str, variant: str) 
     )
     _run_controller_until(
         store,
-        lambda: all(s.get("phase") == "Running" for s in job_phases(store, v["holders"]).values()),
+        lambda: all(s.get("phase") == "Running" for s in job_statuses(store, v["holders"]).values()),
         60,
         "the holders running",
     )
@@ -134,7 +134,7 @@ def fill(store, wired, folder: Path, depth: int, store_kind: str, variant: str) 
     for i, name in enumerate(names):
         if i % 2000 == 0:
             heartbeat(store, wired.node, wired.owner, wired.clock.now())  # keep the node Ready meanwhile
-        wired.jobs(("Job", name))
+        wired.jobs(name)
     t2 = time.perf_counter()
     if queue_depth(store) != depth:
         raise RuntimeError(f"{queue_depth(store)} jobs queued, {depth} expected")
@@ -176,20 +176,20 @@ def measure(
                 # keep the local node Ready (placement reads its heartbeat), as a running controller does
                 heartbeat(store, wired.node, wired.owner, wired.clock.now())
                 for which, name in names.items():
-                    key = ("Job", name)
+                    key = name
                     for _ in range(5):  # warm: spec cache, statement cache, connection pool
                         wired.jobs(key)
                     for _ in range(per_round):
                         t0 = time.perf_counter()
                         again = wired.jobs(key)
                         samples[(depth, which)].append((time.perf_counter() - t0) * 1e6)
-                    if again is None or again < 0:
+                    if again.again or again.requeue_after is None:
                         raise RuntimeError(f"{name}: unexpected reconcile result {again}")
-        from reconciler.controller.manager import job_phases
+        from reconciler.reads import job_statuses
 
         results = {}
-        for depth, (store, wired, names, actual, first) in setups.items():
-            phases = {s.get("phase") for s in job_phases(store, list(names.values())).values()}
+        for depth, (store, _wired, names, actual, first) in setups.items():
+            phases = {s.get("phase") for s in job_statuses(store, list(names.values())).values()}
             if phases != {"Queued"}:
                 raise RuntimeError(f"measured jobs left the queue: {phases}")
             results[depth] = {
@@ -205,9 +205,9 @@ def measure(
 
 def _safety_poll() -> float:
     try:
-        from reconciler.controller.job import SAFETY_POLL as value
+        from reconciler.controller import job
 
-        return float(value)
+        return float(job.SAFETY_POLL)
     except (ImportError, TypeError, ValueError):
         return SAFETY_POLL
 

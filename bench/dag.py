@@ -102,12 +102,12 @@ def run_up(url: str, folder: Path, manifest: Path, timeout: float, label: str) -
 def record_span(url: str, names: list[str]) -> dict:
     """From the run records: first start to last finish, and the outcomes."""
     from reconciler.api.meta import to_epoch
-    from reconciler.controller.manager import job_phases
+    from reconciler.reads import job_statuses
     from reconciler.store import Store
 
     store = Store(url)
     try:
-        statuses = job_phases(store, names)
+        statuses = job_statuses(store, names)
     finally:
         store.dispose()
     runs = [s["runs"][-1] for s in statuses.values() if s.get("runs")]

@@ -29,7 +29,8 @@ def waiting_jobs_yaml(n: int, prefix: str = "idle", interval: str = "1s") -> str
     missing = f"/nonexistent/reconciler-bench-{uuid.uuid4().hex[:8]}"
     return "---\n".join(
         f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: {prefix}-{i:06d}}}\n"
-        f"spec:\n  command: [/bin/true]\n  waitFor: {{conditions: [{{path: {missing}/{prefix}-{i}, interval: {interval}}}]}}\n"
+        f"spec:\n  command: [/bin/true]\n"
+        f"  waitFor: {{conditions: [{{path: {missing}/{prefix}-{i}, interval: {interval}}}]}}\n"
         for i in range(n)
     )
 

@@ -26,6 +26,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import contextlib
+import itertools
+
 from bench.common import Row, log, median, percentile, print_table, run_make, scratch, state_home
 
 AIM_MS = 5.0
@@ -45,8 +48,7 @@ def chain_manifests(n: int) -> str:
 def make_chain(n: int, folder: Path, repeat: int = 3) -> float:
     """Median wall time of the chain under make (seconds)."""
     lines = [".PHONY: all " + " ".join(f"l{i}" for i in range(n)), f"all: l{n - 1}"]
-    for i in range(n):
-        lines.append(f"l{i}:{' l' + str(i - 1) if i else ''}\n\t@/bin/true")
+    lines += [f"l{i}:{' l' + str(i - 1) if i else ''}\n\t@/bin/true" for i in range(n)]
     (folder / "Makefile").write_text("\n".join(lines) + "\n")
     return median(run_make(folder, 2, repeat=repeat))
 
@@ -54,8 +56,9 @@ def make_chain(n: int, folder: Path, repeat: int = 3) -> float:
 def measure(n: int, store_url: str, folder: Path) -> dict[str, float]:
     from reconciler.api.meta import to_epoch
     from reconciler.apply import apply_manifests
-    from reconciler.controller.manager import Controller, job_phases
+    from reconciler.controller.manager import Controller
     from reconciler.manifests import parse_text
+    from reconciler.reads import job_statuses
     from reconciler.store import Store
 
     store = Store(store_url)
@@ -68,14 +71,14 @@ def measure(n: int, store_url: str, folder: Path) -> dict[str, float]:
     controller = Controller(store).start()
     try:
         deadline = time.monotonic() + max(60.0, n * 0.5)
-        while job_phases(store, [names[-1]])[names[-1]].get("phase") != "Completed":
+        while job_statuses(store, [names[-1]])[names[-1]].get("phase") != "Completed":
             if time.monotonic() > deadline:
                 raise TimeoutError("the chain did not complete")
             time.sleep(0.01)
         wall = time.perf_counter() - start
     finally:
         controller.stop()
-    statuses = job_phases(store, names)
+    statuses = job_statuses(store, names)
     objs = {}
     from reconciler.store import repository as repo
 
@@ -85,7 +88,7 @@ def measure(n: int, store_url: str, folder: Path) -> dict[str, float]:
     if outcomes != {"Succeeded"}:
         raise RuntimeError(f"outcomes {outcomes}")
     gaps, cycles, exit_gaps = [], [], []
-    for before, after in zip(names, names[1:]):
+    for before, after in itertools.pairwise(names):
         run_b, run_a = statuses[before]["runs"][-1], statuses[after]["runs"][0]
         started_b, finished_b, started_a = (
             to_epoch(run_b["startedAt"]),
@@ -95,10 +98,8 @@ def measure(n: int, store_url: str, folder: Path) -> dict[str, float]:
         gaps.append((started_a - finished_b) * 1000)
         cycles.append((started_a - started_b) * 1000)
         exit_file = controller.agent.run_dir(before, objs[before], run_b["number"]) / "exit"
-        try:
+        with contextlib.suppress(OSError):
             exit_gaps.append((started_a - exit_file.stat().st_mtime) * 1000)
-        except OSError:
-            pass
     store.dispose()
     return {
         "wall": wall,

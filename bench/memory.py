@@ -39,7 +39,7 @@ BATCH = 5000
 def completed_template(url: str, folder: Path) -> tuple[dict, dict, dict, dict]:
     """Run one real job to completion; return its (spec, status, labels, annotations)."""
     from reconciler.controller.manager import Controller as InProcess
-    from reconciler.controller.manager import job_phases
+    from reconciler.reads import job_statuses
     from reconciler.store import Store
     from reconciler.store import repository as repo
 
@@ -55,7 +55,7 @@ def completed_template(url: str, folder: Path) -> tuple[dict, dict, dict, dict]:
             controller = InProcess(store).start()
             try:
                 wait_for(
-                    lambda: job_phases(store, ["done-template"])["done-template"].get("phase") == "Completed",
+                    lambda: job_statuses(store, ["done-template"])["done-template"].get("phase") == "Completed",
                     60,
                     0.05,
                     "the template job completed",
@@ -140,7 +140,8 @@ def figures(total: int, active: int, settle: float, store_kind: str = "sqlite") 
         t0 = time.perf_counter()
         populate(url, folder, total, active)
         log(
-            f"memory: {total} jobs stored ({active} active) in {time.perf_counter() - t0:.1f} s; starting the controller"
+            f"memory: {total} jobs stored ({active} active) in {time.perf_counter() - t0:.1f} s; "
+            "starting the controller"
         )
         loaded = peak(url, folder, active, settle, "loaded")
     return {"empty": empty, "loaded": loaded}

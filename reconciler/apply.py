@@ -9,10 +9,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api.job import execution_hash
+from .api.annotations import MANAGED_BY, system_annotations, user_annotations
 from .api.kinds import KINDS, KindInfo
 from .api.meta import dump, format_time, utcnow
-from .api.status import ACTIVE_PHASES, LIVE_PHASES
+from .api.revisions import execution_hash
+from .api.status import ACTIVE_PHASES, LIVE_PHASES, new_job_status
 from .api.validation import validate_apply
 from .errors import Conflict, InvalidInput
 from .manifests import Manifest, paused_gc
@@ -21,9 +22,6 @@ from .store import Store, StoredObject
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.engine import Tx
-
-SYSTEM_PREFIX = "reconciler.dev/"
-MANAGED_BY = "reconciler.dev/managed-by"  # marks objects that `apply --prune` may delete
 
 
 @dataclass
@@ -42,18 +40,6 @@ class Change:
     @property
     def after(self) -> dict[str, Any] | None:
         return self.new.manifest() if self.new is not None else None
-
-
-def initial_job_status(accepted_at: str | None = None) -> dict[str, Any]:
-    return {"phase": "Waiting", "revision": 1, "acceptedAt": accepted_at or format_time(utcnow())}
-
-
-def _user_annotations(annotations: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in annotations.items() if not k.startswith(SYSTEM_PREFIX)}
-
-
-def _system_annotations(annotations: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in annotations.items() if k.startswith(SYSTEM_PREFIX)}
 
 
 def apply_manifests(
@@ -90,7 +76,9 @@ class _ReadOnly(Tx):
         raise _WouldWrite
 
 
-def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selector) -> list[Change]:
+def _apply(
+    tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selector: list[Requirement] | None
+) -> list[Change]:
     session = tx.session
     stored = {
         (info.kind, obj.name): obj for info in KINDS.values() for obj in repo.list_objects(session, kind=info.kind)
@@ -117,12 +105,10 @@ def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selec
             creations.append((change, creation))
         if event is not None:
             events.append(event)
-    for (change, _), obj in zip(creations, repo.create_many(tx, [c for _, c in creations])):
+    for (change, _), obj in zip(creations, repo.create_many(tx, [c for _, c in creations]), strict=True):
         change.new = obj
     if events:
-        repo.record_events(
-            tx, [(o.new if isinstance(o, Change) else o, reason, message) for o, reason, message in events]
-        )
+        repo.record_events(tx, [(_written(o), reason, message) for o, reason, message in events])
     if prune:
         applied = {(m.kind.kind, m.name) for m in manifests}
         for key, obj in sorted(stored.items()):
@@ -135,6 +121,14 @@ def _apply(tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selec
     return changes
 
 
+def _written(obj: StoredObject | Change) -> StoredObject:
+    """The stored object an event is about (a Change stands for the object it created)."""
+    if isinstance(obj, Change):
+        assert obj.new is not None  # created by create_many before the events are written
+        return obj.new
+    return obj
+
+
 def _apply_one(
     tx: Tx, m: Manifest, current: StoredObject | None, *, force: bool
 ) -> tuple[Change, dict[str, Any] | None, tuple[StoredObject | Change, str, str] | None]:
@@ -143,9 +137,9 @@ def _apply_one(
     spec_model = getattr(m.obj, "spec", None)
     spec = dump(spec_model) if spec_model is not None else {}  # only the spec: metadata is read from the model
     meta = m.obj.metadata
-    annotations = {**_user_annotations(meta.annotations), MANAGED_BY: "apply"}
+    annotations = {**user_annotations(meta.annotations), MANAGED_BY: "apply"}
     if current is None:
-        status = initial_job_status() if m.kind.kind == "Job" else None
+        status = dict(new_job_status(format_time(utcnow()))) if m.kind.kind == "Job" else None
         change = Change(m.kind, m.name, "created")  # `new` is filled in once the object is created
         creation = dict(
             kind=m.kind.kind, name=m.name, spec=spec, labels=meta.labels, annotations=annotations, status=status
@@ -157,7 +151,7 @@ def _apply_one(
             f"{m.where('metadata', 'resourceVersion')}: {meta.resource_version} is stale "
             f"(the stored object is at {current.resource_version})"
         )
-    annotations.update(_system_annotations(current.annotations))
+    annotations.update(system_annotations(current.annotations))
     annotations[MANAGED_BY] = "apply"
     spec_changed = repo.canonical(spec) != current.spec_text
     if not spec_changed and meta.labels == current.labels and annotations == current.annotations:
@@ -201,3 +195,37 @@ def delete_object(tx: Tx, obj: StoredObject) -> str:
         sched.dequeue(tx, obj.uid)  # a deleted job must not hold its place in line
     repo.record_event(tx, obj, "Deleted", f"{obj.kind.lower()} deleted")
     return "deleted"
+
+
+_DELETE_ORDER = {"Job": 0, "Notifier": 1, "Pool": 2, "Node": 3}  # jobs before the pools they use
+
+
+@dataclass
+class Deleted:
+    done: list[tuple[StoredObject, str]]  # (object, "deleted" | "deleting")
+    missing: list[tuple[str, str]]  # (kind, name) not found
+
+
+def delete(
+    store: Store,
+    targets: list[tuple[str, str]],
+    *,
+    kind: str | None = None,
+    selector: list[Requirement] | None = None,
+) -> Deleted:
+    """Delete the (kind, name) targets, or every object of `kind` matching `selector`, in one
+    transaction: jobs before the pools they use, so one `delete -f` of a whole folder works."""
+    missing: list[tuple[str, str]] = []
+    with store.write() as tx:
+        if kind is not None and selector:
+            objs = [o for o in repo.list_objects(tx.session, kind=kind) if matches(selector, o.labels)]
+        else:
+            objs = []
+            for k, n in targets:
+                obj = repo.get(tx.session, kind=k, name=n)
+                if obj is None:
+                    missing.append((k, n))
+                else:
+                    objs.append(obj)
+        done = [(o, delete_object(tx, o)) for o in sorted(objs, key=lambda o: _DELETE_ORDER[o.kind])]
+    return Deleted(done, missing)

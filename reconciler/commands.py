@@ -1,21 +1,24 @@
-"""Imperative controls (cancel, suspend, resume, rerun, run) and `wait` conditions. Each is
-a small compare-and-swap on the job's spec or annotations; the controller does the rest."""
+"""Imperative controls (cancel, suspend, resume, rerun) and `run`, the one-off job. Each is a
+small compare-and-swap on the job's spec or annotations; the controller does the rest."""
 
 from __future__ import annotations
 
+import os
 import re
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
+from pydantic import ValidationError
 
+from .api.annotations import CANCEL, CREATED_BY, DOWNSTREAM_SUFFIX, RERUN
+from .api.job import Job
 from .api.kinds import KINDS
-from .api.meta import dump
-from .api.validation import validate_apply
-from .apply import initial_job_status
-from .controller.context import CANCEL_ANNOTATION, DOWNSTREAM_SUFFIX, RERUN_ANNOTATION
+from .api.meta import dump, format_time, utcnow
+from .api.status import Phase, new_job_status
+from .api.validation import Built, validate_apply
 from .errors import Conflict, InvalidInput, NotFound
-from .manifests import Manifest
+from .manifests import field_problems
 from .store import Store, StoredObject
 from .store import repository as repo
 from .store.engine import Tx
@@ -32,11 +35,11 @@ def cancel(store: Store, name: str) -> str:
     with store.write() as tx:
         obj = _job(tx, name)
         status = obj.status or {}
-        if status.get("phase") == "Completed":
+        if status.get("phase") == Phase.COMPLETED:
             return f"already completed ({status.get('outcome')})"
         revision = str(status.get("revision", 1))
-        if obj.annotations.get(CANCEL_ANNOTATION) != revision:
-            obj = repo.update_object(tx, obj, annotations={**obj.annotations, CANCEL_ANNOTATION: revision})
+        if obj.annotations.get(CANCEL) != revision:
+            obj = repo.update_object(tx, obj, annotations={**obj.annotations, CANCEL: revision})
             repo.record_event(tx, obj, "CancelRequested", f"cancellation of revision {revision} requested")
     return "cancel requested"
 
@@ -59,34 +62,78 @@ def set_suspend(store: Store, name: str, suspend: bool) -> str:
 def rerun(store: Store, name: str, *, downstream: bool) -> str:
     with store.write() as tx:
         obj = _job(tx, name)
-        if (obj.status or {}).get("phase") != "Completed":
-            raise Conflict(
-                f'job "{name}" is {(obj.status or {}).get("phase", "Waiting")}; only a completed job can be rerun'
-            )
+        phase = (obj.status or {}).get("phase") or Phase.WAITING
+        if phase != Phase.COMPLETED:
+            raise Conflict(f'job "{name}" is {phase}; only a completed job can be rerun')
         token = f"{time.time():.6f}" + (DOWNSTREAM_SUFFIX if downstream else "")
-        obj = repo.update_object(tx, obj, annotations={**obj.annotations, RERUN_ANNOTATION: token})
+        obj = repo.update_object(tx, obj, annotations={**obj.annotations, RERUN: token})
         repo.record_event(tx, obj, "RerunRequested", "rerun requested" + (" with its dependents" if downstream else ""))
     return "rerun requested"
+
+
+@dataclass
+class OneOff:
+    """A job described on the command line (`reconciler run`), Jobman-style."""
+
+    command: list[str]
+    name: str | None = None
+    shell: bool = False  # run the words as one string through /bin/sh -c
+    after_success: list[str] = field(default_factory=list)
+    after_finish: list[str] = field(default_factory=list)
+    pool: str | None = None
+    slots: int = 1
+    retries: int = 0
+    retry_delay: str | None = None
+    retryable_exit_codes: list[int] = field(default_factory=list)
+    timeout: str | None = None
+    run_timeout: str | None = None
+    wait_file: str | None = None
+    working_dir: str = field(default_factory=os.getcwd)
+
+    def spec(self) -> dict[str, Any]:
+        spec: dict[str, Any] = {"shell": " ".join(self.command)} if self.shell else {"command": list(self.command)}
+        spec.update(slots=self.slots, workingDir=self.working_dir)
+        deps = [{"job": j, "outcomes": ["Succeeded"]} for j in self.after_success]
+        deps += [{"job": j, "outcomes": ["Finished"]} for j in self.after_finish]
+        if deps:
+            spec["dependsOn"] = deps
+        if self.pool:
+            spec["pool"] = self.pool
+        retry: dict[str, Any] = {"limit": self.retries}
+        if self.retry_delay:
+            retry["backoff"] = {"policy": "constant", "delay": self.retry_delay}
+        if self.retryable_exit_codes:
+            retry["onExitCodes"] = self.retryable_exit_codes
+        spec["retry"] = retry
+        if self.timeout:
+            spec["timeout"] = self.timeout
+        if self.run_timeout:
+            spec["runTimeout"] = self.run_timeout
+        if self.wait_file:
+            spec["waitFor"] = {"conditions": [{"path": os.path.abspath(self.wait_file)}]}
+        return spec
 
 
 _AUTO_NAME = re.compile(r"job-(\d+)")
 
 
-def create_job(store: Store, job: Any, *, auto_name: bool) -> str:
-    """Store a job built by `run`; unnamed jobs get job-1, job-2, ... (in one transaction)."""
+def run_job(store: Store, one_off: OneOff) -> str:
+    """Store a one-off job; unnamed jobs get job-1, job-2, ... (in one transaction). Returns
+    its name. The same whole-set checks as apply, naming the field of a bad option."""
+    try:
+        job = Job.model_validate({"metadata": {"name": one_off.name or "placeholder"}, "spec": one_off.spec()})
+    except ValidationError as exc:
+        problems = field_problems(exc)
+        raise InvalidInput("; ".join(problems), problems) from None
     with store.write() as tx:
         stored_jobs = {o.name: o.spec for o in repo.list_objects(tx.session, kind="Job")}
-        if auto_name:
+        if one_off.name is None:
             numbers = [int(m.group(1)) for n in stored_jobs if (m := _AUTO_NAME.fullmatch(n))]
             job.metadata.name = f"job-{max(numbers, default=0) + 1}"
         elif job.metadata.name in stored_jobs:
             raise Conflict(f'jobs "{job.metadata.name}" already exists')
         pools = {o.name: o.spec for o in repo.list_objects(tx.session, kind="Pool")}
-        # the same whole-set checks as apply; the job has no file, so drop the file:line prefix
-        problems = [
-            p.removeprefix("run:1: ")
-            for p in validate_apply([Manifest(KINDS["Job"], job, "run", yaml.compose("{}"))], stored_jobs, pools)
-        ]
+        problems = validate_apply([Built(KINDS["Job"], job)], stored_jobs, pools)
         if problems:
             raise InvalidInput(problems[0], problems)
         obj = repo.create(
@@ -95,74 +142,8 @@ def create_job(store: Store, job: Any, *, auto_name: bool) -> str:
             name=job.metadata.name,
             spec=dump(job)["spec"],
             labels=job.metadata.labels,
-            annotations={"reconciler.dev/created-by": "run"},
-            status=initial_job_status(),
+            annotations={CREATED_BY: "run"},
+            status=dict(new_job_status(format_time(utcnow()))),
         )
         repo.record_event(tx, obj, "Created", "job created by run")
     return job.metadata.name
-
-
-def _own_new_revision(obj: StoredObject) -> bool | None:
-    """For a Completed job: None when nothing of its own asks for a new revision; else
-    whether that coming revision makes its dependents run again (a spec change does, a
-    plain `rerun` does not, `rerun --downstream` does)."""
-    from .api.job import execution_hash
-
-    status = obj.status or {}
-    recorded = status.get("specHash")
-    if recorded is not None and recorded != execution_hash(obj.spec):
-        return True
-    token = obj.annotations.get(RERUN_ANNOTATION)
-    if token is not None and token != status.get("rerunToken"):
-        return token.endswith(DOWNSTREAM_SUFFIX)
-    return None
-
-
-def stale_jobs(session, objs: list[StoredObject]) -> set[str]:
-    """Names of the Completed jobs among `objs` whose status is about an older version of
-    them: their spec changed, a rerun was asked for, or they consumed an older revision of a
-    dependency that moved on, or is about to, and propagates. The controller has not caught
-    up yet and will run them again, so their outcome answers nothing about the jobs as they
-    now stand (API.md section 2, Convergence)."""
-    cache: dict[str, StoredObject | None] = {o.name: o for o in objs}
-    memo: dict[str, tuple[bool, bool]] = {}  # name -> (stale, its coming revision propagates)
-
-    def load(name: str) -> StoredObject | None:
-        if name not in cache:
-            cache[name] = repo.get(session, kind="Job", name=name)
-        return cache[name]
-
-    def coming(name: str) -> tuple[bool, bool]:
-        if name in memo:
-            return memo[name]
-        memo[name] = (False, False)  # the graph is acyclic when stored; this only guards the walk
-        obj = load(name)
-        status = (obj.status or {}) if obj is not None else {}
-        if obj is None or status.get("phase") != "Completed":
-            return memo[name]
-        own = _own_new_revision(obj)
-        stale, propagates = own is not None, bool(own)
-        for receipt in status.get("dependencies", []):
-            dep = load(receipt["job"])
-            if dep is None or receipt.get("revision") is None:
-                continue
-            dep_status = dep.status or {}
-            moved_on = int(dep_status.get("revision", 1)) > int(receipt["revision"]) and dep_status.get(
-                "propagate", True
-            )
-            if moved_on or all(coming(dep.name)):
-                stale = propagates = True
-        memo[name] = (stale, propagates)
-        return memo[name]
-
-    return {o.name for o in objs if coming(o.name)[0]}
-
-
-def wait_state(status: dict[str, Any], condition: str, *, stale: bool = False) -> str:
-    """'met', 'pending' or 'never' for one job and `condition` (Succeeded | Completed | a
-    Completed outcome). A `stale` completion (see `stale_jobs`) is still pending."""
-    if status.get("phase") != "Completed" or stale:
-        return "pending"
-    if condition == "Completed":
-        return "met"
-    return "met" if status.get("outcome") == condition else "never"

@@ -1,35 +1,61 @@
-"""Following a set of jobs until they settle, through the change feed: each look reads only
-the jobs written since the last one, so `up` on thousands of jobs stays cheap while the
-controller in the same process does the work."""
+"""Driving jobs to convergence in this process: a controller runs here while `JobWatch`
+follows the named jobs through the change feed until they settle (`up`, `run --wait`), or
+until stopped (`controller`). Each look reads only the jobs written since the last one, so
+`up` on thousands of jobs stays cheap while the controller does the work."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
 
-from .store import Store
+from .api.revisions import stale_completions
+from .api.status import JobStatusDict, Outcome, Phase
+from .errors import NotFound
+from .selectors import Requirement, matches
+from .store import Store, StoredObject
 from .store import repository as repo
-from .store import scheduling as sched
+from .store.feed import ChangeFeed
+
+if TYPE_CHECKING:
+    from .controller.manager import Controller
+
+LOOK_INTERVAL = 0.05  # how often `up` looks at the change feed
 
 
-def settled(status: dict[str, Any]) -> bool:
-    """A run job is settled when Completed; a service once it is Running (it never ends);
-    a job deleted meanwhile is settled too."""
-    phase = status.get("phase")
-    return phase in ("Completed", "Deleted") or (phase == "Running" and bool(status.get("service")))
+@dataclass(frozen=True)
+class Watched:
+    """What a follower knows of one job."""
 
+    status: JobStatusDict
+    service: bool = False
+    deleted: bool = False  # deleted while followed
 
-def succeeded(status: dict[str, Any]) -> bool:
-    return status.get("outcome") == "Succeeded" or (status.get("service") and status.get("phase") == "Running")
+    @property
+    def settled(self) -> bool:
+        """A run job is settled when Completed; a service once it is Running (it never ends);
+        a job deleted meanwhile is settled too."""
+        phase = self.status.get("phase")
+        return self.deleted or phase == Phase.COMPLETED or (self.service and phase == Phase.RUNNING)
+
+    @property
+    def succeeded(self) -> bool:
+        if self.service:
+            return self.status.get("phase") == Phase.RUNNING
+        return self.status.get("outcome") == Outcome.SUCCEEDED
 
 
 class JobWatch:
     def __init__(self, store: Store, names: list[str]):
         self.store = store
         self.names = set(names)
-        self.statuses: dict[str, dict[str, Any]] = {}
+        self.jobs: dict[str, Watched] = {}
         self._unsettled: set[str] = set()  # kept up to date per change: a look costs the changes, not the jobs
-        self.seq = store.change_seq()
+        self._feed = ChangeFeed(store)
         self._load(self.names)
 
     def _load(self, names: set[str]) -> None:
@@ -37,25 +63,20 @@ class JobWatch:
             found = repo.statuses(session, kind="Job", names=names)
         for name in names:
             o = found.get(name)
-            status = self.statuses[name] = (
-                {"phase": "Deleted", "reason": "Deleted"}
-                if o is None
-                else {**o.status, "service": json.loads(o.spec_text).get("type") == "service"}
-            )
-            if settled(status):
+            if o is None:
+                watched = Watched({}, deleted=True)
+            else:
+                status = cast(JobStatusDict, o.status)
+                watched = Watched(status, service=json.loads(o.spec_text).get("type") == "service")
+            self.jobs[name] = watched
+            if watched.settled:
                 self._unsettled.discard(name)
             else:
                 self._unsettled.add(name)
 
     def poll(self) -> set[str]:
         """Names of watched jobs written since the last poll (their statuses are refreshed)."""
-        current = self.store.change_seq()
-        if current == self.seq:
-            return set()
-        with self.store.read() as session:
-            rows = sched.changed_since(session, self.seq)
-        self.seq = max([current] + [rv for _, _, rv in rows])
-        changed = {name for kind, name, _ in rows if kind == "Job" and name in self.names}
+        changed = {c.name for c in self._feed.poll() if c.kind == "Job" and c.name in self.names}
         if changed:
             self._load(changed)
         return changed
@@ -65,11 +86,147 @@ class JobWatch:
         change or rerun the controller has not picked up yet)."""
         if self._unsettled:
             return False
-        from .commands import stale_jobs
-
         with self.store.read() as session:
             objs = repo.list_objects(session, kind="Job", names=sorted(self.names))
-            return not stale_jobs(session, objs)
+            return not stale_completions(objs, _loader(session, objs))
 
     def unsettled(self) -> list[str]:
         return sorted(self._unsettled)
+
+
+def _loader(session: Any, known: list[StoredObject]) -> Callable[[str], StoredObject | None]:
+    """Jobs by name, read once each within one snapshot."""
+    cache: dict[str, StoredObject | None] = {o.name: o for o in known}
+
+    def load(name: str) -> StoredObject | None:
+        if name not in cache:
+            cache[name] = repo.get(session, kind="Job", name=name)
+        return cache[name]
+
+    return load
+
+
+def stale_jobs(session: Any, objs: list[StoredObject]) -> set[str]:
+    """Names of the Completed jobs among `objs` whose completion describes an older version
+    of them (api.revisions.stale_completions), read in the caller's snapshot."""
+    return stale_completions(objs, _loader(session, objs))
+
+
+@dataclass
+class Converged:
+    """How `converge` ended."""
+
+    jobs: dict[str, Watched]
+    timed_out: bool = False
+    stopped: bool = False  # `stop` was set (a signal)
+
+    @property
+    def unsettled(self) -> list[str]:
+        return sorted(name for name, w in self.jobs.items() if not w.settled)
+
+    @property
+    def all_succeeded(self) -> bool:
+        return not self.timed_out and not self.stopped and all(w.succeeded for w in self.jobs.values())
+
+
+def converge(
+    store: Store,
+    names: list[str],
+    *,
+    timeout: float | None,
+    stop: threading.Event,
+    on_change: Callable[[dict[str, Watched], set[str]], None] = lambda *_: None,
+) -> Converged:
+    """Run a controller in this process until every named job is settled, `timeout` passes
+    or `stop` is set. Services keep running after it returns (the next controller adopts
+    them), and so do runs interrupted by Ctrl-C (KeyboardInterrupt passes through)."""
+    with controller_running(store):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        watch = JobWatch(store, names)
+        on_change(watch.jobs, set(names))
+        look = True  # whether to check for convergence: at first and after every change
+        while not stop.is_set():
+            if changed := watch.poll():
+                on_change(watch.jobs, changed)
+                look = True
+            if look:
+                look = False
+                if watch.all_settled():
+                    return Converged(watch.jobs)
+            if deadline is not None and time.monotonic() >= deadline:
+                return Converged(watch.jobs, timed_out=True)
+            stop.wait(LOOK_INTERVAL)
+        return Converged(watch.jobs, stopped=True)
+
+
+@contextmanager
+def controller_running(store: Store, *, workers: int = 1) -> Iterator[Controller]:
+    """A controller (the reconcile loop and this machine's agent) running in this process
+    for the duration of the block."""
+    from .controller.manager import Controller  # not for `wait`, which imports this module too
+
+    controller = Controller(store, workers=workers).start()
+    try:
+        yield controller
+    finally:
+        controller.stop()
+
+
+# -- wait -------------------------------------------------------------------------------------
+
+WAITABLE = ("Succeeded", "Completed", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost")
+
+
+def _status(job: StoredObject) -> JobStatusDict:
+    return cast(JobStatusDict, job.status or {})
+
+
+def wait_state(status: JobStatusDict, condition: str, *, stale: bool = False) -> str:
+    """'met', 'pending' or 'never' for one job and `condition` (Succeeded | Completed | a
+    Completed outcome). A `stale` completion (see `stale_jobs`) is still pending."""
+    if status.get("phase") != Phase.COMPLETED or stale:
+        return "pending"
+    if condition == "Completed":
+        return "met"
+    return "met" if status.get("outcome") == condition else "never"
+
+
+@dataclass
+class WaitResult:
+    states: dict[str, str]  # name -> met | pending | never
+
+    def names(self, state: str) -> list[str]:
+        return [n for n, s in self.states.items() if s == state]
+
+
+def wait_for(
+    store: Store,
+    names: list[str],
+    condition: str,
+    timeout: float,
+    selector: list[Requirement] | None = None,
+) -> WaitResult:
+    """Follow the named jobs (or all, or those matching `selector`) until every one meets
+    `condition`, one can never meet it, or `timeout` passes; NotFound for a named job that
+    does not exist. A completion that predates a spec change, a rerun or a dependency's new
+    revision is not an answer yet: the controller will run the job again."""
+    feed = ChangeFeed(store)
+    deadline = time.monotonic() + timeout
+    result = WaitResult({})
+    first = True
+    while True:
+        if first or feed.poll():
+            first = False
+            with store.read() as session:
+                objs = repo.list_objects(session, kind="Job", names=names or None)
+                if names and (missing := set(names) - {o.name for o in objs}):
+                    raise NotFound("; ".join(f'jobs "{n}" not found' for n in sorted(missing)))
+                if selector:
+                    objs = [o for o in objs if matches(selector, o.labels)]
+                stale = stale_jobs(session, objs)
+            result = WaitResult({o.name: wait_state(_status(o), condition, stale=o.name in stale) for o in objs})
+            if result.names("never") or not result.names("pending"):
+                return result
+        if time.monotonic() >= deadline:
+            return result
+        time.sleep(LOOK_INTERVAL)  # a follower polling the cheap change sequence

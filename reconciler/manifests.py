@@ -9,15 +9,17 @@ import functools
 import gc
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 from pydantic.alias_generators import to_camel
+from pydantic_core import ErrorDetails
 
+from .api.job import Job, JobSpec
 from .api.kinds import KINDS, KindInfo
 from .api.meta import API_VERSION
 from .errors import InvalidInput
@@ -45,7 +47,7 @@ class _Text:
         if index >= len(self.nodes):
             loader = ManifestLoader(self.text)
             try:
-                nodes = []
+                nodes: list[yaml.Node] = []
                 while len(nodes) <= index and loader.check_node():
                     nodes.append(loader.get_node())
                 self.nodes = nodes
@@ -113,30 +115,40 @@ def locate(node: yaml.Node, path: Iterable[str | int]) -> int:
     return line
 
 
-def _message(error: dict[str, Any]) -> str:
+def _message(error: ErrorDetails) -> str:
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind == "extra_forbidden":
         return "unknown field"
     if kind == "missing":
         return "required field is missing"
     if kind == "literal_error":
-        return "must be one of " + ctx.get("expected", "").replace("'", "").replace(" or ", ", ")
-    message = error["msg"]
+        expected = str(ctx.get("expected", ""))
+        return "must be one of " + expected.replace("'", "").replace(" or ", ", ")
+    message: str = error["msg"]
     for prefix in ("Value error, ", "Assertion failed, "):
         message = message.removeprefix(prefix)
     return message.replace("Input should be", "must be").replace("Input should have", "must have")
 
 
-def _clean_loc(loc: tuple) -> tuple:
+def _clean_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
     """Drop pydantic's union-branch tags (`constrained-int`, `function-after[...]`) from a path."""
     return tuple(p for p in loc if isinstance(p, int) or ("[" not in p and "-" not in p and p != "str"))
 
 
 def validation_problems(error: ValidationError, source: str, node: yaml.Node) -> list[str]:
+    """A model's validation errors as `file:line: field.path: message`."""
+    return _problems(error, lambda loc: f"{source}:{locate(node, loc)}: {format_path(loc) or '(document)'}")
+
+
+def field_problems(error: ValidationError) -> list[str]:
+    """The same for an object that comes from no file: `field.path: message`."""
+    return _problems(error, lambda loc: format_path(loc) or "(document)")
+
+
+def _problems(error: ValidationError, place_of: Callable[[tuple[str | int, ...]], str]) -> list[str]:
     by_place: dict[str, list[str]] = {}  # a union's branches fail at one place: say it once
     for item in error.errors():
-        loc = _clean_loc(item["loc"])
-        place = f"{source}:{locate(node, loc)}: {format_path(loc) or '(document)'}"
+        place = place_of(_clean_loc(item["loc"]))
         messages = by_place.setdefault(place, [])
         if (message := _message(item)) not in messages:
             messages.append(message)
@@ -144,7 +156,7 @@ def validation_problems(error: ValidationError, source: str, node: yaml.Node) ->
 
 
 @contextmanager
-def paused_gc():
+def paused_gc() -> Iterator[None]:
     """Loading and applying thousands of manifests allocates millions of small objects (YAML
     nodes and marks, dicts, models, stored objects) that all stay alive until the apply ends;
     the cyclic collector would walk them again and again as they age (a third of a large
@@ -211,20 +223,21 @@ def _to_manifest(
         return None, [f"{source}:{line}: (document): must be a mapping with apiVersion, kind, metadata and spec"]
     if data.get("apiVersion") != API_VERSION:
         return None, [f"{source}:{locate(node, ['apiVersion'])}: apiVersion: must be {API_VERSION}"]
-    info = KINDS.get(data.get("kind")) if isinstance(data.get("kind"), str) else None
+    kind = data.get("kind")
+    info = KINDS.get(kind) if isinstance(kind, str) else None
     if info is None:
         return None, [f"{source}:{locate(node, ['kind'])}: kind: must be one of {', '.join(KINDS)}"]
     ignored_status = data.pop("status", None) is not None
     try:
-        obj: BaseModel = info.model.model_validate(data)
+        obj = info.model.model_validate(data)
     except ValidationError as exc:
         return None, validation_problems(exc, source, node)
-    if info.kind == "Job":
+    if isinstance(obj, Job):
         resolve_working_dir(obj.spec, base_dir)
     return Manifest(info, obj, source, ignored_status=ignored_status, origin=origin), []
 
 
-def resolve_working_dir(spec: Any, base_dir: Path) -> None:
+def resolve_working_dir(spec: JobSpec, base_dir: Path) -> None:
     """Relative working dirs resolve against the manifest's folder, stored absolute."""
     given = spec.working_dir or "."
     if given.startswith("~"):

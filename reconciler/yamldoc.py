@@ -6,7 +6,7 @@ turns the data into validated objects and names files and lines."""
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from pydantic.alias_generators import to_camel
@@ -31,7 +31,7 @@ class ManifestLoader(Loader):  # type: ignore[misc, valid-type]
     With the safe loader's fixed implicit resolvers and no path resolvers, a plain scalar's
     tag depends on its text alone and a collection's is the default one."""
 
-    yaml_path_resolvers: dict = {}  # its own and always empty: a node's place never changes its tag
+    yaml_path_resolvers: ClassVar[dict[Any, Any]] = {}  # its own and always empty: a node's place never changes its tag
 
     def descend_resolver(self, current_node: Any, current_index: Any) -> None:
         pass  # called around every node; only path resolvers need to follow the path
@@ -197,7 +197,7 @@ _PLAIN_KEY_TAGS = frozenset((_STR_TAG, *_SCALAR_CONSTRUCTORS))
 def duplicate_keys(node: yaml.Node, source: str) -> list[str]:
     """PyYAML keeps the last of two equal keys silently; Kubernetes refuses them, so do we."""
     problems: list[str] = []
-    stack: list[tuple[yaml.Node, tuple]] = [(node, ())]
+    stack: list[tuple[yaml.Node, tuple[str | int, ...]]] = [(node, ())]
     while stack:
         current, path = stack.pop()
         if isinstance(current, yaml.MappingNode):

@@ -29,9 +29,7 @@ def declared(folder: Path) -> list[tuple[str, str]]:
     """(kind, name) of every document in the folder's *.yaml / *.yml, in file order."""
     found = []
     for path in sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml")):
-        for document in yaml.safe_load_all(path.read_text()):
-            if document:
-                found.append((document["kind"], document["metadata"]["name"]))
+        found += [(d["kind"], d["metadata"]["name"]) for d in yaml.safe_load_all(path.read_text()) if d]
     return found
 
 
@@ -257,7 +255,7 @@ def test_ci_commands_run(applied_copy):
 
 
 def test_retry_commands_fail_then_succeed(applied_copy):
-    folder, jobs, _ = applied_copy("examples/retry")
+    _folder, jobs, _ = applied_copy("examples/retry")
     backoff = jobs["flaky-exponential"]["spec"]["retry"]["backoff"]
     assert backoff["policy"] == "exponential" and backoff["factor"] == 2
     assert backoff["maxDelay"] == "1s" and backoff["jitter"] == "100ms"

@@ -79,7 +79,8 @@ def one(id: str, text: str, path: str | None, message: str, *, line: int | None 
 def _alias_bomb() -> str:
     lines = [
         HEAD
-        + 'kind: Job\nmetadata:\n  name: lol\nspec:\n  command: ["true"]\n  env:\n    a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]'
+        + 'kind: Job\nmetadata:\n  name: lol\nspec:\n  command: ["true"]\n  env:\n'
+        + "    a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol]"
     ]
     for i in range(1, 10):
         refs = ", ".join([f"*a{i - 1}"] * 9)
@@ -659,7 +660,7 @@ def test_missing_path_is_invalid_input(store, tmp_path):
 
 
 def test_empty_folder_is_invalid_input(store, tmp_path):
-    url, db = store
+    url, _db = store
     (tmp_path / "empty").mkdir()
     result = cli("apply", "-f", str(tmp_path / "empty"), store=url)
     assert result.code == 2 and result.stdout == "" and "Traceback" not in result.stderr

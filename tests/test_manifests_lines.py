@@ -44,7 +44,7 @@ def eager_nodes(text: str) -> list[yaml.Node]:
 def test_where_matches_the_nodes_composed_at_once(tmp_path):
     manifests, problems = parse_text(STREAM, "s.yaml", tmp_path)
     assert problems == [] and [m.name for m in manifests] == ["ok-1", "ok-2", "bad"]
-    for m, node in zip(manifests, eager_nodes(STREAM)):
+    for m, node in zip(manifests, eager_nodes(STREAM), strict=True):
         assert m.line == node.start_mark.line + 1
         for path in (("metadata", "name"), ("spec", "dependsOn", 1, "job"), ("spec", "nothing"), ()):
             assert m.where(*path).split(":")[:2] == ["s.yaml", str(locate(node, path))]

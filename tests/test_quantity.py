@@ -149,7 +149,7 @@ def test_format_duration_of_whole_milliseconds(ms):
         match = CANONICAL.fullmatch(text)
         assert match, text
         limits = {"h": 24, "m": 60, "s": 60, "ms": 1000}
-        for unit, number in zip(("d", "h", "m", "s", "ms"), match.groups()):
+        for unit, number in zip(("d", "h", "m", "s", "ms"), match.groups(), strict=True):
             if number is not None:
                 assert int(number) > 0 and int(number) < limits.get(unit, math.inf)
 

@@ -384,6 +384,8 @@ def test_repository_manifests_validate():
         if doc.get("kind") not in KINDS:
             problems.append(f"{where}: unknown kind {doc.get('kind')!r}")
             continue
-        for error in editor_validator(doc["kind"]).iter_errors(doc):
-            problems.append(f"{where}: {'.'.join(map(str, error.absolute_path))}: {error.message}")
+        problems += [
+            f"{where}: {'.'.join(map(str, e.absolute_path))}: {e.message}"
+            for e in editor_validator(doc["kind"]).iter_errors(doc)
+        ]
     assert not problems, "\n".join(problems)

@@ -1,10 +1,12 @@
 """The node agent as the controller hosts it: starts runs on this machine, finds them again
-after a restart, stops their process groups, and reports exits through one watcher."""
+after a restart, stops their process groups, and reports exits through one watcher. This is
+the agent's facade: the controller uses what is defined or re-exported here, nothing else."""
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,9 +15,40 @@ import psutil
 from ..api.job import JobSpec
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import has_legacy_runs, run_dir
-from .process import ExitRecord, group_alive, group_pids, kill_group_except_wrapper, read_exit, signal_group, spawn_run
+from .process import (
+    ExitRecord,
+    StartFailed,
+    group_alive,
+    group_pids,
+    kill_group_except_wrapper,
+    read_exit,
+    signal_group,
+    spawn_run,
+)
 from .watcher import ExitWatcher
 from .wrapper import WRAPPER_NAME
+
+__all__ = ["ExitRecord", "LocalAgent", "ProcessIdentity", "StartFailed", "owner_gone", "process_owner"]
+
+
+def process_owner() -> str:
+    """host:pid:start of this process: an owner (of a spawn, of a node) that can be proven
+    gone on this host."""
+    me = psutil.Process()
+    return f"{socket.gethostname()}:{me.pid}:{me.create_time()}"
+
+
+def owner_gone(owner: str) -> bool:
+    """True when the owner named by `process_owner` has exited; False while it lives or when
+    it is on another host (which this one cannot prove)."""
+    host, _, rest = owner.partition(":")
+    pid, _, start = rest.partition(":")
+    if host != socket.gethostname():
+        return False
+    try:
+        return not is_alive(ProcessIdentity(int(pid), float(start)))
+    except ValueError:
+        return False
 
 
 class LocalAgent:
@@ -48,7 +81,12 @@ class LocalAgent:
     def watch(self, job: str, identity: ProcessIdentity) -> None:
         if identity not in self._watched:
             self._watched.add(identity)
-            self._watcher.watch(identity, lambda ident: (self._watched.discard(ident), self._on_exit(job)))
+
+            def exited(ident: ProcessIdentity) -> None:
+                self._watched.discard(ident)
+                self._on_exit(job)
+
+            self._watcher.watch(identity, exited)
 
     def find(self, run_dir: Path) -> ProcessIdentity | None:
         """A live wrapper started for `run_dir` (after a crash between spawn and record).
@@ -73,6 +111,15 @@ class LocalAgent:
     def started_at(identity: ProcessIdentity) -> float:
         """Wall-clock start of a found process (an adopted run's startedAt)."""
         return wall_clock_start(identity.pid) or identity.start_time
+
+    @staticmethod
+    def note_stderr(run_dir: Path, line: str) -> None:
+        """Append a line of our own to a run's stderr (e.g. why it was stopped)."""
+        try:
+            with open(run_dir / "stderr", "a") as err:
+                err.write(line + "\n")
+        except OSError:
+            pass  # the run's log is gone (deleted by hand): nothing to add it to
 
     @staticmethod
     def exit_of(run_dir: Path) -> ExitRecord | None:

@@ -4,6 +4,7 @@ waited for it would hold up every other job."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
@@ -25,11 +26,14 @@ DUE_AFTER = 0.9
 
 
 def run_probe(
-    cond: WaitCondition, cwd: str | None = None, running: Callable[[subprocess.Popen | None], None] = lambda proc: None
+    cond: WaitCondition,
+    cwd: str | None = None,
+    running: Callable[[subprocess.Popen[bytes] | None], None] = lambda _: None,
 ) -> tuple[bool, str]:
     """(exit 0?, a short diagnostic with the output cut to outputLimit bytes). `running` is
     told of the probe's process while it runs (then None), so that it can be killed."""
     probe = cond.probe
+    assert probe is not None  # only probe conditions come here
     try:
         proc = subprocess.Popen(
             probe.command,
@@ -55,14 +59,13 @@ def run_probe(
     return proc.returncode == 0, f"probe {verdict}" + (f": {text}" if text else "")
 
 
-def _kill(proc: subprocess.Popen) -> None:
-    try:
+def _kill(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):  # it ended already
         os.killpg(proc.pid, signal.SIGKILL)  # its own session: the probe and whatever it started
-    except ProcessLookupError:
-        pass
 
 
 Key = tuple[str, str, str]  # (job name, job uid, the condition's JSON)
+_Todo = tuple[Key, "_Probe", WaitCondition, "str | None"]
 
 
 @dataclass
@@ -88,8 +91,8 @@ class Probes:
         self._clock = clock
         self._lock = threading.Lock()
         self._probes: dict[Key, _Probe] = {}
-        self._procs: dict[int, subprocess.Popen] = {}  # running probe processes, by thread id
-        self._todo: queue.SimpleQueue = queue.SimpleQueue()
+        self._procs: dict[int, subprocess.Popen[bytes]] = {}  # running probe processes, by thread id
+        self._todo: queue.SimpleQueue[_Todo | None] = queue.SimpleQueue()
         self._closed = False
         # daemon threads: close() kills the probes they wait for, so they end promptly
         self._threads = [threading.Thread(target=self._work, name=f"probe-{i}", daemon=True) for i in range(threads)]
@@ -100,7 +103,8 @@ class Probes:
         key = (job, uid, cond.model_dump_json())
         with self._lock:
             probe = self._probes.setdefault(key, _Probe())
-            due = probe.verdict is None or self._clock() - probe.ended_at >= DUE_AFTER * cond.probe.interval
+            interval = cond.probe.interval if cond.probe is not None else 0.0
+            due = probe.verdict is None or self._clock() - probe.ended_at >= DUE_AFTER * interval
             if not probe.running and due and not self._closed:
                 probe.running = True
                 self._todo.put((key, probe, cond, cwd))
@@ -122,7 +126,7 @@ class Probes:
         for _ in self._threads:
             self._todo.put(None)
 
-    def _running(self, proc: subprocess.Popen | None) -> None:
+    def _running(self, proc: subprocess.Popen[bytes] | None) -> None:
         with self._lock:
             if proc is None:
                 self._procs.pop(threading.get_ident(), None)

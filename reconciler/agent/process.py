@@ -45,7 +45,7 @@ class StartFailed(Exception):
 # Runs we spawned ourselves, by pid. Keeping the Popen objects means we reap
 # through Popen.poll (so subprocess never reaps behind our back from its
 # internal `_active` list, and no "still running" ResourceWarning is raised).
-_children: dict[int, tuple[ProcessIdentity, subprocess.Popen]] = {}
+_children: dict[int, tuple[ProcessIdentity, subprocess.Popen[bytes]]] = {}
 _children_lock = threading.Lock()
 
 
@@ -103,6 +103,7 @@ def spawn_run(
         program = _resolve(argv[0], path_env=merged.get("PATH", os.defpath), cwd=cwd)
         command = [program, *argv[1:]]
     else:
+        assert shell is not None  # checked above: exactly one of the two
         command = ["/bin/sh", "-c", shell]
 
     run_dir = pathlib.Path(run_dir)

@@ -9,6 +9,7 @@ number of runs that ended, not the number of runs watched.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import selectors
@@ -91,10 +92,8 @@ class ExitWatcher:
         # Called with the lock held, so it never races _shutdown closing the pipe.
         if self._wake_w < 0:
             return
-        try:
+        with contextlib.suppress(BlockingIOError):  # the pipe is full, so a wake-up is already pending
             os.write(self._wake_w, b"x")
-        except BlockingIOError:
-            pass  # the pipe is full, so a wake-up is already pending
 
     def _run(self) -> None:
         try:

@@ -7,12 +7,8 @@ from typing import Any, Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .meta import API_VERSION, Name, ObjectMeta, Strict, Time
-from .quantity import CPU, Duration, Size, parse_cpu, parse_size
-from .status import JobStatus
-
-Outcome = Literal["Succeeded", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost"]
-OUTCOMES: tuple[str, ...] = ("Succeeded", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost")
-DependencyOutcome = Literal["Succeeded", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost", "Finished"]
+from .quantity import CPU, Duration, Size, parse_cpu, parse_size, spelled
+from .status import DependencyOutcome, JobStatus
 
 DEFAULT_RUN_TIMEOUT = 3600.0  # whole-job timeout of a run job when none is given
 
@@ -33,10 +29,14 @@ class Artifact(Strict):
         return url
 
 
+def _succeeded() -> list[DependencyOutcome]:
+    return ["Succeeded"]
+
+
 class Dependency(Strict):
     job: Name = Field(description="Name of the job depended on.")
     outcomes: list[DependencyOutcome] = Field(
-        default_factory=lambda: ["Succeeded"],
+        default_factory=_succeeded,
         min_length=1,
         description="Terminal outcomes of that job that satisfy this edge; Finished means any.",
     )
@@ -55,9 +55,9 @@ class Probe(Strict):
     command: list[str] = Field(
         min_length=1, description="argv of the probe, run directly (no shell); exit 0 satisfies."
     )
-    timeout: Duration = Field(default="5s", description="Longest one probe may run.")
-    interval: Duration = Field(default="2s", description="Time between evaluations (jittered 90-110%).")
-    output_limit: Size = Field(default="4Ki", description="Bytes of probe output kept as the diagnostic.")
+    timeout: Duration = Field(default=spelled("5s"), description="Longest one probe may run.")
+    interval: Duration = Field(default=spelled("2s"), description="Time between evaluations (jittered 90-110%).")
+    output_limit: Size = Field(default=spelled("4Ki"), description="Bytes of probe output kept as the diagnostic.")
     fatal_on_error: bool = Field(
         default=False, description="A failing probe ends the job Aborted/WaitProbeFailed instead of waiting."
     )
@@ -114,10 +114,12 @@ class Resources(Strict):
 
 class Backoff(Strict):
     policy: Literal["constant", "linear", "exponential"] = Field(default="exponential")
-    delay: Duration = Field(default="1s", description="Base delay before the first retry.")
+    delay: Duration = Field(default=spelled("1s"), description="Base delay before the first retry.")
     factor: float = Field(default=2.0, ge=1.0, description="Growth factor of exponential backoff.")
-    max_delay: Duration = Field(default="5m", description="Cap on the delay before jitter.")
-    jitter: Duration = Field(default="0s", description="Full width of the symmetric random spread around the delay.")
+    max_delay: Duration = Field(default=spelled("5m"), description="Cap on the delay before jitter.")
+    jitter: Duration = Field(
+        default=spelled("0s"), description="Full width of the symmetric random spread around the delay."
+    )
 
 
 class Retry(Strict):
@@ -167,7 +169,7 @@ class JobSpec(Strict):
     )
     run_timeout: Duration | None = Field(default=None, description="One run.")
     stop_grace_period: Duration = Field(
-        default="10s", description="SIGTERM to the process group, then SIGKILL after this."
+        default=spelled("10s"), description="SIGTERM to the process group, then SIGKILL after this."
     )
     suspend: bool = Field(default=False, description="Pause: no new run is admitted; an active run is stopped.")
 
@@ -214,13 +216,3 @@ class Job(Strict):
     metadata: ObjectMeta
     spec: JobSpec
     status: JobStatus | None = None
-
-
-def execution_hash(spec: dict[str, Any]) -> str:
-    """What a run depends on: the spec without `suspend`, which pauses a job but is not a
-    new version of it (so toggling it never starts a new revision)."""
-    import hashlib
-    import json
-
-    body = json.dumps({k: v for k, v in spec.items() if k != "suspend"}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha1(body.encode()).hexdigest()[:16]

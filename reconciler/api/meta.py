@@ -5,13 +5,13 @@ from __future__ import annotations
 import functools
 import re
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import Annotated, Any, Final
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
 from pydantic.alias_generators import to_camel
 
-API_VERSION = "reconciler.dev/v1alpha1"
-GROUP = "reconciler.dev"
+API_VERSION: Final = "reconciler.dev/v1alpha1"
+GROUP: Final = "reconciler.dev"
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field
 
-from .meta import API_VERSION, Condition, ObjectMeta, Strict, Time
+from .meta import API_VERSION, Condition, ObjectMeta, Strict, Time, to_epoch
 from .quantity import CPU, Size
 
 
@@ -31,6 +31,15 @@ class NodeStatus(Strict):
     allocated: Allocated = Field(default_factory=Allocated)
     cpu_count: int | None = Field(default=None, description="CPUs the node's agent reported; the slot default.")
     agent: str | None = Field(default=None, description="Identity of the agent process serving the node.")
+
+
+READY_WINDOW = 40.0  # seconds without a heartbeat before a node is NotReady
+
+
+def heartbeat_fresh(status: dict[str, Any] | None, now: float) -> bool:
+    """A node is Ready while its agent's last heartbeat is younger than READY_WINDOW."""
+    beat = (status or {}).get("heartbeatAt")
+    return beat is not None and now - to_epoch(beat) < READY_WINDOW
 
 
 class Node(Strict):

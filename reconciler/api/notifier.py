@@ -2,19 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .job import OUTCOMES, Outcome
 from .meta import API_VERSION, ObjectMeta, Strict
+from .status import Outcome
 
 
 class NotifierSpec(Strict):
     url: str | None = Field(default=None, description="HTTP POST of a JSON event.")
     command: list[str] | None = Field(default=None, min_length=1, description="A command that gets the event on stdin.")
     events: list[Outcome] = Field(
-        default_factory=lambda: list(OUTCOMES),
+        default_factory=lambda: list(Outcome),
         min_length=1,
         description="Outcomes to notify; every terminal outcome by default.",
     )
@@ -38,4 +38,4 @@ class Notifier(Strict):
     kind: Literal["Notifier"] = "Notifier"
     metadata: ObjectMeta
     spec: NotifierSpec
-    status: dict | None = None
+    status: dict[str, Any] | None = None

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
 
@@ -63,6 +63,13 @@ def format_duration(seconds: float) -> str:
         if count:
             parts.append(f"{count}{unit}")
     return "".join(parts)
+
+
+def spelled(text: str) -> Any:
+    """A field's default in its canonical spelling (`"5s"`, `"4Ki"`): the models validate
+    their defaults, so the field's own parser turns it into its number, as it would the same
+    text in a manifest, and the schema shows it as users write it."""
+    return text
 
 
 def parse_size(value: object) -> int:

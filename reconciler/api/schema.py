@@ -15,6 +15,7 @@ import functools
 import json
 import re
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -165,18 +166,22 @@ def _walk(node: Any, drop: Any) -> Any:
     Knows which keywords hold schemas, so literal data (defaults, enums) is never touched."""
     if not isinstance(node, dict):
         return node
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if drop(key, value):
-            continue
-        if key in _SCHEMA_MAPS:
-            value = {name: _walk(sub, drop) for name, sub in value.items()}
-        elif key in _SCHEMA_LISTS:
-            value = [_walk(sub, drop) for sub in value]
-        elif key in _SCHEMAS:
-            value = _walk(value, drop)
-        out[key] = value
-    return out
+    return {
+        key: _each_schema(key, value, lambda sub: _walk(sub, drop))
+        for key, value in node.items()
+        if not drop(key, value)
+    }
+
+
+def _each_schema(key: str, value: Any, apply: Callable[[Any], Any]) -> Any:
+    """`value` with `apply` done to each schema it holds, by what its keyword holds."""
+    if key in _SCHEMA_MAPS:
+        return {name: apply(sub) for name, sub in value.items()}
+    if key in _SCHEMA_LISTS:
+        return [apply(sub) for sub in value]
+    if key in _SCHEMAS:
+        return apply(value)
+    return value
 
 
 def _noise(key: str, value: Any) -> bool:
@@ -186,7 +191,9 @@ def _noise(key: str, value: Any) -> bool:
 
 def model_schema(model: type[BaseModel]) -> dict[str, Any]:
     """The model's JSON Schema (with $defs), including the rules in EXACTLY_ONE_OF and SHORTHANDS."""
-    schema = _walk(model.model_json_schema(by_alias=True, mode="validation", schema_generator=_Generator), _noise)
+    schema: dict[str, Any] = _walk(
+        model.model_json_schema(by_alias=True, mode="validation", schema_generator=_Generator), _noise
+    )
     defs = schema.get("$defs", {})
     for cls, docs in FALLBACK_DESCRIPTIONS.items():
         for field, text in docs.items():
@@ -216,16 +223,8 @@ def _inline(node: Any, defs: dict[str, Any], seen: tuple[str, ...] = ()) -> Any:
         if name in seen:
             raise ValueError(f"recursive model {name} has no structural form")
         own = _inline({k: v for k, v in node.items() if k != "$ref"}, defs, seen)
-        return {**_inline(defs[name], defs, seen + (name,)), **own}
-    out: dict[str, Any] = {}
-    for key, value in node.items():
-        if key in _SCHEMA_MAPS:
-            value = {name: _inline(sub, defs, seen) for name, sub in value.items()}
-        elif key in _SCHEMA_LISTS:
-            value = [_inline(sub, defs, seen) for sub in value]
-        elif key in _SCHEMAS:
-            value = _inline(value, defs, seen)
-        out[key] = value
+        return {**_inline(defs[name], defs, (*seen, name)), **own}
+    out = {key: _each_schema(key, value, lambda sub: _inline(sub, defs, seen)) for key, value in node.items()}
     out.pop("$defs", None)
     return out
 
@@ -348,7 +347,7 @@ def crd(info: KindInfo) -> dict[str, Any]:
 
 def editor_schema(info: KindInfo) -> dict[str, Any]:
     """Strict JSON Schema (draft 2020-12) for yaml-language-server and other editors."""
-    schema = _walk(model_schema(info.model), lambda key, _: key.startswith("x-"))
+    schema: dict[str, Any] = _walk(model_schema(info.model), lambda key, _: key.startswith("x-"))
     # the manifest loader needs both to pick the kind, though the models default them
     schema["required"] = ["apiVersion", "kind", *schema.get("required", [])]
     schema.update(

@@ -1,17 +1,70 @@
 """Observed state, written only by the system (API.md 1.2). `phase` says what the system is
-doing; `outcome` what the job came to, once Completed."""
+doing; `outcome` what the job came to, once Completed.
+
+Two views of one document. The pydantic models (`JobStatus`, ...) are its schema: the CRDs,
+`explain` and the editor schemas are generated from them. The controller works on the
+stored JSON itself, typed by the TypedDicts below (`JobStatusDict`, ...): a step decodes the
+stored text and writes it back, and validating it through pydantic on every step would cost
+more than the step's SQL. A test holds the two views to the same fields."""
 
 from __future__ import annotations
 
-from typing import Literal
+from enum import StrEnum
+from typing import Any, Literal, TypedDict
 
 from pydantic import Field
 
 from .meta import Condition, Strict, Time
 
-Phase = Literal["Waiting", "Queued", "Starting", "Running", "Backoff", "Stopping", "Suspended", "Completed"]
-PHASES: tuple[str, ...] = ("Waiting", "Queued", "Starting", "Running", "Backoff", "Stopping", "Suspended", "Completed")
-RunOutcome = Literal["Succeeded", "Failed", "TimedOut", "Cancelled", "StartFailed", "Lost"]
+
+class Phase(StrEnum):
+    """What the system is doing with a job."""
+
+    WAITING = "Waiting"
+    QUEUED = "Queued"
+    STARTING = "Starting"
+    RUNNING = "Running"
+    BACKOFF = "Backoff"
+    STOPPING = "Stopping"
+    SUSPENDED = "Suspended"
+    COMPLETED = "Completed"
+
+
+class Outcome(StrEnum):
+    """What a job came to, once Completed."""
+
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    TIMED_OUT = "TimedOut"
+    CANCELLED = "Cancelled"
+    ABORTED = "Aborted"
+    LOST = "Lost"
+
+
+# What a dependency edge may ask of a job: one of its outcomes, or Finished (any of them).
+DependencyOutcome = Literal["Succeeded", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost", "Finished"]
+
+
+class RunOutcome(StrEnum):
+    """How one run ended (exit code, signal and reason are recorded apart from it)."""
+
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    TIMED_OUT = "TimedOut"
+    CANCELLED = "Cancelled"
+    START_FAILED = "StartFailed"
+    LOST = "Lost"
+
+
+# Phases in which a revision is under way: its spec may change only with `apply --force`.
+ACTIVE_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING, Phase.BACKOFF})
+# Phases in which a process may be alive (and slots are held): deleting such a job stops it first.
+LIVE_PHASES = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
+# Outcomes reported as warnings (events, progress).
+WARNING_OUTCOMES = frozenset({Outcome.FAILED, Outcome.TIMED_OUT, Outcome.ABORTED, Outcome.LOST})
+
+
+# -- the schema (pydantic) -------------------------------------------------------------------
 
 
 class Admission(Strict):
@@ -54,12 +107,25 @@ class WaitResult(Strict):
     message: str | None = None
 
 
+class StopRequest(Strict):
+    """While Stopping: why, when it was asked, when SIGKILL follows."""
+
+    reason: str
+    message: str = ""
+    requested_at: Time
+    kill_at: float = Field(description="When the grace period ends (seconds since the epoch).")
+    killed: bool = Field(default=False, description="SIGKILL was sent.")
+
+
 class JobStatus(Strict):
-    phase: Phase = "Waiting"
-    outcome: Literal["Succeeded", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost"] | None = None
+    phase: Phase = Phase.WAITING
+    outcome: Outcome | None = None
     reason: str | None = None
     message: str | None = None
     observed_generation: int | None = None
+    spec_hash: str | None = Field(
+        default=None, description="The digest of the spec this status describes (suspend left out)."
+    )
     revision: int = 1
     accepted_at: Time | None = Field(
         default=None, description="When this revision was accepted: waits' delay and the job timeout count from here."
@@ -69,8 +135,11 @@ class JobStatus(Strict):
     )
     bypass_count: int = Field(default=0, description="How often a younger job passed this one in its queue.")
     admission: Admission | None = None
-    stop: dict | None = Field(default=None, description="While Stopping: why, when asked, when SIGKILL follows.")
+    stop: StopRequest | None = None
     rerun_token: str | None = Field(default=None, description="The last `rerun` request honoured.")
+    propagate: bool = Field(
+        default=True, description="Whether this revision makes dependents that consumed an older one run again."
+    )
     node_name: str | None = None
     next_run_at: Time | None = None
     start_time: Time | None = None
@@ -81,7 +150,109 @@ class JobStatus(Strict):
     conditions: list[Condition] = Field(default_factory=list)
 
 
-# Phases in which a revision is under way: its spec may change only with `apply --force`.
-ACTIVE_PHASES = frozenset({"Starting", "Running", "Stopping", "Backoff"})
-# Phases in which a process may be alive: deleting such a job cancels it first.
-LIVE_PHASES = frozenset({"Starting", "Running", "Stopping"})
+# -- the stored document, as the controller reads and writes it --------------------------------
+
+
+class AdmissionDict(TypedDict, total=False):
+    pool: str | None
+    slots: int
+    admittedAt: str
+
+
+class RunDict(TypedDict, total=False):
+    number: int
+    revision: int
+    node: str | None
+    pid: int
+    processStartTime: float
+    startedAt: str
+    finishedAt: str
+    exitCode: int | None
+    signal: int
+    outcome: str
+    reason: str
+
+
+class ReceiptDict(TypedDict, total=False):
+    job: str
+    uid: str
+    revision: int
+    outcome: str | None
+    satisfied: bool
+    observedAt: str
+
+
+class WaitDict(TypedDict, total=False):
+    type: str
+    satisfied: bool
+    lastCheckedAt: str
+    message: str
+
+
+class StopDict(TypedDict, total=False):
+    reason: str
+    message: str
+    requestedAt: str
+    killAt: float
+    killed: bool
+
+
+class ConditionDict(TypedDict, total=False):
+    type: str
+    status: Literal["True", "False", "Unknown"]
+    reason: str | None
+    message: str | None
+    lastTransitionTime: str
+
+
+class JobStatusDict(TypedDict, total=False):
+    phase: str
+    outcome: str | None
+    reason: str | None
+    message: str | None
+    observedGeneration: int
+    specHash: str
+    revision: int
+    acceptedAt: str
+    eligibleAt: str
+    bypassCount: int
+    admission: AdmissionDict
+    stop: StopDict
+    rerunToken: str | None
+    propagate: bool
+    nodeName: str
+    nextRunAt: str
+    startTime: str
+    completionTime: str
+    runs: list[RunDict]
+    dependencies: list[ReceiptDict]
+    waits: list[WaitDict]
+    conditions: list[ConditionDict]
+
+
+# What a revision's progress consists of: cleared when a new revision starts.
+_REVISION_FIELDS = ("eligibleAt", "startTime", "completionTime", "nextRunAt", "admission", "nodeName", "stop")
+_REVISION_CONDITIONS = frozenset({"Completed", "Succeeded"})
+
+
+def new_job_status(accepted_at: str) -> JobStatusDict:
+    """The status of a job just stored: Waiting at revision 1."""
+    return {"phase": Phase.WAITING, "revision": 1, "acceptedAt": accepted_at}
+
+
+def next_revision(status: JobStatusDict, accepted_at: str) -> None:
+    """Start revision N+1 in place: the runs, receipts of old revisions and queue position go;
+    the run records and the conditions that do not describe a completion stay."""
+    status["revision"] = status.get("revision", 1) + 1
+    status["acceptedAt"] = accepted_at
+    for key in _REVISION_FIELDS:
+        status.pop(key, None)  # type: ignore[misc]  # each is an optional key
+    status["dependencies"] = []
+    status["waits"] = []
+    status["bypassCount"] = 0
+    status["conditions"] = [c for c in status.get("conditions", []) if c.get("type") not in _REVISION_CONDITIONS]
+
+
+def phase_of(status: JobStatusDict | dict[str, Any] | None) -> Phase:
+    """The phase of a stored status (a job never reconciled yet is Waiting)."""
+    return Phase((status or {}).get("phase") or Phase.WAITING)

@@ -3,12 +3,47 @@ capacities. Pure: the caller passes the stored specs in and gets problems back."
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
+from ..yamldoc import format_path
+from .kinds import KindInfo
 from .pool import GLOBAL_POOL
 
-if TYPE_CHECKING:
-    from ..manifests import Manifest
+
+class Candidate(Protocol):
+    """An object offered for storing, and how to name a field of it in a message: a manifest
+    names its file and line (manifests.Manifest), an object built by a verb only the field."""
+
+    @property
+    def kind(self) -> KindInfo: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def obj(self) -> Any: ...  # the kind's pydantic model
+    @property
+    def source(self) -> str: ...
+    @property
+    def line(self) -> int: ...
+    def where(self, *path: str | int) -> str: ...
+
+
+@dataclass(frozen=True)
+class Built:
+    """A candidate that comes from no file (`reconciler run`): messages name the field alone."""
+
+    kind: KindInfo
+    obj: Any
+    source: str = "(command line)"
+    line: int = 0
+
+    @property
+    def name(self) -> str:
+        return str(self.obj.metadata.name)
+
+    def where(self, *path: str | int) -> str:
+        return format_path(path)
 
 
 def _capacity(pool_spec: dict[str, Any] | None) -> int | None:
@@ -36,7 +71,7 @@ def find_cycle(graph: dict[str, list[str]], starts: list[str]) -> list[str] | No
                 stack.append((node, index + 1))
                 child = children[index]
                 if state.get(child) == 1:
-                    return path[path.index(child) :] + [child]
+                    return [*path[path.index(child) :], child]
                 if not state.get(child):
                     stack.append((child, 0))
             else:
@@ -46,13 +81,13 @@ def find_cycle(graph: dict[str, list[str]], starts: list[str]) -> list[str] | No
 
 
 def validate_apply(
-    manifests: list[Manifest],
+    manifests: Sequence[Candidate],
     stored_jobs: dict[str, dict[str, Any]],
     stored_pools: dict[str, dict[str, Any]],
 ) -> list[str]:
     """Problems of the apply set as `file:line: field: message`, empty when it may be stored."""
     problems: list[str] = []
-    seen: dict[tuple[str, str], Manifest] = {}
+    seen: dict[tuple[str, str], Candidate] = {}
     for m in manifests:
         key = (m.kind.kind, m.name)
         if key in seen:
@@ -62,7 +97,7 @@ def validate_apply(
             )
         seen[key] = m
 
-    pools = {name: spec for name, spec in stored_pools.items()}
+    pools = dict(stored_pools.items())
     pools.update({m.name: m.obj.spec.model_dump(by_alias=True) for m in manifests if m.kind.kind == "Pool"})
     new_jobs = {m.name: m for m in manifests if m.kind.kind == "Job"}
     # stored jobs as stored, unless this apply replaces them (their entries are set below)

@@ -3,21 +3,21 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..store import StoredObject
 from .render import age, attempts, job_state
+
+if TYPE_CHECKING:
+    from ..store import StoredObject
 
 
 def _ready(obj: StoredObject) -> str:
     """Ready only while heartbeats are fresh: a node whose agent stopped is NotReady."""
-    from ..api.meta import to_epoch
-    from ..store.scheduling import NODE_READY_WINDOW
+    from ..api.node import heartbeat_fresh
 
     status = obj.status or {}
     ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), None)
-    beat = status.get("heartbeatAt")
-    fresh = beat is not None and time.time() - to_epoch(beat) < NODE_READY_WINDOW
+    fresh = heartbeat_fresh(status, time.time())
     state = "Ready" if ready and ready.get("status") == "True" and fresh else ("NotReady" if ready else "Unknown")
     return state + (",SchedulingDisabled" if obj.spec.get("unschedulable") else "")
 
@@ -49,12 +49,12 @@ def node_row(o: StoredObject, wide: bool) -> list[Any]:
     return row
 
 
-def notifier_row(o: StoredObject, wide: bool) -> list[Any]:
+def notifier_row(o: StoredObject, _wide: bool) -> list[Any]:
     target = o.spec.get("url") or " ".join(o.spec.get("command") or [])
     return [o.name, target, ",".join(o.spec.get("events", [])), age(o.created_at)]
 
 
-def service_row(o: StoredObject, wide: bool) -> list[Any]:
+def service_row(o: StoredObject, _wide: bool) -> list[Any]:
     s = o.status or {}
     return [o.name, job_state(o), s.get("nodeName") or "", o.spec.get("port") or "", age(o.created_at)]
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..store import Store, StoredObject
 from .render import age, dump_yaml, job_state, table
+
+if TYPE_CHECKING:
+    from ..store import StoredObject
 
 
 def _section(title: str, body: str) -> str:
@@ -18,7 +20,7 @@ def _kv(pairs: list[tuple[str, Any]]) -> str:
     return "\n".join(f"{(k + ':').ljust(width)}{'<none>' if v is None or v == '' else v}" for k, v in pairs)
 
 
-def describe_object(obj: StoredObject, events: list, store: Store) -> str:
+def describe_object(obj: StoredObject, events: list[Any]) -> str:
     status = obj.status or {}
     head = [
         ("Name", obj.name),
@@ -84,7 +86,7 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
         )
     deps = [[d["job"], ",".join(d.get("outcomes", []))] for d in spec.get("dependsOn", [])]
     receipts = {r["job"]: r for r in status.get("dependencies", [])}
-    dep_rows = [row + [_receipt(receipts.get(row[0]))] for row in deps]
+    dep_rows = [[*row, _receipt(receipts.get(row[0]))] for row in deps]
     waits = [
         [w["type"], "yes" if w["satisfied"] else "no", w.get("lastCheckedAt") or "", w.get("message") or ""]
         for w in status.get("waits", [])

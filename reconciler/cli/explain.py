@@ -74,7 +74,7 @@ def _field_lines(name: str, node: dict[str, Any], required: bool, depth: int, re
     if "default" in node:
         lines.append(f"{pad}default: {_literal(node['default'])}")
     lines += [f"{pad}  {line}" for line in _wrap(node.get("description", "<no description>"), pad + "  ")]
-    return lines + [""]
+    return [*lines, ""]
 
 
 def _fields(node: dict[str, Any], depth: int, recursive: bool) -> list[str]:
@@ -87,7 +87,8 @@ def _fields(node: dict[str, Any], depth: int, recursive: bool) -> list[str]:
 
 
 def explain_text(path: str, recursive: bool = False) -> str:
-    from ..api.schema import GROUP, VERSION
+    from ..api.meta import GROUP
+    from ..api.schema import VERSION
 
     info, fields, node = resolve(path)
     out = [f"GROUP:      {GROUP}", f"KIND:       {info.kind}", f"VERSION:    {VERSION}", ""]

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import threading
+from typing import TYPE_CHECKING
 
 from ..errors import ReconcilerError
 from .context import err
 
+if TYPE_CHECKING:
+    from ..store import Store
 
-def sync(store, folder: str) -> None:
+
+def sync(store: Store, folder: str) -> None:
     from ..apply import apply_manifests
     from ..manifests import load
 
@@ -23,7 +27,7 @@ def sync(store, folder: str) -> None:
             err(f"watch: {c.kind.qualified}/{c.name} {c.action}")
 
 
-def watch_folder(store, folder: str, stop: threading.Event) -> None:
+def watch_folder(store: Store, folder: str, stop: threading.Event) -> None:
     from watchfiles import watch
 
     sync(store, folder)

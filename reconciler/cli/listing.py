@@ -1,69 +1,27 @@
-"""`get`: one listing function for every kind, plus `-w` watching for changes."""
+"""`get`: one listing for every kind, plus `-w` printing changes as they happen."""
 
 from __future__ import annotations
 
-import time
+from typing import TYPE_CHECKING
 
 import typer
 
-from ..api.kinds import KINDS, resolve_kind
-from ..api.meta import from_epoch
-from ..errors import NotFound
-from ..selectors import Requirement, matches
-from ..store import Store, StoredObject
-from ..store import repository as repo
 from .columns import COLUMNS
 from .render import age, dump_json, dump_yaml, table
 from .render import output as render_output
 
+if TYPE_CHECKING:
+    from ..selectors import Requirement
+    from ..store import Store
+
 EVENT_HEADERS = ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
 
 
-def _select(
-    store: Store, kind: str, names: list[str], selector: list[Requirement] | None
-) -> tuple[str, list[StoredObject]]:
-    if kind.lower() in ("services", "service", "svc"):
-        with store.read() as session:
-            objs = [o for o in repo.list_objects(session, kind="Job") if o.spec.get("type") == "service"]
-        label = "Service"
-    else:
-        info = resolve_kind(kind)
-        with store.read() as session:
-            objs = repo.list_objects(session, kind=info.kind, names=names or None)
-        label = info.kind
-    if label in ("Pool", "Node"):
-        _with_usage(store, label, objs)
-    if names:
-        found = {o.name for o in objs}
-        if missing := [n for n in names if n not in found]:
-            raise NotFound("; ".join(f'{label.lower()}s "{n}" not found' for n in missing))
-    if selector:
-        objs = [o for o in objs if matches(selector, o.labels)]
-    return label, objs
-
-
-def _with_usage(store: Store, label: str, objs: list[StoredObject]) -> None:
-    """Pool and node usage are derived from the admissions table, never stored twice."""
-    from ..store.scheduling import usage
-
-    with store.read() as session:
-        used, queued, allocated = usage(session)
-    for o in objs:
-        status = dict(o.status or {})
-        if label == "Pool":
-            total = sum(used.values()) if o.name == "global" else used.get(o.name, 0)
-            waiting = sum(queued.values()) if o.name == "global" else queued.get(o.name, 0)
-            status.update(used=int(total or 0), queued=int(waiting or 0))
-        else:
-            status["allocated"] = {"slots": int(allocated.get(o.name, 0) or 0)}
-        o.status = status
-
-
 def _events(store: Store, names: list[str], fmt: str | None) -> str:
-    with store.read() as session:
-        rows = repo.events(session, limit=1000)
-    if names:
-        rows = [r for r in rows if r.name in names]
+    from ..api.meta import from_epoch
+    from ..reads import events
+
+    rows = events(store, names)
     if fmt in ("json", "yaml"):
         items = [
             {
@@ -83,45 +41,43 @@ def _events(store: Store, names: list[str], fmt: str | None) -> str:
     )
 
 
-def print_listing(store: Store, kind: str, names: list[str], selector, fmt: str | None) -> None:
-    if kind.lower() in ("events", "event", "ev"):
+def print_listing(
+    store: Store, kind: str, names: list[str], selector: list[Requirement] | None, fmt: str | None
+) -> None:
+    from ..api.kinds import KINDS
+    from ..reads import EVENTS, objects
+
+    if kind.lower() in EVENTS:
         typer.echo(_events(store, names, fmt))
         return
-    label, objs = _select(store, kind, names, selector)
+    listing = objects(store, kind, names, selector)
     if fmt in ("json", "yaml", "name"):
-        qualified = lambda o: KINDS[o.kind].qualified  # noqa: E731
-        text = render_output(objs, fmt, qualified, single=bool(names) and len(names) == 1)
+        text = render_output(
+            listing.objects, fmt, lambda o: KINDS[o.kind].qualified, single=bool(names) and len(names) == 1
+        )
         if text:
             typer.echo(text)
         return
-    if not objs:
+    if not listing.objects:
         typer.echo("No resources found.", err=True)
         return
-    headers, wide_headers, row = COLUMNS[label]
+    headers, wide_headers, row = COLUMNS[listing.kind]
     wide = fmt == "wide"
-    typer.echo(table(headers + (wide_headers if wide else []), (row(o, wide) for o in objs)))
+    typer.echo(table(headers + (wide_headers if wide else []), (row(o, wide) for o in listing.objects)))
 
 
-def watch_listing(store: Store, kind: str, names: list[str], selector, fmt: str | None, poll: float = 0.2) -> None:
-    """Print each object again whenever its resourceVersion moves (Ctrl-C ends)."""
-    if kind.lower() in ("events", "event", "ev"):
+def watch_listing(
+    store: Store, kind: str, names: list[str], selector: list[Requirement] | None, fmt: str | None
+) -> None:
+    """Print each object again whenever it changes (Ctrl-C ends)."""
+    from ..reads import EVENTS, objects, watch
+
+    if kind.lower() in EVENTS:
         return
-    label, objs = _select(store, kind, names, selector)
-    seen = {o.name: o.resource_version for o in objs}
-    seq = store.change_seq()
-    headers, wide_headers, row = COLUMNS[label]
+    label = objects(store, kind, names, selector).kind
+    headers, _, row = COLUMNS[label]
     try:
-        while True:
-            time.sleep(poll)  # a CLI follower, not the controller: a short poll is the simple way
-            current = store.change_seq()
-            if current == seq:
-                continue
-            seq = current
-            _, objs = _select(store, kind, names, selector)
-            for o in objs:
-                if seen.get(o.name) != o.resource_version:
-                    seen[o.name] = o.resource_version
-                    line = table(headers, [row(o, fmt == "wide")]).splitlines()[1]
-                    typer.echo(line)
+        for o in watch(store, kind, names, selector):
+            typer.echo(table(headers, [row(o, fmt == "wide")]).splitlines()[1])
     except KeyboardInterrupt:
         return

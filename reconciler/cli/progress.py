@@ -3,50 +3,60 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Protocol, TextIO
 
-from .render import job_state
+from ..api.status import Outcome, Phase
+
+if TYPE_CHECKING:
+    from ..converge import Watched
 
 TERMINAL_STYLE = {
-    "Succeeded": "green",
-    "Failed": "red",
-    "TimedOut": "red",
-    "Aborted": "yellow",
-    "Cancelled": "yellow",
-    "Lost": "red",
+    Outcome.SUCCEEDED: "green",
+    Outcome.FAILED: "red",
+    Outcome.TIMED_OUT: "red",
+    Outcome.ABORTED: "yellow",
+    Outcome.CANCELLED: "yellow",
+    Outcome.LOST: "red",
 }
 
 
-def _state(status: dict[str, Any]) -> str:
-    if status.get("phase") == "Completed":
-        return status.get("outcome") or "Completed"
-    return status.get("phase") or "Waiting"
+def state_of(job: Watched) -> str:
+    """What `up` shows for a job: its outcome once Completed, its phase before."""
+    if job.deleted:
+        return "Deleted"
+    status = job.status
+    if status.get("phase") == Phase.COMPLETED:
+        return status.get("outcome") or Phase.COMPLETED
+    return status.get("phase") or Phase.WAITING
+
+
+class Progress(Protocol):
+    def update(self, jobs: Mapping[str, Watched], changed: set[str]) -> None: ...
+    def close(self) -> None: ...
 
 
 class LineProgress:
     """One line per state change; what CI logs want."""
 
-    def __init__(self, stream=None):
+    def __init__(self, stream: TextIO | None = None):
         self.stream = stream or sys.stdout
         self.last: dict[str, str] = {}
 
-    def update(self, statuses: dict[str, dict[str, Any]], changed: set[str]) -> None:
+    def update(self, jobs: Mapping[str, Watched], changed: set[str]) -> None:
         for name in sorted(changed):
-            status = statuses[name]
-            state = _state(status)
-            detail = status.get("reason") or ""
-            key = f"{state}/{detail}/{len(status.get('runs', []))}"
+            job = jobs[name]
+            state = state_of(job)
+            detail = job.status.get("reason") or ("Deleted" if job.deleted else "")
+            runs = job.status.get("runs", [])
+            key = f"{state}/{detail}/{len(runs)}"
             if self.last.get(name) != key:
                 self.last[name] = key
                 stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-                runs = status.get("runs", [])
                 extra = f" run={runs[-1]['number']}" if runs else ""
-                print(
-                    f"{stamp} job/{name} {state}{extra}" + (f" ({detail})" if detail and detail != state else ""),
-                    file=self.stream,
-                    flush=True,
-                )
+                reason = f" ({detail})" if detail and detail != state else ""
+                print(f"{stamp} job/{name} {state}{extra}{reason}", file=self.stream, flush=True)
 
     def close(self) -> None:
         pass
@@ -55,7 +65,7 @@ class LineProgress:
 class LiveProgress:
     """A table redrawn in place on a terminal."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         from rich.console import Console
         from rich.live import Live
 
@@ -63,43 +73,41 @@ class LiveProgress:
         self.live = Live(console=self.console, refresh_per_second=8, transient=False)
         self.live.start()
 
-    def update(self, statuses: dict[str, dict[str, Any]], changed: set[str]) -> None:
+    def update(self, jobs: Mapping[str, Watched], changed: set[str]) -> None:
         from rich.table import Table
 
+        del changed  # the whole table is drawn again
         table = Table(box=None, header_style="bold")
         for header in ("JOB", "STATE", "RUNS", "NODE", "REASON"):
             table.add_column(header)
         done = 0
-        for name in sorted(statuses):
-            status = statuses[name]
-            state = _state(status)
-            done += status.get("phase") == "Completed"
-            style = TERMINAL_STYLE.get(state, "cyan" if state == "Running" else "")
+        for name in sorted(jobs):
+            job = jobs[name]
+            state = state_of(job)
+            done += job.status.get("phase") == Phase.COMPLETED
+            style = TERMINAL_STYLE.get(state, "cyan" if state == Phase.RUNNING else "")  # type: ignore[call-overload]
             table.add_row(
                 name,
                 f"[{style}]{state}[/]" if style else state,
-                str(len(status.get("runs", []))),
-                status.get("nodeName") or "",
-                status.get("reason") or "",
+                str(len(job.status.get("runs", []))),
+                job.status.get("nodeName") or "",
+                job.status.get("reason") or "",
             )
-        table.caption = f"{done}/{len(statuses)} completed"
+        table.caption = f"{done}/{len(jobs)} completed"
         self.live.update(table)
 
     def close(self) -> None:
         self.live.stop()
 
 
-def make_progress():
+def make_progress() -> Progress:
     return LiveProgress() if sys.stdout.isatty() else LineProgress()
 
 
-def summary(statuses: dict[str, dict[str, Any]]) -> str:
+def summary(jobs: Mapping[str, Watched]) -> str:
     counts: dict[str, int] = {}
-    for status in statuses.values():
-        state = _state(status)
+    for job in jobs.values():
+        state = state_of(job)
         counts[state] = counts.get(state, 0) + 1
     parts = ", ".join(f"{n} {state}" for state, n in sorted(counts.items()))
-    return f"{len(statuses)} jobs: {parts}"
-
-
-__all__ = ["job_state", "make_progress", "summary"]
+    return f"{len(jobs)} jobs: {parts}"

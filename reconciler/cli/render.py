@@ -6,11 +6,10 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from ..store import StoredObject
+if TYPE_CHECKING:
+    from ..store import StoredObject
 
 
 def age(epoch_or_rfc3339: float | str | None, now: float | None = None) -> str:
@@ -39,9 +38,9 @@ def table(headers: list[str], rows: Iterable[list[Any]]) -> str:
     text_rows = [[("<none>" if v is None or v == "" else str(v)) for v in row] for row in rows]
     widths = [len(h) for h in headers]
     for row in text_rows:
-        widths = [max(w, len(v)) for w, v in zip(widths, row)]
-    lines = ["   ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["   ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in text_rows]
+        widths = [max(w, len(v)) for w, v in zip(widths, row, strict=True)]
+    lines = ["   ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()]
+    lines += ["   ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() for row in text_rows]
     return "\n".join(lines)
 
 
@@ -68,6 +67,8 @@ def dump_json(document: Any) -> str:
 
 
 def dump_yaml(document: Any) -> str:
+    import yaml  # not at import: most verbs print no YAML
+
     return yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
 
 

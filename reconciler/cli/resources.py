@@ -3,22 +3,21 @@
 from __future__ import annotations
 
 import difflib
+from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..errors import InvalidInput, NotFound
-from .context import ctx_of, err
+from ..errors import InvalidInput
+from .context import ctx_of, err, selector_of
+
+if TYPE_CHECKING:
+    from ..manifests import Manifest
 
 OUTPUTS = ("wide", "yaml", "json", "name")
 
 
-def _selector(text: str | None):
-    from ..selectors import parse
-
-    return parse(text) if text else None
-
-
-def _load(files: list[str], recursive: bool, *, warn: bool = True):
+def load_manifests(files: list[str], recursive: bool, *, warn: bool = True) -> list[Manifest]:
+    """Manifests from -f paths; a `status` in one is ignored, with a warning."""
     from ..manifests import load
 
     if not files:
@@ -46,13 +45,13 @@ def apply(
 
     if output not in (None, "name", "json"):
         raise InvalidInput(f"--output {output!r}: must be name or json")
-    manifests = _load(filename, recursive)
+    manifests = load_manifests(filename, recursive)
     changes = apply_manifests(
-        ctx_of(ctx).store, manifests, dry_run=dry_run, force=force, prune=prune, selector=_selector(selector)
+        ctx_of(ctx).store, manifests, dry_run=dry_run, force=force, prune=prune, selector=selector_of(selector)
     )
     suffix = " (dry run)" if dry_run else ""
     if output == "json":
-        typer.echo(dump_json(as_list([c.after or c.before for c in changes])))
+        typer.echo(dump_json(as_list([d for c in changes if (d := c.after or c.before) is not None])))
         return
     if changes:  # one write: a line per object, and an apply may hold thousands
         typer.echo(
@@ -74,10 +73,10 @@ def diff(
     from ..apply import apply_manifests
     from .render import dump_yaml
 
-    changes = apply_manifests(ctx_of(ctx).store, _load(filename, recursive), dry_run=True)
+    changes = apply_manifests(ctx_of(ctx).store, load_manifests(filename, recursive), dry_run=True)
     changed = False
     for c in changes:
-        if c.action == "unchanged":
+        if c.action == "unchanged" or c.after is None:
             continue
         changed = True
         before = dump_yaml(_comparable(c.before)).splitlines(keepends=True) if c.before else []
@@ -87,7 +86,7 @@ def diff(
     raise typer.Exit(1 if changed else 0)
 
 
-def _comparable(document: dict) -> dict:
+def _comparable(document: dict[str, Any]) -> dict[str, Any]:
     meta = {k: v for k, v in document["metadata"].items() if k in ("name", "labels", "annotations")}
     return {"apiVersion": document["apiVersion"], "kind": document["kind"], "metadata": meta, "spec": document["spec"]}
 
@@ -106,25 +105,22 @@ def get(
     if output not in (None, *OUTPUTS):
         raise InvalidInput(f"--output {output!r}: must be one of {', '.join(OUTPUTS)}")
     store = ctx_of(ctx).store
-    print_listing(store, kind, names or [], _selector(selector), output)
+    print_listing(store, kind, names or [], selector_of(selector), output)
     if watch:
-        watch_listing(store, kind, names or [], _selector(selector), output)
+        watch_listing(store, kind, names or [], selector_of(selector), output)
 
 
 def describe(ctx: typer.Context, kind: str = typer.Argument(...), name: str | None = typer.Argument(None)) -> None:
     """Everything about one object."""
-    from ..api.kinds import resolve_kind, split_ref
-    from ..store import repository as repo
+    from ..api.kinds import split_ref
+    from ..reads import describe as read
     from .describe import describe_object
 
-    info, name = split_ref(kind) if name is None else (resolve_kind(kind), name)
-    store = ctx_of(ctx).store
-    with store.read() as session:
-        obj = repo.get(session, kind=info.kind, name=name)
-        if obj is None:
-            raise NotFound(f'{info.plural} "{name}" not found')
-        events = repo.events(session, kind=info.kind, name=name, limit=50)
-    typer.echo(describe_object(obj, events, store))
+    if name is None:
+        info, name = split_ref(kind)
+        kind = info.kind
+    obj, events = read(ctx_of(ctx).store, kind, name)
+    typer.echo(describe_object(obj, events))
 
 
 def delete(
@@ -137,13 +133,12 @@ def delete(
 ) -> None:
     """Delete objects by name, by manifest or by label; an active job is cancelled first."""
     from ..api.kinds import KINDS, resolve_kind, split_ref
-    from ..apply import delete_object
-    from ..selectors import matches
-    from ..store import repository as repo
+    from ..apply import delete as delete_objects
 
     targets: list[tuple[str, str]] = []
+    by_kind = None
     if filename:
-        targets = [(m.kind.kind, m.name) for m in _load(filename, recursive, warn=False)]
+        targets = [(m.kind.kind, m.name) for m in load_manifests(filename, recursive, warn=False)]
     elif kind and "/" in kind:
         targets = [(split_ref(ref)[0].kind, split_ref(ref)[1]) for ref in [kind, *(names or [])]]
     elif kind:
@@ -151,28 +146,13 @@ def delete(
         if not names and not selector:
             raise InvalidInput(f"delete {kind}: name the objects, or select them with -l")
         targets = [(info.kind, n) for n in names or []]
+        by_kind = info.kind if not names else None
     else:
         raise InvalidInput("delete: give KIND NAME..., KIND/NAME, -f PATH or KIND -l SELECTOR")
-    requirements = _selector(selector)
-    missing = []
-    with ctx_of(ctx).store.write() as tx:
-        if requirements and kind and not names:
-            objs = [
-                o
-                for o in repo.list_objects(tx.session, kind=resolve_kind(kind).kind)
-                if matches(requirements, o.labels)
-            ]
-        else:
-            objs = []
-            for k, n in targets:
-                obj = repo.get(tx.session, kind=k, name=n)
-                (objs.append(obj) if obj else missing.append((k, n)))
-        # jobs before the pools they use, so one `delete -f` of a whole folder works
-        order = {"Job": 0, "Notifier": 1, "Pool": 2, "Node": 3}
-        done = [(o, delete_object(tx, o)) for o in sorted(objs, key=lambda o: order[o.kind])]
-    for o, what in done:
+    result = delete_objects(ctx_of(ctx).store, targets, kind=by_kind, selector=selector_of(selector))
+    for o, what in result.done:
         typer.echo(f"{KINDS[o.kind].qualified}/{o.name} {what}")
-    for k, n in missing:
+    for k, n in result.missing:
         err(f'Error: {KINDS[k].plural} "{n}" not found')
-    if missing:
+    if result.missing:
         raise typer.Exit(3)

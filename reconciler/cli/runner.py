@@ -6,62 +6,38 @@ import logging
 import signal
 import sys
 import threading
-import time
+from typing import TYPE_CHECKING
 
 import typer
 
-from ..errors import InvalidInput
-from .context import ctx_of, err
+from .context import ctx_of, duration_of, err
+
+if TYPE_CHECKING:
+    from ..store import Store
 
 
-def _duration(text: str | None, flag: str) -> float | None:
-    from ..api.quantity import parse_duration
-
-    if text is None:
-        return None
-    try:
-        return parse_duration(text)
-    except ValueError as exc:
-        raise InvalidInput(f"{flag}: {exc}") from None
-
-
-def _converge(store, names: list[str], timeout: float | None) -> int:
-    """Run a controller in this process until every named job is settled; 0 if all run jobs
+def _converge(store: Store, names: list[str], timeout: float | None) -> int:
+    """Reconcile in this process until every named job is settled; 0 if all run jobs
     Succeeded and every service is Running. Services keep running after `up` returns (the
     next controller adopts them)."""
-    from ..controller.manager import Controller
-    from ..converge import JobWatch, succeeded
+    from ..converge import converge
     from .progress import make_progress, summary
 
-    controller = Controller(store).start()
     progress = make_progress()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    deadline = None if timeout is None else time.monotonic() + timeout
-    watch = JobWatch(store, names)
-    progress.update(watch.statuses, set(names))
-    look = True  # whether to check for convergence: at first and after every change
     try:
-        while not stop.is_set():
-            if changed := watch.poll():
-                progress.update(watch.statuses, changed)
-                look = True
-            if look:
-                look = False
-                if watch.all_settled():
-                    break
-            if deadline is not None and time.monotonic() >= deadline:
-                err(f"error: timed out after {timeout:g}s; jobs not completed: {', '.join(watch.unsettled())}")
-                return 1
-            stop.wait(0.05)
+        result = converge(store, names, timeout=timeout, stop=stop, on_change=progress.update)
     except KeyboardInterrupt:
         err("interrupted; runs keep going and are adopted by the next controller")
         return 130
     finally:
         progress.close()
-        controller.stop()
-    err(summary(watch.statuses))
-    return 0 if all(succeeded(s) for s in watch.statuses.values()) and not stop.is_set() else 1
+    if result.timed_out:
+        err(f"error: timed out after {timeout:g}s; jobs not completed: {', '.join(result.unsettled)}")
+        return 1
+    err(summary(result.jobs))
+    return 0 if result.all_succeeded else 1
 
 
 def up(
@@ -72,11 +48,11 @@ def up(
 ) -> None:
     """Apply, then reconcile in the foreground until every applied job is Completed."""
     from ..apply import apply_manifests
-    from .resources import _load
+    from .resources import load_manifests
 
-    limit = _duration(timeout, "--timeout")
+    limit = duration_of(timeout, "--timeout")
     store = ctx_of(ctx).store
-    changes = apply_manifests(store, _load(filename, recursive))
+    changes = apply_manifests(store, load_manifests(filename, recursive))
     for c in changes:
         if c.action != "unchanged":
             err(f"{c.kind.qualified}/{c.name} {c.action}")
@@ -96,7 +72,7 @@ def controller(
     verbose: bool = typer.Option(False, "-v", "--verbose"),
 ) -> None:
     """The reconcile loop as a long-running process, with this machine's agent inside it."""
-    from ..controller.manager import Controller
+    from ..converge import controller_running
 
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
@@ -107,17 +83,14 @@ def controller(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    running = Controller(store, workers=workers).start()
-    err(f"controller running on node {running.node} (store {store.url})")
-    try:
+    with controller_running(store, workers=workers) as running:
+        err(f"controller running on node {running.node} (store {store.url})")
         if watch:
             from .gitops import watch_folder
 
             watch_folder(store, watch, stop)
         else:
             stop.wait()
-    finally:
-        running.stop()
 
 
 def run(
@@ -138,43 +111,25 @@ def run(
     wait: bool = typer.Option(False, "--wait", help="Reconcile in this process until the job completes."),
 ) -> None:
     """A one-off job without a manifest (Jobman-style); unnamed jobs get job-1, job-2, ..."""
-    import os
+    from ..commands import OneOff, run_job
 
-    from pydantic import ValidationError
-
-    from ..api.job import Job
-    from ..commands import create_job
-
-    spec: dict = {"shell": " ".join(command)} if shell else {"command": list(command)}
-    spec.update(slots=slots, workingDir=os.getcwd())
-    deps = [{"job": j, "outcomes": ["Succeeded"]} for j in after_success]
-    deps += [{"job": j, "outcomes": ["Finished"]} for j in after_finish]
-    if deps:
-        spec["dependsOn"] = deps
-    if pool:
-        spec["pool"] = pool
-    retry: dict = {"limit": retries}
-    if retry_delay:
-        retry["backoff"] = {"policy": "constant", "delay": retry_delay}
-    if retryable_exit_code:
-        retry["onExitCodes"] = retryable_exit_code
-    spec["retry"] = retry
-    if timeout:
-        spec["timeout"] = timeout
-    if run_timeout:
-        spec["runTimeout"] = run_timeout
-    if wait_file:
-        spec["waitFor"] = {"conditions": [{"path": os.path.abspath(wait_file)}]}
-    try:
-        job = Job.model_validate({"metadata": {"name": name or "placeholder"}, "spec": spec})
-    except ValidationError as exc:
-        from ..manifests import _clean_loc, _message, format_path
-
-        raise InvalidInput(
-            "; ".join(f"{format_path(_clean_loc(e['loc']))}: {_message(e)}" for e in exc.errors())
-        ) from None
+    one_off = OneOff(
+        command=list(command),
+        name=name,
+        shell=shell,
+        after_success=after_success,
+        after_finish=after_finish,
+        pool=pool,
+        slots=slots,
+        retries=retries,
+        retry_delay=retry_delay,
+        retryable_exit_codes=retryable_exit_code,
+        timeout=timeout,
+        run_timeout=run_timeout,
+        wait_file=wait_file,
+    )
     store = ctx_of(ctx).store
-    created = create_job(store, job, auto_name=name is None)
+    created = run_job(store, one_off)
     typer.echo(f"job.reconciler.dev/{created} created")
     if wait:
         raise typer.Exit(_converge(store, [created], None))

@@ -4,49 +4,38 @@ A receipt, once written, is never rewritten for the same revision of the depende
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from ..api.job import Dependency
+from ..api.revisions import DepState
+from ..api.status import Phase, ReceiptDict
 
-
-@dataclass(frozen=True)
-class DepState:
-    uid: str
-    revision: int
-    phase: str
-    outcome: str | None
-    propagates: bool = True  # does this revision make dependents that consumed an older one run again
+__all__ = ["DepState", "Verdict", "describe_broken", "evaluate"]
 
 
 @dataclass
 class Verdict:
-    receipts: list[dict[str, Any]]
+    receipts: list[ReceiptDict]
     satisfied: bool
-    broken: dict[str, Any] | None = None  # the receipt that can never be satisfied
+    broken: ReceiptDict | None = None  # the receipt that can never be satisfied
     pending: list[str] = field(default_factory=list)
 
 
 def evaluate(
-    deps: list[Dependency], observed: dict[str, DepState | None], receipts: list[dict[str, Any]], now_text: str
+    deps: list[Dependency], observed: Mapping[str, DepState | None], receipts: list[ReceiptDict], now_text: str
 ) -> Verdict:
     by_job = {r["job"]: r for r in receipts}
-    out: list[dict[str, Any]] = []
+    out: list[ReceiptDict] = []
     pending: list[str] = []
-    broken = None
+    broken: ReceiptDict | None = None
     for dep in deps:
         receipt = by_job.get(dep.job)
         if receipt is None:
             state = observed.get(dep.job)
-            if state is None:
-                receipt = {
-                    "job": dep.job,
-                    "satisfied": False,
-                    "observedAt": now_text,
-                    "outcome": None,
-                    "message": "the job no longer exists",
-                }
-            elif state.phase == "Completed" and state.outcome is not None:
+            if state is None:  # gone: a receipt with no outcome, which satisfies nothing
+                receipt = {"job": dep.job, "satisfied": False, "observedAt": now_text, "outcome": None}
+            elif state.phase == Phase.COMPLETED and state.outcome is not None:
                 receipt = {
                     "job": dep.job,
                     "uid": state.uid,
@@ -58,13 +47,13 @@ def evaluate(
         if receipt is None:
             pending.append(dep.job)
             continue
-        out.append({k: v for k, v in receipt.items() if k != "message"})
+        out.append(receipt)
         if not receipt["satisfied"] and broken is None:
             broken = receipt
     return Verdict(out, satisfied=not pending and broken is None, broken=broken, pending=pending)
 
 
-def describe_broken(receipt: dict[str, Any], deps: list[Dependency]) -> str:
+def describe_broken(receipt: ReceiptDict, deps: list[Dependency]) -> str:
     need = next((d.outcomes for d in deps if d.job == receipt["job"]), [])
     if receipt.get("outcome") is None:
         return f"dependency {receipt['job']} no longer exists"

@@ -7,13 +7,13 @@ import logging
 import threading
 import time
 
-from ..clock import RealClock
+from ..agent.local import LocalAgent, process_owner
+from ..clock import Clock, RealClock
 from ..store import Store
-from ..store import repository as repo
 from ..store import scheduling as sched
+from ..store.feed import ChangeFeed
 from .job import JobReconciler
 from .nodes import HEARTBEAT_INTERVAL, heartbeat, local_node_name
-from .runs import controller_identity
 from .runtime import Runner, WorkQueue
 
 log = logging.getLogger("reconciler.controller")
@@ -23,41 +23,43 @@ WATCH_INTERVAL = 0.05  # how far behind other processes' writes we may be
 
 class Controller:
     def __init__(
-        self, store: Store, *, node: str | None = None, workers: int = 1, clock=None, strategy: str = "spread"
+        self,
+        store: Store,
+        *,
+        node: str | None = None,
+        workers: int = 1,
+        clock: Clock | None = None,
+        strategy: str = "spread",
     ):
-        from ..agent.local import LocalAgent
-
         self.store = store
         self.clock = clock or RealClock()
         self.node = node or local_node_name()
-        self.owner = controller_identity()
+        self.owner = process_owner()
         self.queue = WorkQueue()
-        self.agent = LocalAgent(
-            self.node, store.state_dir, on_exit=lambda job: self.queue.add(("Job", job), urgent=True)
-        )
+        self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
         self.jobs = JobReconciler(
             store,
             self.agent,
             clock=self.clock,
             owner=self.owner,
             strategy=strategy,
-            wake=lambda job, urgent=False: self.queue.add(("Job", job), urgent),
+            wake=self.queue.add,
         )
-        self.runner = Runner(self.queue, lambda key: self.jobs, workers=workers)  # every key is a job's
+        self.runner = Runner(self.queue, self.jobs, workers=workers)
         self._stop = threading.Event()
         self._watcher = threading.Thread(target=self._watch, name="change-watcher", daemon=True)
-        self._seen = 0
+        self._feed: ChangeFeed | None = None
 
     def start(self) -> Controller:
         heartbeat(self.store, self.node, self.owner, self.clock.now())
-        self._seen = self.store.change_seq()
+        self._feed = ChangeFeed(self.store, skip_own=True)
         with self.store.read() as session:
             for job, deps in sched.dependency_graph(session).items():
                 for dep in deps:
                     self.jobs.dependents[dep].add(job)
             names = sched.open_job_names(session) + sched.job_names_needing_revision(session)
         for name in names:
-            self.queue.add(("Job", name))
+            self.queue.add(name)
         self.runner.start()
         self._watcher.start()
         return self
@@ -71,10 +73,11 @@ class Controller:
         self.agent.close()
 
     def _watch(self) -> None:
-        """Notice other processes' writes through the change sequence: the cost of a look is
-        one tiny query, and of a change the rows that changed. Also post the node's
+        """Notice other processes' writes through the change feed, and post the node's
         heartbeat, here rather than through the work queue, where a backlog of thousands of
         jobs could hold it past the node's readiness window."""
+        # start() opens the feed before it lists the open jobs, so no change falls in between
+        feed = self._feed if self._feed is not None else ChangeFeed(self.store, skip_own=True)
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL
         while not self._stop.wait(WATCH_INTERVAL):
             if time.monotonic() >= next_beat:
@@ -84,28 +87,14 @@ class Controller:
                 except Exception:  # the store may be briefly unavailable: the next tick tries again
                     log.warning("node heartbeat failed", exc_info=True)
             try:
-                seq = self.store.change_seq()
-                if seq == self._seen:
-                    continue
-                with self.store.read() as session:
-                    rows = sched.changed_since(session, self._seen)
-                own = self.store.own_writes
-                foreign = [(kind, name) for kind, name, rv in rows if rv not in own]
-                self.store.own_writes = {rv for rv in own if rv > seq}
-                self._seen = seq
-                for kind, name in foreign:
-                    if kind == "Job":
-                        self.queue.add(("Job", name))
-                if any(kind in ("Pool", "Node") for kind, _ in foreign):
+                foreign = feed.poll()
+                for change in foreign:
+                    if change.kind == "Job":
+                        self.queue.add(change.name)
+                if any(change.kind in ("Pool", "Node") for change in foreign):
                     with self.store.read() as session:
                         for name in sched.first_in_line(session, None, 8):
-                            self.queue.add(("Job", name), urgent=True)  # a pool or node may have room now
+                            self.queue.add(name, urgent=True)  # a pool or node may have room now
             except Exception:  # the database may be briefly unavailable; try on the next tick
                 log.warning("change watcher failed", exc_info=True)
                 self._stop.wait(0.5)
-
-
-def job_phases(store: Store, names: list[str]) -> dict[str, dict]:
-    """name -> status of the named jobs (benchmarks and tests read them this way)."""
-    with store.read() as session:
-        return {o.name: (o.status or {}) for o in repo.list_objects(session, kind="Job", names=names)}

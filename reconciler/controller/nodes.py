@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from typing import Any
 
 from ..api.meta import from_epoch
 from ..store import Store
@@ -37,7 +38,7 @@ def heartbeat(store: Store, node: str, owner: str, now: float) -> None:
         allocated = next((f.allocated for f in sched.node_facts(tx.session, now) if f.name == node), 0)
         stamp = from_epoch(now)
         previous = obj.status or {}
-        ready = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
+        ready: dict[str, Any] = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
         since = ready.get("lastTransitionTime") if ready.get("status") == "True" else stamp
         status = {
             "conditions": [

@@ -9,13 +9,14 @@ import random
 import threading
 from collections.abc import Callable
 
+from ..clock import Clock
 from .waits import check_path
 
 PathCondition = tuple[str, "str | None", float]  # path, type, interval
 
 
 class PathWatch:
-    def __init__(self, wake: Callable[[str], None], clock):
+    def __init__(self, wake: Callable[[str], None], clock: Clock):
         self._wake = wake
         self._clock = clock
         self._rand = random.Random()
@@ -66,7 +67,7 @@ class PathWatch:
                     if due is not None and due[1] <= now:
                         break
                     self._cond.wait(None if due is None else due[1] - now)
-                if self._stop:
+                if self._stop or due is None:
                     return
                 interval = due[0]
                 jobs = list(self._groups.get(interval, {}).items())

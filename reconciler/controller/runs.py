@@ -6,61 +6,49 @@ start time). A job never completes while a process of its run is known alive."""
 
 from __future__ import annotations
 
-import socket
+import random
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import psutil
-
-from ..agent.identity import ProcessIdentity, is_alive
-from ..agent.process import StartFailed
+from ..agent.local import ExitRecord, LocalAgent, ProcessIdentity, StartFailed, owner_gone
 from ..api.meta import from_epoch, to_epoch
+from ..api.status import Phase, RunDict, RunOutcome
+from ..store import Store
 from ..store import scheduling as sched
 from . import deadlines, faults
-from .context import AGAIN, Ctx
+from .context import Ctx
+from .endings import Endings
 from .retry import RunEnd, after_run
-
-if TYPE_CHECKING:
-    from .job import JobReconciler
+from .runtime import AGAIN, DONE, Result, requeue_after
 
 STOP_POLL = 0.05  # while stopping, look this often (a stop lasts at most the grace period)
 WRAPPER_GRACE = 2.0  # after SIGKILL, how long the wrapper gets to record before it is killed too
 OTHER_AGENT_POLL = 5.0
 
-
-def controller_identity() -> str:
-    """host:pid:start — an owner that can be proven gone on this host."""
-    me = psutil.Process()
-    return f"{socket.gethostname()}:{me.pid}:{me.create_time()}"
-
-
-def owner_gone(owner: str) -> bool:
-    host, _, rest = owner.partition(":")
-    pid, _, start = rest.partition(":")
-    if host != socket.gethostname():
-        return False  # cannot be proven from here
-    try:
-        return not is_alive(ProcessIdentity(int(pid), float(start)))
-    except ValueError:
-        return False
+Stop = tuple[str, str]  # (reason, message)
 
 
 class RunSteps:
-    def __init__(self, jobs: JobReconciler):
-        self.jobs = jobs
-        self.agent = jobs.agent
-        self.store = jobs.store
+    def __init__(self, store: Store, agent: LocalAgent, endings: Endings, *, owner: str, rand: random.Random):
+        self.store = store
+        self.agent = agent
+        self.endings = endings
+        self.owner = owner
+        self.rand = rand
 
-    def step(self, ctx: Ctx) -> float | None:
-        return {"Starting": self.starting, "Running": self.running, "Stopping": self.stopping}[ctx.phase](ctx)
+    def step(self, ctx: Ctx) -> Result:
+        if ctx.phase == Phase.STARTING:
+            return self.starting(ctx)
+        if ctx.phase == Phase.RUNNING:
+            return self.running(ctx)
+        return self.stopping(ctx)
 
-    def stop_reason(self, ctx: Ctx) -> tuple[str, str] | None:
+    def stop_reason(self, ctx: Ctx) -> Stop | None:
         """Why a live run must stop now, in order of precedence."""
         if ctx.obj.deleted_at is not None:
             return "Deleted", "the job is being deleted"
         if ctx.cancel_requested():
             return "Cancelled", "cancelled by request"
-        if deadlines.passed(self.jobs.job_deadline(ctx), ctx.now):
+        if deadlines.passed(ctx.job_deadline(), ctx.now):
             return "DeadlineExceeded", f"the job exceeded its timeout of {ctx.spec.timeout:g}s"
         if ctx.spec.suspend:
             return "Suspended", "suspended"
@@ -72,29 +60,29 @@ class RunSteps:
         return self.agent.run_dir(ctx.name, ctx.uid, number)
 
     # -- Starting ------------------------------------------------------------------------
-    def starting(self, ctx: Ctx) -> float | None:
-        held = self.jobs.admitted.pop(ctx.uid, None)
+    def starting(self, ctx: Ctx) -> Result:
+        held = self.endings.admitted.pop(ctx.uid, None)
         if held is None:
             with self.store.read() as session:
                 held = sched.admission(session, ctx.uid)
         if held is None:  # cannot happen through the transition table; recover by queueing again
-            ctx.move("Queued", "AdmissionLost", "no admission found for a starting job; queued again")
-            self.jobs._enqueue(ctx)
-            self.jobs.write(ctx, None)
+            ctx.move(Phase.QUEUED, "AdmissionLost", "no admission found for a starting job; queued again")
+            self.endings.enqueue(ctx)
+            self.endings.write(ctx)
             return AGAIN
         if held.node != self.agent.node:
-            return OTHER_AGENT_POLL  # another node's agent starts it
+            return requeue_after(OTHER_AGENT_POLL)  # another node's agent starts it
         if not self._claim(ctx, held):
             # another live controller owns this spawn: it starts the run (or already has, and
             # records it); adopting that process from here would race it for the record
-            return OTHER_AGENT_POLL
+            return requeue_after(OTHER_AGENT_POLL)
         number, run_dir = held.run_number, self.run_dir(ctx, held.run_number)
         identity = self.agent.find(run_dir)
         exited = self.agent.exit_of(run_dir)
         started_at = None  # now, unless an adopted process tells when it really started
         if identity is None and exited is None:
             if (stop := self.stop_reason(ctx)) is not None:
-                return self.after_stop(ctx, stop[0], stop[1], run=None)
+                return self.after_stop(ctx, stop, run=None)
             faults.point("after-admission")
             try:
                 identity = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
@@ -102,94 +90,90 @@ class RunSteps:
             except StartFailed as exc:
                 run = self._new_run(ctx, number, None)
                 return self.finish(
-                    ctx, run, RunEnd("StartFailed"), exit_code=None, reason="StartFailed", message=str(exc)
+                    ctx, run, RunEnd(RunOutcome.START_FAILED), exit_code=None, reason="StartFailed", message=str(exc)
                 )
         elif identity is not None:  # spawned before a crash: adopt it, with its real start (runTimeout counts from it)
             self.agent.watch(ctx.name, identity)
             started_at = from_epoch(min(self.agent.started_at(identity), ctx.now))
         run = self._new_run(ctx, number, identity, started_at)
         ctx.status.setdefault("startTime", run["startedAt"])
-        ctx.move(
-            "Running",
-            "Started",
-            f"run {number} started on {held.node}" + (f" (pid {identity.pid})" if identity else ""),
-        )
-        self.jobs.write(ctx, None)
+        pid = f" (pid {identity.pid})" if identity else ""
+        ctx.move(Phase.RUNNING, "Started", f"run {number} started on {held.node}{pid}")
+        self.endings.write(ctx)
         if identity is not None and started_at is None:
             # just spawned here and watched: the exit watcher wakes the job when it ends, so
             # only the deadlines need a timer (a Running step now would find it alive)
-            return deadlines.soonest(
-                ctx.now, deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"])), self.jobs.job_deadline(ctx)
-            )
+            run_deadline = deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"]))
+            return requeue_after(deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline()))
         return AGAIN
 
-    def _claim(self, ctx: Ctx, held) -> bool:
+    def _claim(self, ctx: Ctx, held: sched.Admission) -> bool:
         """Only one agent may start (or adopt) a given admission's run, even with two
         controllers: the unclaimed spawn, or that of an owner proven gone (a crash)."""
-        if held.owner == self.jobs.owner:
+        if held.owner == self.owner:
             return True  # claimed at admission
         if held.owner is not None and not owner_gone(held.owner):
             return False
         with self.store.write() as tx:
-            return sched.claim_spawn(tx, ctx.uid, self.jobs.owner, take_over_from=held.owner)
+            return sched.claim_spawn(tx, ctx.uid, self.owner, take_over_from=held.owner)
 
-    def _new_run(self, ctx: Ctx, number: int, identity: ProcessIdentity | None, started_at: str | None = None) -> dict:
-        run = {
+    def _new_run(
+        self, ctx: Ctx, number: int, identity: ProcessIdentity | None, started_at: str | None = None
+    ) -> RunDict:
+        run: RunDict = {
             "number": number,
             "revision": ctx.revision,
             "node": self.agent.node,
             "startedAt": started_at or ctx.now_text,
         }
         if identity is not None:
-            run.update(pid=identity.pid, processStartTime=identity.start_time)
+            run["pid"], run["processStartTime"] = identity.pid, identity.start_time
         ctx.status.setdefault("runs", []).append(run)
         return run
 
     # -- Running -------------------------------------------------------------------------
-    def running(self, ctx: Ctx) -> float | None:
+    def running(self, ctx: Ctx) -> Result:
         run = ctx.open_run()
         if run is None:
             raise RuntimeError(f"job {ctx.name} is Running without an open run")
         if run.get("node") != self.agent.node:
-            return OTHER_AGENT_POLL  # only the run's own agent can see its processes
-        identity, run_dir = self._identity(run), self.run_dir(ctx, run["number"])
+            return requeue_after(OTHER_AGENT_POLL)  # only the run's own agent can see its processes
+        identity, run_dir = _identity(run), self.run_dir(ctx, run["number"])
         alive = identity is not None and self.agent.alive(identity)
         exited = self.agent.exit_of(run_dir)
-        if not alive:
+        if identity is None or not alive:
             return self._ended(ctx, run, exited)
         self.agent.watch(ctx.name, identity)
         if exited is not None and not self.agent.leftovers(identity):
-            return STOP_POLL  # the wrapper is writing its record and about to exit; the watcher wakes us
+            return requeue_after(STOP_POLL)  # the wrapper is writing its record and about to exit; the watcher wakes us
         if exited is not None:  # the command exited but left processes in its group
-            return self._begin_stop(ctx, identity, "Exited", "the command exited; stopping what it left running")
+            return self._begin_stop(ctx, identity, ("Exited", "the command exited; stopping what it left running"))
         stop = self.stop_reason(ctx)
         run_deadline = deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"]))
         if stop is None and deadlines.passed(run_deadline, ctx.now):
             stop = ("RunTimeout", f"run {run['number']} exceeded its runTimeout of {ctx.spec.run_timeout:g}s")
         if stop is not None:
-            return self._begin_stop(ctx, identity, *stop)
-        return deadlines.soonest(ctx.now, run_deadline, self.jobs.job_deadline(ctx))
+            return self._begin_stop(ctx, identity, stop)
+        return requeue_after(deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline()))
 
-    def _identity(self, run: dict) -> ProcessIdentity | None:
-        if run.get("pid") is None:
-            return None
-        return ProcessIdentity(int(run["pid"]), float(run["processStartTime"]))
-
-    def _ended(self, ctx: Ctx, run: dict, exited) -> float | None:
+    def _ended(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result:
         faults.point("before-exit-record")
         if exited is None:
             return self.finish(
                 ctx,
                 run,
-                RunEnd("Lost"),
+                RunEnd(RunOutcome.LOST),
                 exit_code=None,
                 reason="ProcessLost",
                 message=f"run {run['number']} ended without recording an exit status",
             )
-        end = RunEnd("Succeeded" if exited.exit_code == 0 else "Failed", exited.exit_code)
-        return self.finish(ctx, run, end, exit_code=exited.exit_code, signal=exited.signal)
+        outcome = RunOutcome.SUCCEEDED if exited.exit_code == 0 else RunOutcome.FAILED
+        return self.finish(
+            ctx, run, RunEnd(outcome, exited.exit_code), exit_code=exited.exit_code, signal=exited.signal
+        )
 
-    def _begin_stop(self, ctx: Ctx, identity: ProcessIdentity, reason: str, message: str) -> float:
+    def _begin_stop(self, ctx: Ctx, identity: ProcessIdentity, stop: Stop) -> Result:
+        reason, message = stop
         self.agent.terminate(identity)
         ctx.status["stop"] = {
             "reason": reason,
@@ -198,21 +182,21 @@ class RunSteps:
             "killAt": ctx.now + ctx.spec.stop_grace_period,
         }
         ctx.move(
-            "Stopping",
+            Phase.STOPPING,
             reason if reason != "Exited" else "Cleanup",
             message,
             event="Stopping" if reason != "RunTimeout" else "RunTimeout",
         )
-        self.jobs.write(ctx, None)
-        return STOP_POLL
+        self.endings.write(ctx)
+        return requeue_after(STOP_POLL)
 
     # -- Stopping ------------------------------------------------------------------------
-    def stopping(self, ctx: Ctx) -> float | None:
+    def stopping(self, ctx: Ctx) -> Result:
         run, stop = ctx.open_run(), ctx.status.get("stop") or {}
         if run is not None and run.get("node") != self.agent.node:
-            return OTHER_AGENT_POLL
-        identity = self._identity(run) if run else None
-        if identity is not None and self.agent.alive(identity):
+            return requeue_after(OTHER_AGENT_POLL)
+        identity = _identity(run) if run else None
+        if run is not None and identity is not None and self.agent.alive(identity):
             kill_at = float(stop.get("killAt", ctx.now))
             if ctx.now >= kill_at:
                 if not stop.get("killed"):
@@ -222,79 +206,79 @@ class RunSteps:
                         f"grace period over; SIGKILL to the process group of run {run['number']}",
                         warning=True,
                     )
-                    self.jobs.write(ctx, None)
+                    self.endings.write(ctx)
                 self.agent.kill(identity, wrapper_too=ctx.now >= kill_at + WRAPPER_GRACE)
-            return STOP_POLL
-        reason, message = stop.get("reason", "Cancelled"), stop.get("message", "")
+            return requeue_after(STOP_POLL)
+        reason = (stop.get("reason", "Cancelled"), stop.get("message", ""))
         if run is None:
-            return self.after_stop(ctx, reason, message, run=None)
+            return self.after_stop(ctx, reason, run=None)
         exited = self.agent.exit_of(self.run_dir(ctx, run["number"]))
-        if reason == "Exited":
+        if reason[0] == "Exited":
             return self._ended(ctx, run, exited)
-        return self.after_stop(ctx, reason, message, run=run, exited=exited)
+        return self.after_stop(ctx, reason, run=run, exited=exited)
 
-    def after_stop(self, ctx: Ctx, reason: str, message: str, run: dict | None, exited=None) -> float | None:
+    def after_stop(self, ctx: Ctx, stop: Stop, run: RunDict | None, exited: ExitRecord | None = None) -> Result:
         """The run (if any) is over and its processes are gone: record it, release the slots,
         then go where the stop reason leads."""
-        code = exited.exit_code if exited else None
+        reason, message = stop
         if run is not None:
             if reason in ("RunTimeout", "DeadlineExceeded"):
                 self._timed_out(ctx, run)
-                self._close_run(ctx, run, "TimedOut", -1, None, reason)
+                _close_run(ctx, run, RunOutcome.TIMED_OUT, -1, None, reason)
             else:
-                self._close_run(ctx, run, "Cancelled", code, exited.signal if exited else None, reason)
+                code = exited.exit_code if exited else None
+                _close_run(ctx, run, RunOutcome.CANCELLED, code, exited.signal if exited else None, reason)
         self._release(ctx)
         ctx.status.pop("stop", None)
         if reason == "RunTimeout":
-            return self._decide(ctx, RunEnd("TimedOut", -1), message)
+            return self._decide(ctx, RunEnd(RunOutcome.TIMED_OUT, -1), message)
         if reason == "Deleted":
-            return self.jobs.finalize_delete(ctx)
+            return self.endings.finalize_delete(ctx)
         if reason == "Suspended":
-            ctx.move("Suspended", "Suspended", "suspended; the run was stopped and the job keeps its queue position")
-            self.jobs.write(ctx, None)
-            return None
+            ctx.move(
+                Phase.SUSPENDED, "Suspended", "suspended; the run was stopped and the job keeps its queue position"
+            )
+            self.endings.write(ctx)
+            return DONE
         if reason == "SpecChanged":
-            return self.jobs.start_revision(ctx)
+            return self.endings.start_revision(ctx)
         outcome = "TimedOut" if reason == "DeadlineExceeded" else "Cancelled"
-        return self.jobs.complete(ctx, outcome, reason, message)
+        return self.endings.complete(ctx, outcome, reason, message)
 
-    def _timed_out(self, ctx: Ctx, run: dict) -> None:
+    def _timed_out(self, ctx: Ctx, run: RunDict) -> None:
         """The stderr line the seed scheduler wrote for timed-out runs."""
-        try:
-            with open(self.run_dir(ctx, run["number"]) / "stderr", "a") as err:
-                err.write("job timed out\n")
-        except OSError:
-            pass
+        self.agent.note_stderr(self.run_dir(ctx, run["number"]), "job timed out")
 
     # -- after a run ---------------------------------------------------------------------
-    def _close_run(self, ctx: Ctx, run: dict, outcome: str, code, signal, reason: str | None) -> None:
-        run.update(finishedAt=ctx.now_text, outcome=outcome, exitCode=code)
-        if signal:
-            run["signal"] = signal
-        if reason:
-            run["reason"] = reason
-
     def _release(self, ctx: Ctx) -> None:
-        if ctx.status.pop("admission", None) is not None or ctx.phase in ("Starting", "Running", "Stopping"):
+        if ctx.status.pop("admission", None) is not None or ctx.phase in (
+            Phase.STARTING,
+            Phase.RUNNING,
+            Phase.STOPPING,
+        ):
             ctx.ops.append(lambda tx: sched.release(tx, ctx.uid))
             ctx.released(ctx.spec.pool, ctx.spec.slots)
 
     def finish(
-        self, ctx: Ctx, run: dict, end: RunEnd, *, exit_code, signal=None, reason=None, message=""
-    ) -> float | None:
+        self,
+        ctx: Ctx,
+        run: RunDict,
+        end: RunEnd,
+        *,
+        exit_code: int | None,
+        signal: int | None = None,
+        reason: str | None = None,
+        message: str = "",
+    ) -> Result:
         outcome = end.outcome
-        self._close_run(ctx, run, outcome, exit_code, signal, reason)
-        ctx.note(
-            "Exited",
-            f"run {run['number']} ended {outcome}"
-            + (f" with exit code {exit_code}" if exit_code is not None else "")
-            + (f": {message}" if message else ""),
-            warning=outcome != "Succeeded",
-        )
+        _close_run(ctx, run, outcome, exit_code, signal, reason)
+        code = f" with exit code {exit_code}" if exit_code is not None else ""
+        detail = f": {message}" if message else ""
+        ctx.note("Exited", f"run {run['number']} ended {outcome}{code}{detail}", warning=outcome != "Succeeded")
         self._release(ctx)
         return self._decide(ctx, end, message)
 
-    def _decide(self, ctx: Ctx, end: RunEnd, message: str) -> float | None:
+    def _decide(self, ctx: Ctx, end: RunEnd, message: str) -> Result:
         stop = self.stop_reason(ctx)
         decision = after_run(
             ctx.spec.retry,
@@ -302,15 +286,30 @@ class RunSteps:
             attempts=len(ctx.runs_this_revision()),
             cancelled=stop is not None and stop[0] in ("Cancelled", "Deleted"),
             deadline_passed=stop is not None and stop[0] == "DeadlineExceeded",
-            rand=self.jobs.rand.random,
+            rand=self.rand.random,
             service=ctx.spec.type == "service",
         )
         if not decision.retry:
-            return self.jobs.complete(
+            assert decision.outcome is not None  # a decision not to retry names the outcome
+            return self.endings.complete(
                 ctx, decision.outcome, decision.reason or decision.outcome, message or decision.message
             )
         ctx.status["nextRunAt"] = from_epoch(ctx.now + decision.delay)
-        ctx.move("Backoff", "BackoffScheduled", decision.message)
-        self.jobs.write(ctx, None)
+        ctx.move(Phase.BACKOFF, "BackoffScheduled", decision.message)
+        self.endings.write(ctx)
         faults.point("during-backoff")
-        return AGAIN if decision.delay <= 0 else decision.delay
+        return AGAIN if decision.delay <= 0 else requeue_after(decision.delay)
+
+
+def _identity(run: RunDict) -> ProcessIdentity | None:
+    if run.get("pid") is None:
+        return None
+    return ProcessIdentity(int(run["pid"]), float(run["processStartTime"]))
+
+
+def _close_run(ctx: Ctx, run: RunDict, outcome: str, code: int | None, signal: int | None, reason: str | None) -> None:
+    run["finishedAt"], run["outcome"], run["exitCode"] = ctx.now_text, outcome, code
+    if signal:
+        run["signal"] = signal
+    if reason:
+        run["reason"] = reason

@@ -1,6 +1,10 @@
 """The controller runtime: a work queue with deduplication, per-key exclusivity, timers and
-per-key exponential backoff on errors, served by a few worker threads (controller-runtime's
-shape). Reconcilers only say what to do with one key and when to be called again."""
+per-key exponential backoff on errors, served by worker threads (controller-runtime's shape).
+
+The contract is small: a reconciler takes a key (a job's name) and returns a `Result`:
+when it wants to be called again (`requeue_after` seconds, or only when something wakes
+the key), or at once (`again`). An exception is retried with per-key exponential backoff;
+a `TerminalError` is not retried at all. Everything else is the runtime's business."""
 
 from __future__ import annotations
 
@@ -10,11 +14,36 @@ import random
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
+from dataclasses import dataclass
 
 log = logging.getLogger("reconciler.runtime")
 
-Reconcile = Callable[[Hashable], "float | None"]  # returns seconds until it wants to run again
+Key = str  # a job's name
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What a reconcile asks of the runtime next."""
+
+    requeue_after: float | None = None  # seconds until it wants to be called again; None: only when woken
+    again: bool = False  # call it again at once: there is more to do now
+
+
+DONE = Result()
+AGAIN = Result(again=True)
+
+
+def requeue_after(seconds: float | None) -> Result:
+    return DONE if seconds is None else Result(requeue_after=seconds)
+
+
+class TerminalError(Exception):
+    """A reconcile failed in a way retrying cannot fix (say, a stored spec that no longer
+    validates): logged once, not retried; the key runs again only when something wakes it."""
+
+
+Reconcile = Callable[[Key], Result]
 
 ERROR_BASE, ERROR_MAX = 0.005, 30.0
 URGENT_STREAK = 4  # urgent keys in a row before one normal key goes (the normal lane gets >= 1/5)
@@ -31,22 +60,22 @@ class WorkQueue:
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
-        self._ready: deque[tuple[Hashable, int]] = deque()  # (key, entry number)
-        self._urgent: deque[tuple[Hashable, int]] = deque()
-        self._queued: dict[Hashable, tuple[bool, int]] = {}  # key -> (urgent, its live entry); others are stale
-        self._processing: set[Hashable] = set()
-        self._dirty: dict[Hashable, bool] = {}
+        self._ready: deque[tuple[Key, int]] = deque()  # (key, entry number)
+        self._urgent: deque[tuple[Key, int]] = deque()
+        self._queued: dict[Key, tuple[bool, int]] = {}  # key -> (urgent, its live entry); others are stale
+        self._processing: set[Key] = set()
+        self._dirty: dict[Key, bool] = {}
         self._streak = 0  # urgent keys handed out in a row
-        self._timers: list[tuple[float, int, Hashable]] = []
-        self._due: dict[Hashable, float] = {}  # earliest pending timer per key
+        self._timers: list[tuple[float, int, Key]] = []
+        self._due: dict[Key, float] = {}  # earliest pending timer per key
         self._seq = 0
         self._closed = False
 
-    def add(self, key: Hashable, urgent: bool = False) -> None:
+    def add(self, key: Key, urgent: bool = False) -> None:
         with self._cond:
             self._add_locked(key, urgent)
 
-    def _add_locked(self, key: Hashable, urgent: bool = False) -> None:
+    def _add_locked(self, key: Key, urgent: bool = False) -> None:
         if key in self._processing:
             self._dirty[key] = self._dirty.get(key, False) or urgent
             return
@@ -57,7 +86,7 @@ class WorkQueue:
             (self._urgent if urgent else self._ready).append((key, self._seq))
             self._cond.notify()
 
-    def add_after(self, key: Hashable, delay: float) -> None:
+    def add_after(self, key: Key, delay: float) -> None:
         if delay <= 0:
             self.add(key)
             return
@@ -70,7 +99,7 @@ class WorkQueue:
             heapq.heappush(self._timers, (at, self._seq, key))
             self._cond.notify()
 
-    def get(self) -> Hashable | None:
+    def get(self) -> Key | None:
         """Next key to process, blocking; None once closed."""
         with self._cond:
             while True:
@@ -82,14 +111,14 @@ class WorkQueue:
                     if self._due.get(key) == at:
                         del self._due[key]
                         self._add_locked(key)
-                key = self._pop()
-                if key is not None:
-                    self._processing.add(key)
-                    return key
+                ready = self._pop()
+                if ready is not None:
+                    self._processing.add(ready)
+                    return ready
                 timeout = self._timers[0][0] - now if self._timers else None
                 self._cond.wait(timeout)
 
-    def _pop(self) -> Hashable | None:
+    def _pop(self) -> Key | None:
         # after URGENT_STREAK urgent keys in a row, one normal key goes, if any waits: timers
         # and other processes' changes are never starved by a stream of short runs
         lanes = (self._ready, self._urgent) if self._streak >= URGENT_STREAK else (self._urgent, self._ready)
@@ -102,7 +131,7 @@ class WorkQueue:
                     return key
         return None
 
-    def done(self, key: Hashable) -> None:
+    def done(self, key: Key) -> None:
         with self._cond:
             self._processing.discard(key)
             urgent = self._dirty.pop(key, None)
@@ -124,12 +153,12 @@ class WorkQueue:
 
 
 class Runner:
-    """Workers pulling keys from one queue and routing them to a reconciler by key kind."""
+    """Workers pulling keys from one queue and handing them to the reconciler."""
 
-    def __init__(self, queue: WorkQueue, route: Callable[[Hashable], Reconcile], workers: int = 4):
+    def __init__(self, queue: WorkQueue, reconcile: Reconcile, workers: int = 1):
         self.queue = queue
-        self._route = route
-        self._failures: dict[Hashable, int] = {}
+        self._reconcile = reconcile
+        self._failures: dict[Key, int] = {}
         self._threads = [
             threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True) for i in range(workers)
         ]
@@ -146,7 +175,12 @@ class Runner:
     def _work(self) -> None:
         while (key := self.queue.get()) is not None:
             try:
-                again = self._route(key)(key)
+                result = self._reconcile(key)
+            except TerminalError as exc:
+                log.error("reconcile %s failed for good: %s", key, exc)
+                self._failures.pop(key, None)
+                self.queue.done(key)
+                continue
             except Exception as exc:  # the runner, not reconcilers, owns retrying on errors
                 failures = self._failures.get(key, 0) + 1
                 self._failures[key] = failures
@@ -166,5 +200,7 @@ class Runner:
                 continue
             self._failures.pop(key, None)
             self.queue.done(key)
-            if again is not None:
-                self.queue.add_after(key, again)
+            if result.again:
+                self.queue.add(key)
+            elif result.requeue_after is not None:
+                self.queue.add_after(key, result.requeue_after)

@@ -5,21 +5,22 @@ event to record in the same transaction."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Literal
 
-ALLOWED: dict[str, frozenset[str]] = {
-    "Waiting": frozenset({"Queued", "Suspended", "Completed"}),
-    "Queued": frozenset({"Starting", "Suspended", "Completed", "Waiting"}),
-    "Starting": frozenset({"Running", "Stopping", "Backoff", "Completed", "Queued", "Suspended", "Waiting"}),
-    "Running": frozenset({"Stopping", "Backoff", "Completed"}),
-    "Stopping": frozenset({"Backoff", "Suspended", "Completed", "Waiting"}),
-    "Backoff": frozenset({"Queued", "Suspended", "Completed", "Waiting"}),
-    "Suspended": frozenset({"Waiting", "Queued", "Backoff", "Completed"}),
-    "Completed": frozenset({"Waiting"}),  # a new revision
+from ..api.status import LIVE_PHASES, WARNING_OUTCOMES, ConditionDict, JobStatusDict, Phase, phase_of
+
+P = Phase
+
+ALLOWED: dict[Phase, frozenset[Phase]] = {
+    P.WAITING: frozenset({P.QUEUED, P.SUSPENDED, P.COMPLETED}),
+    P.QUEUED: frozenset({P.STARTING, P.SUSPENDED, P.COMPLETED, P.WAITING}),
+    P.STARTING: frozenset({P.RUNNING, P.STOPPING, P.BACKOFF, P.COMPLETED, P.QUEUED, P.SUSPENDED, P.WAITING}),
+    P.RUNNING: frozenset({P.STOPPING, P.BACKOFF, P.COMPLETED}),
+    P.STOPPING: frozenset({P.BACKOFF, P.SUSPENDED, P.COMPLETED, P.WAITING}),
+    P.BACKOFF: frozenset({P.QUEUED, P.SUSPENDED, P.COMPLETED, P.WAITING}),
+    P.SUSPENDED: frozenset({P.WAITING, P.QUEUED, P.BACKOFF, P.COMPLETED}),
+    P.COMPLETED: frozenset({P.WAITING}),  # a new revision
 }
-
-HOLDING_SLOTS = frozenset({"Starting", "Running", "Stopping"})
-WARNING_OUTCOMES = frozenset({"Failed", "TimedOut", "Aborted", "Lost"})
 
 
 class IllegalTransition(RuntimeError):
@@ -33,21 +34,28 @@ class Event:
     warning: bool = False
 
 
-def _condition(status: dict[str, Any], type_: str, value: bool, reason: str, message: str, now: str) -> None:
+def set_condition(status: JobStatusDict, type_: str, value: bool, reason: str, message: str, now: str) -> None:
     conditions = status.setdefault("conditions", [])
-    text = "True" if value else "False"
+    text: Literal["True", "False"] = "True" if value else "False"
     for c in conditions:
         if c["type"] == type_:
             if c["status"] != text:
                 c["lastTransitionTime"] = now
-            c.update(status=text, reason=reason, message=message)
+            c["status"], c["reason"], c["message"] = text, reason, message
             return
-    conditions.append({"type": type_, "status": text, "reason": reason, "message": message, "lastTransitionTime": now})
+    condition: ConditionDict = {
+        "type": type_,
+        "status": text,
+        "reason": reason,
+        "message": message,
+        "lastTransitionTime": now,
+    }
+    conditions.append(condition)
 
 
 def move(
-    status: dict[str, Any],
-    to: str,
+    status: JobStatusDict,
+    to: Phase,
     *,
     reason: str,
     message: str,
@@ -56,23 +64,23 @@ def move(
     event_reason: str | None = None,
 ) -> Event:
     """Change `status` in place from its phase to `to`; the caller writes it once."""
-    current = status.get("phase", "Waiting")
-    if (to != current and to not in ALLOWED[current]) or to == current == "Completed":
+    current = phase_of(status)
+    if (to != current and to not in ALLOWED[current]) or to == current == Phase.COMPLETED:
         raise IllegalTransition(f"{current} -> {to} is not an allowed transition ({reason})")
-    if (to == "Completed") != (outcome is not None):
+    if (to == Phase.COMPLETED) != (outcome is not None):
         raise IllegalTransition("an outcome is given exactly when the job completes")
     status["phase"] = to
     status["reason"] = reason
     status["message"] = message
     status["outcome"] = outcome
-    if to == "Completed":
+    if outcome is not None:
         status["completionTime"] = now
         status.pop("nextRunAt", None)
-        _condition(status, "Completed", True, outcome, message, now)
-        _condition(status, "Succeeded", outcome == "Succeeded", reason, message, now)
-    admitted = to in HOLDING_SLOTS
-    if admitted != (current in HOLDING_SLOTS) or to == "Starting":
-        _condition(
+        set_condition(status, "Completed", True, outcome, message, now)
+        set_condition(status, "Succeeded", outcome == "Succeeded", reason, message, now)
+    admitted = to in LIVE_PHASES
+    if admitted != (current in LIVE_PHASES) or to == Phase.STARTING:
+        set_condition(
             status,
             "Admitted",
             admitted,
@@ -81,4 +89,4 @@ def move(
             now,
         )
     warning = outcome in WARNING_OUTCOMES
-    return Event(event_reason or (outcome if to == "Completed" else reason), message, warning)
+    return Event(event_reason or (outcome if outcome is not None else reason), message, warning)

@@ -4,10 +4,11 @@ passed in as functions, so the combining logic is pure and tested from tables.""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..api.job import WaitCondition, WaitFor
+from ..api.status import WaitDict
 
 PATH_POLL = 1.0  # default interval for path conditions
 
@@ -42,29 +43,26 @@ def check(
     probe: ProbeRunner,
     path_check: Callable[[str, str | None], tuple[bool, str]] = check_path,
 ) -> Check:
-    kind = cond.kind
-    if kind == "until":
+    if cond.until is not None:
         at = cond.until.timestamp()
         ok = now >= at
-        return Check(
-            kind, ok, "time reached" if ok else f"until {cond.until.isoformat()}", recheck_in=None if ok else at - now
-        )
-    if kind == "delay":
+        message = "time reached" if ok else f"until {cond.until.isoformat()}"
+        return Check("until", ok, message, recheck_in=None if ok else at - now)
+    if cond.delay is not None:
         at = accepted_at + cond.delay
         ok = now >= at
-        return Check(
-            kind, ok, "delay elapsed" if ok else f"{at - now:.3g}s of delay left", recheck_in=None if ok else at - now
-        )
-    if kind == "path":
+        message = "delay elapsed" if ok else f"{at - now:.3g}s of delay left"
+        return Check("delay", ok, message, recheck_in=None if ok else at - now)
+    if cond.path is not None:
         ok, message = path_check(cond.path, cond.type)
-        return Check(kind, ok, message, recheck_in=None if ok else (cond.interval or PATH_POLL))
+        return Check("path", ok, message, recheck_in=None if ok else (cond.interval or PATH_POLL))
+    assert cond.probe is not None  # a condition is exactly one of the four (api/job.py)
     answer = probe(cond)
     if answer is None:  # the first probe runs: its end wakes the job, no timer needed
-        return Check(kind, False, "probe running")
+        return Check("probe", False, "probe running")
     ok, message = answer
-    return Check(
-        kind, ok, message, fatal=not ok and cond.probe.fatal_on_error, recheck_in=None if ok else cond.probe.interval
-    )
+    fatal = not ok and cond.probe.fatal_on_error
+    return Check("probe", ok, message, fatal=fatal, recheck_in=None if ok else cond.probe.interval)
 
 
 def gate(wait_for: WaitFor | None, checks: list[Check]) -> bool:
@@ -75,13 +73,19 @@ def gate(wait_for: WaitFor | None, checks: list[Check]) -> bool:
 
 
 def evaluate(
-    wait_for: WaitFor | None, *, accepted_at: float, now: float, probe: ProbeRunner, previous: list[dict] | None = None
+    wait_for: WaitFor | None,
+    *,
+    accepted_at: float,
+    now: float,
+    probe: ProbeRunner,
+    previous: Sequence[WaitDict] | None = None,
 ) -> list[Check]:
     """Check each condition; in `all` mode a condition already satisfied stays satisfied
     (waits gate the first run only and a file may be consumed once seen)."""
     if wait_for is None:
         return []
-    done = {i for i, w in enumerate(previous or []) if w.get("satisfied")}
+    previous = previous or []
+    done = {i for i, w in enumerate(previous) if w.get("satisfied")}
     checks = []
     for i, cond in enumerate(wait_for.conditions):
         if i in done and wait_for.mode == "all":

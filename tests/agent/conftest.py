@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import pathlib
 import signal
-import sys
 
 import psutil
 import pytest
 
-REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
-try:  # until the project is installed (pip install -e .), import it from the checkout
-    import reconciler.agent  # noqa: F401
-except ImportError:
-    sys.path.insert(0, str(REPO_ROOT))
-
-from reconciler.agent.process import (  # noqa: E402
+from reconciler.agent.process import (
     ProcessIdentity,
     group_alive,
     group_pids,
@@ -24,6 +18,8 @@ from reconciler.agent.process import (  # noqa: E402
     spawn_run,
 )
 from tests.helpers import wait_until
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def group_names(identity: ProcessIdentity) -> list[str]:
@@ -35,10 +31,8 @@ def group_names(identity: ProcessIdentity) -> list[str]:
     """
     names = []
     for pid in group_pids(identity):
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             names.append(psutil.Process(pid).name())
-        except psutil.NoSuchProcess:
-            pass
     return sorted(names)
 
 
@@ -64,5 +58,5 @@ def spawn(tmp_path: pathlib.Path):
     for identity in started:
         signal_group(identity, signal.SIGKILL)
     for identity in started:
-        wait_until(lambda: not group_alive(identity), timeout=10)
+        wait_until(lambda identity=identity: not group_alive(identity), timeout=10)
         reap(identity)  # collect our zombie, if it is ours

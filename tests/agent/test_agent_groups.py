@@ -76,13 +76,13 @@ def test_stop_right_after_spawn_always_leaves_an_exit_record(spawn):
         identity, run_dir = spawn(argv=["sleep", "60"])
         assert signal_group(identity, signal.SIGTERM)
 
-        def stopped():
+        def stopped(identity=identity, run_dir=run_dir):
             kill_group_except_wrapper(identity)  # what the controller does after the grace
             return read_exit(run_dir)
 
         record = wait_until(stopped)
         assert record in (ExitRecord(143, 15), ExitRecord(137, 9))
-        wait_until(lambda: not group_alive(identity))
+        wait_until(lambda identity=identity: not group_alive(identity))
 
 
 def test_grandchildren_die_with_the_group(spawn):

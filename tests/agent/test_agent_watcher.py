@@ -101,7 +101,7 @@ def test_many_runs_watched_from_many_threads_each_reported_once(spawn, watcher):
         t.join()
     assert seen.identities() == []
     for identity, _ in runs:
-        wait_until(lambda: group_names(identity) == ["sh", "sleep"])
+        wait_until(lambda identity=identity: group_names(identity) == ["sh", "sleep"])
         assert signal_group(identity, signal.SIGTERM)
     wait_until(lambda: len(seen.identities()) == 20)
     assert sorted(seen.identities(), key=lambda i: i.pid) == sorted((i for i, _ in runs), key=lambda i: i.pid)
@@ -113,7 +113,7 @@ def test_a_failing_callback_does_not_stop_the_watcher(spawn, watcher):
     def boom(identity: ProcessIdentity) -> None:
         raise RuntimeError("callback bug")
 
-    first, run_dir = spawn(argv=["true"])
+    first, _run_dir = spawn(argv=["true"])
     watcher.watch(first, boom)
     second, _ = spawn(argv=["true"])
     seen = Recorder()

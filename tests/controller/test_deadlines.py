@@ -67,7 +67,7 @@ def test_wait_abort_deadline(wait_for, expected):
     assert wait_abort_deadline(spec(**fields), T0) == expected
 
 
-def test_wait_abort_deadline_does_not_depend_on_acceptance_for_abortAt():
+def test_wait_abort_deadline_does_not_depend_on_acceptance_for_abort_at():
     s = spec(waitFor={"conditions": [{"delay": "1m"}], "abortAt": from_epoch(T0 + 60)})
     assert wait_abort_deadline(s, T0) == wait_abort_deadline(s, T0 + 1000) == T0 + 60
 

@@ -4,6 +4,7 @@ deadline, and no assertion is about how fast anything ran."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 import types
 from collections.abc import Hashable
@@ -298,21 +299,23 @@ class Script:
         self.calls: list[Hashable] = []
         self.lock = threading.Lock()
 
-    def __call__(self, key: Hashable) -> float | None:
+    def __call__(self, key: Hashable) -> runtime.Result:
         with self.lock:
             self.calls.append(key)
             step = self.steps.pop(0) if self.steps else None
         if isinstance(step, Exception):
             raise step
-        return step
+        if isinstance(step, runtime.Result):
+            return step
+        return runtime.requeue_after(step)
 
 
 @pytest.fixture
 def start_runner():
     runners: list[Runner] = []
 
-    def start(queue: WorkQueue, route, workers: int = 2) -> Runner:
-        runner = Runner(queue, route, workers=workers)
+    def start(queue: WorkQueue, reconcile, workers: int = 2) -> Runner:
+        runner = Runner(queue, reconcile, workers=workers)
         runners.append(runner)
         runner.start()
         return runner
@@ -332,22 +335,21 @@ def _settled(queue: WorkQueue, script: Script, calls: int) -> bool:
     return len(script.calls) >= calls and queue.idle()
 
 
-def test_runner_routes_each_key_to_its_reconciler(start_runner):
+def test_runner_hands_every_key_to_the_reconciler(start_runner):
     q = RecordingQueue()
-    jobs, nodes = Script(), Script()
-    start_runner(q, lambda key: jobs if key[0] == "Job" else nodes)
-    for key in (("Job", "a"), ("Node", "w1"), ("Job", "b")):
+    jobs = Script()
+    start_runner(q, jobs)
+    for key in ("a", "w1", "b"):
         q.add(key)
-    wait_until(lambda: len(jobs.calls) == 2 and len(nodes.calls) == 1 and q.idle(), timeout=DEADLINE)
-    assert sorted(jobs.calls) == [("Job", "a"), ("Job", "b")]
-    assert nodes.calls == [("Node", "w1")]
-    assert q.delays == []  # None means: do not call again
+    wait_until(lambda: len(jobs.calls) == 3 and q.idle(), timeout=DEADLINE)
+    assert sorted(jobs.calls) == ["a", "b", "w1"]
+    assert q.delays == []  # DONE means: do not call again until woken
 
 
 def test_runner_calls_again_after_a_returned_requeue_delay(start_runner):
     q = RecordingQueue()
     script = Script(0.05, 0.02)  # two requeues, then done
-    start_runner(q, lambda key: script)
+    start_runner(q, script)
     q.add("k")
     wait_until(lambda: _settled(q, script, 3), timeout=DEADLINE, message="three reconciles")
     assert script.calls == ["k", "k", "k"]
@@ -357,19 +359,19 @@ def test_runner_calls_again_after_a_returned_requeue_delay(start_runner):
 def test_runner_requeues_a_failing_reconcile_with_growing_delay(start_runner, steady_random):
     q = RecordingQueue()
     script = Script(*[RuntimeError(f"boom {i}") for i in range(5)])
-    start_runner(q, lambda key: script)
+    start_runner(q, script)
     q.add("k")
     wait_until(lambda: _settled(q, script, 6), timeout=DEADLINE, message="five failures then success")
     delays = [d for _, d in q.delays]
     assert delays == pytest.approx([runtime.ERROR_BASE * 2**n for n in range(1, 6)])
-    assert all(later > earlier for earlier, later in zip(delays, delays[1:]))
+    assert all(later > earlier for earlier, later in itertools.pairwise(delays))
 
 
 def test_runner_error_delay_is_capped(start_runner, steady_random, monkeypatch):
     monkeypatch.setattr(runtime, "ERROR_MAX", 0.02)
     q = RecordingQueue()
     script = Script(*[RuntimeError("boom") for _ in range(4)])
-    start_runner(q, lambda key: script)
+    start_runner(q, script)
     q.add("k")
     wait_until(lambda: _settled(q, script, 5), timeout=DEADLINE)
     assert [d for _, d in q.delays] == pytest.approx([0.01, 0.02, 0.02, 0.02])
@@ -378,7 +380,7 @@ def test_runner_error_delay_is_capped(start_runner, steady_random, monkeypatch):
 def test_runner_error_delay_jitter_stays_within_half_to_one_and_a_half(start_runner):
     q = RecordingQueue()
     script = Script(*[RuntimeError("boom") for _ in range(4)])
-    start_runner(q, lambda key: script)
+    start_runner(q, script)
     q.add("k")
     wait_until(lambda: _settled(q, script, 5), timeout=DEADLINE)
     for n, (_, delay) in enumerate(q.delays, start=1):
@@ -389,7 +391,7 @@ def test_runner_error_delay_jitter_stays_within_half_to_one_and_a_half(start_run
 def test_a_success_resets_the_error_backoff(start_runner, steady_random):
     q = RecordingQueue()
     script = Script(RuntimeError("1"), RuntimeError("2"), 0.01, RuntimeError("3"))
-    start_runner(q, lambda key: script)
+    start_runner(q, script)
     q.add("k")
     wait_until(lambda: _settled(q, script, 5), timeout=DEADLINE)
     assert [d for _, d in q.delays] == pytest.approx([0.01, 0.02, 0.01, 0.01])
@@ -398,7 +400,7 @@ def test_a_success_resets_the_error_backoff(start_runner, steady_random):
 def test_error_backoff_is_per_key(start_runner, steady_random):
     q = RecordingQueue()
     scripts = {"a": Script(RuntimeError("a1"), RuntimeError("a2")), "b": Script(RuntimeError("b1"))}
-    start_runner(q, lambda key: scripts[key])
+    start_runner(q, lambda key: scripts[key](key))
     q.add("a")
     wait_until(lambda: _settled(q, scripts["a"], 3), timeout=DEADLINE)
     q.add("b")
@@ -406,21 +408,27 @@ def test_error_backoff_is_per_key(start_runner, steady_random):
     assert [d for k, d in q.delays if k == "b"] == pytest.approx([0.01])  # b starts from the base
 
 
-def test_an_error_in_routing_is_retried_like_a_reconcile_error(start_runner, steady_random):
+def test_a_terminal_error_is_not_retried(start_runner):
     q = RecordingQueue()
-    script = Script()
-    routed = []
-
-    def route(key):
-        routed.append(key)
-        if len(routed) == 1:
-            raise KeyError("no reconciler yet")
-        return script
-
-    start_runner(q, route)
+    script = Script(runtime.TerminalError("the stored spec does not validate"), 0.01)
+    start_runner(q, script)
     q.add("k")
     wait_until(lambda: _settled(q, script, 1), timeout=DEADLINE)
-    assert q.delays == [("k", pytest.approx(0.01))]
+    assert q.delays == []  # not retried: the key waits until something wakes it
+    q.add("k")  # woken: it runs again, and the error backoff starts from scratch
+    wait_until(lambda: _settled(q, script, 3), timeout=DEADLINE)
+    assert script.calls == ["k", "k", "k"]
+    assert q.delays == [("k", 0.01)]
+
+
+def test_again_calls_the_reconciler_at_once(start_runner):
+    q = RecordingQueue()
+    script = Script(runtime.AGAIN, runtime.AGAIN)
+    start_runner(q, script)
+    q.add("k")
+    wait_until(lambda: _settled(q, script, 3), timeout=DEADLINE)
+    assert script.calls == ["k", "k", "k"]
+    assert q.delays == []  # no timer: queued again straight away
 
 
 def test_the_same_key_is_never_reconciled_twice_at_once(start_runner):
@@ -444,9 +452,9 @@ def test_the_same_key_is_never_reconciled_twice_at_once(start_runner):
             if key == "a":
                 with lock:
                     active["a"] -= 1
-        return
+        return runtime.DONE
 
-    start_runner(q, lambda key: reconcile, workers=4)
+    start_runner(q, reconcile, workers=4)
     q.add("a")
     assert entered.wait(DEADLINE)
     for _ in range(5):
@@ -462,7 +470,7 @@ def test_the_same_key_is_never_reconciled_twice_at_once(start_runner):
 
 def test_stop_ends_the_workers(start_runner):
     before = set(threading.enumerate())
-    runner = start_runner(WorkQueue(), lambda key: Script(), workers=3)
+    runner = start_runner(WorkQueue(), Script(), workers=3)
     workers = [t for t in threading.enumerate() if t not in before]
     assert len(workers) == 3
     runner.stop()

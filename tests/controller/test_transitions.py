@@ -7,8 +7,9 @@ import copy
 import pytest
 
 from reconciler.api.meta import from_epoch
+from reconciler.api.status import LIVE_PHASES
 from reconciler.clock import FakeClock
-from reconciler.controller.transitions import ALLOWED, HOLDING_SLOTS, Event, IllegalTransition, move
+from reconciler.controller.transitions import ALLOWED, Event, IllegalTransition, move
 
 PHASES = sorted(ALLOWED)
 T1, T2, T3, T4 = (from_epoch(FakeClock().now() + i) for i in range(4))
@@ -209,7 +210,7 @@ def test_admitted_condition_on_entering_or_leaving_holding_phases(src, dst, admi
     move(status, dst, reason="R", message="m", now=T1, outcome=_outcome_for(dst))
     cond = _cond(status, "Admitted")
     assert (cond and cond["status"]) == admitted
-    assert (dst in HOLDING_SLOTS) == (admitted == "True")
+    assert (dst in LIVE_PHASES) == (admitted == "True")
 
 
 @pytest.mark.parametrize(

@@ -197,7 +197,7 @@ def test_gate(wf, values, open_):
 # --- evaluate --------------------------------------------------------------------------------
 
 
-def test_evaluate_without_waitFor_is_empty():
+def test_evaluate_without_wait_for_is_empty():
     assert evaluate(None, accepted_at=T0, now=T0, probe=no_probe) == []
 
 

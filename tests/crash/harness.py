@@ -18,6 +18,7 @@ this test caused, whatever state the store or the controller was left in.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -159,7 +160,8 @@ class Controller:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"controller (fault {self.fault}) still running after {timeout}s:\n{self.log()}")
+            message = f"controller (fault {self.fault}) still running after {timeout}s:\n{self.log()}"
+            raise AssertionError(message) from None
 
     def kill(self) -> None:
         """SIGKILL, as a crash would; reaped at once so no zombie stands in for it."""
@@ -299,10 +301,8 @@ class Env:
             if not procs:
                 break
             for proc in procs:
-                try:
+                with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
             psutil.wait_procs(procs, timeout=0.2)
         self.store.dispose()
 

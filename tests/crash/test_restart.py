@@ -60,10 +60,10 @@ def test_a_run_killed_while_the_controller_was_down_is_lost_and_retried_per_on_l
     first.kill()
 
     # someone else SIGKILLs the whole run, wrapper included: no exit record is ever written
-    for name, run in runs.items():
+    for run in runs.values():
         os.killpg(run["pid"], signal.SIGKILL)
     for name, run in runs.items():
-        wait_until(lambda: group_members(run["pid"]) == [], 30, message=f"{name} killed")
+        wait_until(lambda pid=run["pid"]: group_members(pid) == [], 30, message=f"{name} killed")
         assert not (env.run_dir(name, 1) / "exit").exists()
 
     env.start_controller()

@@ -10,6 +10,7 @@ final assertions use the CLI's `get jobs -o json`.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -211,7 +212,7 @@ class ControllerProcess:
     def __init__(self, env: Env):
         self.env = env
         self.log_path = env.root / f"controller-{len(env.controllers)}.log"
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115  # the process's log for its lifetime; closed by stop()
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "reconciler", "controller"],
             cwd=env.root,
@@ -248,10 +249,8 @@ def kill_stray_runs(root: Path) -> None:
     for proc in psutil.process_iter(["pid", "cmdline"]):
         cmd = proc.info.get("cmdline") or []
         if len(cmd) > 4 and cmd[3] == "reconciler-run" and cmd[4].startswith(str(root)):
-            try:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.info["pid"], signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
 
 
 @pytest.fixture
@@ -273,7 +272,8 @@ def any_env(store_url, tmp_path):
 def job_yaml(name: str, spec: str, labels: str = "{}") -> str:
     """One Job document; `spec` is YAML indented by the caller's dedent rules."""
     body = textwrap.indent(textwrap.dedent(spec).strip(), "  ")
-    return f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata:\n  name: {name}\n  labels: {labels}\nspec:\n{body}\n"
+    head = f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata:\n  name: {name}\n  labels: {labels}\n"
+    return f"{head}spec:\n{body}\n"
 
 
 def docs(*documents: str) -> str:

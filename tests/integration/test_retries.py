@@ -3,11 +3,13 @@ records), run numbers never reused."""
 
 from __future__ import annotations
 
+import itertools
+
 from .conftest import STAMP, docs, epoch, job_yaml
 
 
 def _gaps(runs: list[dict]) -> list[float]:
-    return [epoch(b["startedAt"]) - epoch(a["finishedAt"]) for a, b in zip(runs, runs[1:])]
+    return [epoch(b["startedAt"]) - epoch(a["finishedAt"]) for a, b in itertools.pairwise(runs)]
 
 
 def test_retry_policy(env):

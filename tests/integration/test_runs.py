@@ -26,7 +26,8 @@ def test_commands_output_and_logs(env):
             job_yaml("lines", "shell: 'for i in 1 2 3 4 5; do echo out-$i; done; echo err-1 >&2; echo err-2 >&2'"),
             job_yaml(
                 "twice",
-                f"shell: \"if [ -e '{marker}' ]; then echo attempt-2; else touch '{marker}'; echo attempt-1; exit 1; fi\"\n"
+                f"shell: \"if [ -e '{marker}' ]; then echo attempt-2; "
+                f"else touch '{marker}'; echo attempt-1; exit 1; fi\"\n"
                 "retry: {limit: 1, backoff: {delay: 100ms}}",
             ),
             job_yaml("missing", "command: [no-such-program-here, --flag]\nretry: {limit: 2, backoff: {delay: 100ms}}"),

@@ -15,8 +15,9 @@ import psutil
 from reconciler.agent.groups import signal_group
 from reconciler.agent.identity import is_alive
 from reconciler.apply import apply_manifests
-from reconciler.controller.manager import Controller, job_phases
+from reconciler.controller.manager import Controller
 from reconciler.manifests import parse_text
+from reconciler.reads import job_statuses
 from reconciler.store import Store
 from reconciler.store import repository as repo
 from reconciler.store import scheduling as sched
@@ -58,9 +59,9 @@ def test_a_live_controllers_spawn_is_not_adopted_by_another(sqlite_url, tmp_path
         spec = wired.jobs.spec_of(obj)
         identity = wired.agent.start("owned", obj.uid, 1, spec, 1)  # the other controller's spawn
 
-        wired.jobs(("Job", "owned"))
+        wired.jobs("owned")
 
-        status = job_phases(store, ["owned"])["owned"]
+        status = job_statuses(store, ["owned"])["owned"]
         assert status["phase"] == "Starting", status  # not recorded by this controller
         assert not status.get("runs"), status
         with store.read() as session:

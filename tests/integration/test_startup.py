@@ -6,8 +6,9 @@ from pathlib import Path
 
 from reconciler.apply import apply_manifests
 from reconciler.commands import rerun
-from reconciler.controller.manager import Controller, job_phases
+from reconciler.controller.manager import Controller
 from reconciler.manifests import parse_text
+from reconciler.reads import job_statuses
 from reconciler.store import Store
 from tests.helpers import wait_until
 
@@ -21,7 +22,7 @@ spec: {command: ["true"]}
 def _converge(store: Store, predicate) -> dict:
     controller = Controller(store).start()
     try:
-        return wait_until(lambda: predicate(job_phases(store, ["once"]).get("once", {})), timeout=30)
+        return wait_until(lambda: predicate(job_statuses(store, ["once"]).get("once", {})), timeout=30)
     finally:
         controller.stop()
 

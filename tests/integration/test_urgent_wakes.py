@@ -11,9 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from reconciler.apply import apply_manifests
-from reconciler.controller.manager import Controller, job_phases
+from reconciler.controller.manager import Controller
 from reconciler.controller.nodes import heartbeat
 from reconciler.manifests import parse_text
+from reconciler.reads import job_statuses
 from reconciler.store import Store
 from tests.helpers import wait_until
 
@@ -32,15 +33,15 @@ kind: Job
 metadata: {name: second}
 spec: {command: [/bin/true], pool: one}
 """
-BACKLOG = [("Job", f"backlog-{i}") for i in range(50)]  # keys of jobs that do not exist: cheap to reconcile
+BACKLOG = [f"backlog-{i}" for i in range(50)]  # keys of jobs that do not exist: cheap to reconcile
 
 
 def drive(wired: Controller, name: str, phase: str) -> None:
     for _ in range(10):
-        if job_phases(wired.store, [name])[name].get("phase") == phase:
+        if job_statuses(wired.store, [name])[name].get("phase") == phase:
             return
-        wired.jobs(("Job", name))
-    raise AssertionError(f"{name} did not reach {phase}: {job_phases(wired.store, [name])[name]}")
+        wired.jobs(name)
+    raise AssertionError(f"{name} did not reach {phase}: {job_statuses(wired.store, [name])[name]}")
 
 
 def test_an_ended_run_and_the_job_next_in_line_go_before_a_backlog(sqlite_url, tmp_path):
@@ -57,13 +58,13 @@ def test_an_ended_run_and_the_job_next_in_line_go_before_a_backlog(sqlite_url, t
             wired.queue.add(key)
         wait_until(lambda: len(wired.queue) == len(BACKLOG) + 1, message="the exit of `first` was not reported")
 
-        assert wired.queue.get() == ("Job", "first")  # its exit, ahead of the backlog
-        wired.jobs(("Job", "first"))  # records the exit and releases the slot
-        wired.queue.done(("Job", "first"))
-        assert job_phases(store, ["first"])["first"]["outcome"] == "Succeeded"
+        assert wired.queue.get() == "first"  # its exit, ahead of the backlog
+        wired.jobs("first")  # records the exit and releases the slot
+        wired.queue.done("first")
+        assert job_statuses(store, ["first"])["first"]["outcome"] == "Succeeded"
 
-        assert wired.queue.get() == ("Job", "second")  # first in line for the freed slot
-        wired.queue.done(("Job", "second"))
+        assert wired.queue.get() == "second"  # first in line for the freed slot
+        wired.queue.done("second")
         assert wired.queue.get() == BACKLOG[0]  # the backlog follows, in its order
     finally:
         wired.agent.close()

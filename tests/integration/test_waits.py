@@ -17,9 +17,7 @@ def _first_start(job: dict) -> float:
 def test_wait_conditions(env):
     root = env.root
     ready, flag, never = root / "ready", root / "probe-flag", root / "never"
-    until = (
-        (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-    )
+    until = (datetime.now(UTC) + timedelta(seconds=1.5)).isoformat(timespec="milliseconds").replace("+00:00", "Z")
     manifest = env.write(
         "waits.yaml",
         docs(
@@ -35,7 +33,8 @@ def test_wait_conditions(env):
             ),
             job_yaml(
                 "w-probe",
-                f"command: ['true']\nwaitFor: {{conditions: [{{probe: {{command: [test, -e, '{flag}'], interval: 100ms}}}}]}}",
+                "command: ['true']\n"
+                f"waitFor: {{conditions: [{{probe: {{command: [test, -e, '{flag}'], interval: 100ms}}}}]}}",
             ),
             job_yaml(
                 "w-fatal",
@@ -44,7 +43,8 @@ def test_wait_conditions(env):
             ),
             job_yaml(
                 "w-any",
-                f"command: ['true']\nwaitFor: {{mode: any, conditions: [{{path: '{never}', interval: 100ms}}, {{delay: 500ms}}]}}",
+                "command: ['true']\n"
+                f"waitFor: {{mode: any, conditions: [{{path: '{never}', interval: 100ms}}, {{delay: 500ms}}]}}",
             ),
             job_yaml(
                 "w-abort",

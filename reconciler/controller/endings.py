@@ -1,0 +1,120 @@
+"""The writes that end a step, shared by the job's steps (job.py) and its run's steps
+(runs.py): write the status, complete the job, finish a deletion, start a new revision, put
+the job back in line. Also what this process remembers between steps: who depends on whom,
+the admissions it just made, the completions it has already told dependents about."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..api.annotations import DOWNSTREAM_SUFFIX, RERUN
+from ..api.meta import to_epoch
+from ..api.revisions import rerun_token
+from ..api.status import Phase, next_revision
+from ..store import Store
+from ..store import repository as repo
+from ..store import scheduling as sched
+from .context import Ctx, commit
+from .runtime import AGAIN, DONE, Result
+
+if TYPE_CHECKING:
+    from ..agent.probe import Probes
+    from ..store.engine import Tx
+    from .pathwatch import PathWatch
+
+
+class Endings:
+    def __init__(self, store: Store, *, paths: PathWatch, probes: Probes, wake: Callable[..., None]):
+        self.store = store
+        self.paths = paths
+        self.probes = probes
+        self.wake = wake
+        self.dependents: defaultdict[str, set[str]] = defaultdict(set)
+        self.admitted: dict[str, sched.Admission] = {}  # admissions this process just made, by uid, until Starting
+        self._completed_here: set[str] = set()  # completions of this process, not yet looked at again
+
+    def write(self, ctx: Ctx) -> None:
+        with self.store.write() as tx:
+            commit(tx, ctx)
+
+    def stop_watching(self, name: str) -> None:
+        """The job no longer waits: drop its path and probe checks."""
+        self.paths.forget(name)
+        self.probes.forget(name)
+
+    def wake_dependents(self, name: str) -> None:
+        for dependent in list(self.dependents.get(name, ())):
+            self.wake(dependent)
+
+    def seen_own_completion(self, name: str) -> bool:
+        """True once, when a step looks at a completion this process wrote (whose dependents
+        it has woken already); False for a completion written by another controller."""
+        if name in self._completed_here:
+            self._completed_here.discard(name)
+            return True
+        return False
+
+    def complete(self, ctx: Ctx, outcome: str, reason: str, message: str) -> Result:
+        self.stop_watching(ctx.name)
+        self.admitted.pop(ctx.uid, None)
+        self._completed_here.add(ctx.name)
+        ctx.move(Phase.COMPLETED, reason, message, outcome=outcome)
+        ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
+        self.write(ctx)
+        self.wake_dependents(ctx.name)
+        return DONE
+
+    def finalize_delete(self, ctx: Ctx) -> Result:
+        self.stop_watching(ctx.name)
+        self.admitted.pop(ctx.uid, None)
+        with self.store.write() as tx:
+            sched.dequeue(tx, ctx.uid)
+            if sched.release(tx, ctx.uid) is not None:
+                ctx.released(ctx.spec.pool, ctx.spec.slots)
+            repo.remove(tx, ctx.obj)
+            repo.record_event(tx, ctx.obj, "Deleted", "job deleted")
+        self.wake_dependents(ctx.name)
+        return DONE
+
+    def start_revision(self, ctx: Ctx) -> Result:
+        """A new revision (the spec changed, a rerun, a dependency's newer revision), or, for
+        a job that never ran, a fresh look at the changed spec."""
+        self._completed_here.discard(ctx.name)
+        self.probes.forget(ctx.name)  # the new revision's waits start afresh
+        status = ctx.status
+        ran = bool(ctx.runs_this_revision()) or ctx.phase == Phase.COMPLETED
+        if ran:
+            next_revision(status, ctx.now_text)
+        token = rerun_token(ctx.obj)
+        # dependents that consumed the old revision follow, unless this is a plain `rerun`
+        status["propagate"] = token is None or token.endswith(DOWNSTREAM_SUFFIX)
+        status["rerunToken"] = ctx.obj.annotations.get(RERUN)
+        message = f"revision {ctx.revision} accepted" if ran else "spec changed before any run; re-evaluating"
+        ctx.move(Phase.WAITING, "NewRevision" if ran else "SpecChanged", message)
+        ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
+        self.write(ctx)
+        self.wake_dependents(ctx.name)  # they may have consumed the old revision
+        return AGAIN
+
+    def enqueue(self, ctx: Ctx) -> None:
+        """Put the job in line, with the status write (idempotent: a queued job keeps its row)."""
+        ctx.ops.append(self.enqueue_op(ctx))
+
+    @staticmethod
+    def enqueue_op(ctx: Ctx) -> Callable[[Tx], sched.QueueEntry]:
+        spec, status = ctx.spec, ctx.status
+        eligible = to_epoch(status.get("eligibleAt") or ctx.now_text)
+        return lambda tx: sched.enqueue(
+            tx,
+            uid=ctx.uid,
+            name=ctx.name,
+            pool=spec.pool,
+            slots=spec.slots,
+            priority=spec.priority,
+            eligible_at=eligible,
+            bypass_count=int(status.get("bypassCount", 0)),
+            node_name=spec.placement.node_name,
+            node_selector=spec.placement.node_selector,
+        )

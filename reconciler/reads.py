@@ -1,0 +1,159 @@
+"""Reads: what `get`, `describe`, `logs` and `get -w` show, as data. The CLI renders it; the
+HTTP API will answer with it. Nothing here writes."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .api.kinds import resolve_kind
+from .api.status import RunDict
+from .errors import InvalidInput, NotFound
+from .selectors import Requirement, matches
+from .store import Store, StoredObject
+from .store import repository as repo
+from .store import scheduling as sched
+from .store.feed import ChangeFeed
+
+SERVICES = ("services", "service", "svc")
+EVENTS = ("events", "event", "ev")
+
+
+@dataclass(frozen=True)
+class Listing:
+    kind: str  # Job, Pool, Node, Notifier, or Service (jobs of type service)
+    objects: list[StoredObject]
+
+
+def objects(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> Listing:
+    """The objects of a kind (all, or the named ones: NotFound names every missing one),
+    filtered by a label selector; pools and nodes with their usage."""
+    if kind.lower() in SERVICES:
+        with store.read() as session:
+            found = [o for o in repo.list_objects(session, kind="Job") if o.spec.get("type") == "service"]
+        label = "Service"
+    else:
+        info = resolve_kind(kind)
+        with store.read() as session:
+            found = repo.list_objects(session, kind=info.kind, names=names or None)
+        label = info.kind
+    if label in ("Pool", "Node"):
+        _with_usage(store, label, found)
+    if names:
+        present = {o.name for o in found}
+        if missing := [n for n in names if n not in present]:
+            raise NotFound("; ".join(f'{label.lower()}s "{n}" not found' for n in missing))
+    if selector:
+        found = [o for o in found if matches(selector, o.labels)]
+    return Listing(label, found)
+
+
+def _with_usage(store: Store, label: str, objs: list[StoredObject]) -> None:
+    """Pool and node usage are derived from the admissions table, never stored twice."""
+    with store.read() as session:
+        used, queued, allocated = sched.usage(session)
+    for o in objs:
+        status = dict(o.status or {})
+        if label == "Pool":
+            total = sum(used.values()) if o.name == "global" else used.get(o.name, 0)
+            waiting = sum(queued.values()) if o.name == "global" else queued.get(o.name, 0)
+            status.update(used=int(total or 0), queued=int(waiting or 0))
+        else:
+            status["allocated"] = {"slots": int(allocated.get(o.name, 0) or 0)}
+        o.status = status
+
+
+def events(store: Store, names: list[str], limit: int = 1000) -> list[Any]:
+    """The newest events, oldest first, of the named objects or of all."""
+    with store.read() as session:
+        rows = repo.events(session, limit=limit)
+    return [r for r in rows if r.name in names] if names else rows
+
+
+def watch(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> Iterator[StoredObject]:
+    """Each selected object again whenever it changes (`get -w`), forever: the caller stops."""
+    listing = objects(store, kind, names, selector)
+    seen = {o.name: o.resource_version for o in listing.objects}
+    feed = ChangeFeed(store)
+    while True:
+        time.sleep(0.2)  # a CLI follower, not the controller: a short poll is the simple way
+        if not feed.poll():
+            continue
+        for o in objects(store, kind, names, selector).objects:
+            if seen.get(o.name) != o.resource_version:
+                seen[o.name] = o.resource_version
+                yield o
+
+
+def describe(store: Store, kind: str, name: str) -> tuple[StoredObject, list[Any]]:
+    """One object and its latest events."""
+    info = resolve_kind(kind)
+    with store.read() as session:
+        obj = repo.get(session, kind=info.kind, name=name)
+        if obj is None:
+            raise NotFound(f'{info.plural} "{name}" not found')
+        return obj, repo.events(session, kind=info.kind, name=name, limit=50)
+
+
+@dataclass(frozen=True)
+class RunLogs:
+    """Where one run's output is, and how to tell when it can grow no more."""
+
+    job: str
+    run: RunDict
+    dir: Path
+    store: Store
+
+    def paths(self, stream: str | None) -> list[Path]:
+        if stream not in (None, "stdout", "stderr"):
+            raise InvalidInput(f"--stream {stream!r}: must be stdout or stderr")
+        return [self.dir / s for s in ([stream] if stream else ["stdout", "stderr"])]
+
+    def read(self, stream: str | None, tail: int | None = None) -> Iterator[str]:
+        """The text of each stream (or its last `tail` lines)."""
+        from .agent.logs import read_log
+
+        for path in self.paths(stream):
+            yield read_log(path, tail=tail)
+
+    def follow(self, stream: str | None) -> Iterator[str]:
+        """The streams' text as it is written, until the run has ended and all is read."""
+        from .agent.logs import follow
+
+        yield from follow(self.paths(stream), done=self.finished)
+
+    def finished(self) -> bool:
+        """The run has ended (or the job is gone): its logs are complete."""
+        with self.store.read() as session:
+            current = repo.get(session, kind="Job", name=self.job)
+        if current is None:
+            return True
+        runs = [r for r in (current.status or {}).get("runs", []) if r["number"] == self.run["number"]]
+        return not runs or runs[0].get("finishedAt") is not None
+
+
+def run_logs(store: Store, name: str, run: int | None) -> RunLogs:
+    """The logs of run `run` of a job (the latest by default)."""
+    from .agent.logs import run_dir
+
+    with store.read() as session:
+        obj = repo.get(session, kind="Job", name=name)
+    if obj is None:
+        raise NotFound(f'jobs "{name}" not found')
+    runs: list[RunDict] = (obj.status or {}).get("runs", [])
+    if not runs:
+        raise NotFound(f'job "{name}" has no runs yet')
+    chosen = runs[-1] if run is None else next((r for r in runs if r["number"] == run), None)
+    if chosen is None:
+        numbers = ", ".join(str(r["number"]) for r in runs)
+        raise NotFound(f'job "{name}" has no run {run} (runs: {numbers})')
+    return RunLogs(name, chosen, run_dir(store.state_dir, name, obj.uid, chosen["number"]), store)
+
+
+def job_statuses(store: Store, names: list[str]) -> dict[str, dict[str, Any]]:
+    """name -> status of the named jobs (benchmarks and tests read them this way)."""
+    with store.read() as session:
+        return {o.name: (o.status or {}) for o in repo.list_objects(session, kind="Job", names=names)}
