@@ -146,6 +146,11 @@ def _apply_one(
         )
         return change, creation, (change, "Created", f"{m.kind.kind.lower()} created by apply")
 
+    if meta.uid is not None and meta.uid != current.uid:  # Kubernetes' UID precondition
+        raise Conflict(
+            f"{m.where('metadata', 'uid')}: {meta.uid} is not the uid of the stored {m.kind.kind.lower()} "
+            f"{m.name!r} ({current.uid}): the manifest describes an object that was deleted and made again"
+        )
     if meta.resource_version is not None and meta.resource_version != str(current.resource_version):
         raise Conflict(
             f"{m.where('metadata', 'resourceVersion')}: {meta.resource_version} is stale "

@@ -124,8 +124,8 @@ def construct(loader: Any, root: yaml.Node, source: str) -> tuple[Any, list[str]
             return data, []
     except _Unusual:
         pass
-    if dupes := duplicate_keys(root, source):
-        return None, dupes
+    if problems := duplicate_keys(root, source) + refused_tags(root, source):
+        return None, problems
     return loader.construct_document(root), []
 
 
@@ -192,6 +192,30 @@ def _scalar(loader: Any, node: yaml.Node) -> Any:
 
 
 _PLAIN_KEY_TAGS = frozenset((_STR_TAG, *_SCALAR_CONSTRUCTORS))
+
+
+# Tags the safe loader accepts that no manifest field can mean: PyYAML would hand a bytes
+# object or a set to the models, which coerce some of them silently (a set to a list).
+REFUSED_TAGS = {f"tag:yaml.org,2002:{name}": f"!!{name}" for name in ("binary", "set", "omap", "pairs")}
+
+
+def refused_tags(node: yaml.Node, source: str) -> list[str]:
+    """`!!binary`, `!!set` and the like, each named with its line and field path."""
+    problems: list[str] = []
+    stack: list[tuple[yaml.Node, tuple[str | int, ...]]] = [(node, ())]
+    while stack:
+        current, path = stack.pop()
+        if current.tag in REFUSED_TAGS:
+            where = format_path(path) or "(document)"
+            problems.append(
+                f"{source}:{current.start_mark.line + 1}: {where}: "
+                f"the YAML tag {REFUSED_TAGS[current.tag]} is not allowed in a manifest"
+            )
+        elif isinstance(current, yaml.MappingNode):
+            stack.extend((v, (*path, k.value)) for k, v in current.value if isinstance(k, yaml.ScalarNode))
+        elif isinstance(current, yaml.SequenceNode):
+            stack.extend((item, (*path, i)) for i, item in enumerate(current.value))
+    return sorted(problems)
 
 
 def duplicate_keys(node: yaml.Node, source: str) -> list[str]:

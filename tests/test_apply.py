@@ -348,6 +348,23 @@ def test_stale_resource_version_is_a_conflict(store_url, tmp_path):
     ]
 
 
+def test_a_uid_that_is_not_the_stored_objects_is_a_conflict(store_url, tmp_path):
+    """As Kubernetes' UID precondition: a manifest carrying the uid of an object since
+    deleted and made again must not change the new one."""
+    ok("apply", "-f", write(tmp_path / "a.yaml", job("u", labels={"n": "1"})), store=store_url)
+    uid = get_json(store_url, "job", "u")["metadata"]["uid"]
+    before = dump_store(store_url)
+    other = doc("Job", "u", {"command": ["false"]}, labels={"n": "2"}, uid="00000000-0000-0000-0000-000000000000")
+    result = cli("apply", "-f", write(tmp_path / "other.yaml", other), store=store_url)
+    assert result.code == 4, result
+    assert result.stdout == "" and "metadata.uid" in result.stderr and uid in result.stderr
+    assert dump_store(store_url) == before
+    same = doc("Job", "u", {"command": ["false"]}, labels={"n": "2"}, uid=uid)
+    assert lines(ok("apply", "-f", write(tmp_path / "same.yaml", same), store=store_url).stdout) == [
+        "job.reconciler.dev/u configured"
+    ]
+
+
 # --- get -----------------------------------------------------------------------------------
 
 SELECTOR_CASES = [

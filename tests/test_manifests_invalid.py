@@ -470,6 +470,116 @@ CASES: list[Case] = [
         "spec.priority",
         "integer",
     ),
+    # --- hostile values: every one of these once stopped or wedged the controller ----------
+    one("timeout-past-any-timer", job('  command: ["true"]\n  timeout: 110000d  # <--\n'), "spec.timeout", "3650d"),
+    one(
+        "run-timeout-past-any-timer",
+        job('  command: ["true"]\n  runTimeout: 99999999999999999999d  # <--\n'),
+        "spec.runTimeout",
+        "longest allowed",
+    ),
+    one(
+        "slots-past-any-integer",
+        job('  command: ["true"]\n  slots: 99999999999999999999999  # <--\n'),
+        "spec.slots",
+        "less than or equal to 1000000",
+    ),
+    one(
+        "priority-past-bound",
+        job('  command: ["true"]\n  priority: 2000000000  # <--\n'),
+        "spec.priority",
+        "1000000000",
+    ),
+    one(
+        "priority-below-bound",
+        job('  command: ["true"]\n  priority: -99999999999999999999  # <--\n'),
+        "spec.priority",
+        "greater than or equal",
+    ),
+    one(
+        "pool-slots-past-bound",
+        HEAD + "kind: Pool\nmetadata: {name: huge}\nspec:\n  slots: 10000000000000000000000  # <--\n",
+        "spec.slots",
+        "1000000",
+    ),
+    one(
+        "pool-max-bypass-past-bound",
+        HEAD + "kind: Pool\nmetadata: {name: huge}\nspec:\n  maxBypass: 99999999999999999999  # <--\n",
+        "spec.maxBypass",
+        "less than or equal",
+    ),
+    one(
+        "node-slots-past-bound",
+        HEAD + "kind: Node\nmetadata: {name: huge}\nspec:\n  capacity:\n    slots: 99999999999999  # <--\n",
+        "spec.capacity.slots",
+        "less than or equal",
+    ),
+    one(
+        "memory-past-bound",
+        job('  command: ["true"]\n  resources: {memory: 9999Pi}  # <--\n'),
+        "spec.resources.memory",
+        "1Pi",
+    ),
+    one("cpu-past-bound", job('  command: ["true"]\n  resources: {cpu: "1e9"}  # <--\n'), "spec.resources.cpu", "CPU"),
+    one(
+        "backoff-factor-past-bound",
+        job('  command: ["true"]\n  retry:\n    backoff: {factor: 1e308}  # <--\n'),
+        "spec.retry.backoff.factor",
+        "less than or equal",
+    ),
+    one(
+        "probe-interval-spins",
+        job(
+            '  command: ["true"]\n  waitFor:\n    conditions:\n    - probe: {command: ["true"], interval: 0s}  # <--\n'
+        ),
+        "spec.waitFor.conditions[0].probe.interval",
+        "at least 100ms",
+    ),
+    one(
+        "path-interval-spins",
+        job('  command: ["true"]\n  waitFor:\n    conditions:\n    - {path: /tmp/x, interval: 1ms}  # <--\n'),
+        "spec.waitFor.conditions[0].interval",
+        "at least 100ms",
+    ),
+    one(
+        "probe-output-limit-past-bound",
+        job(
+            '  command: ["true"]\n  waitFor:\n    conditions:\n'
+            '    - probe: {command: ["true"], outputLimit: 1Gi}  # <--\n'
+        ),
+        "spec.waitFor.conditions[0].probe.outputLimit",
+        "less than or equal",
+    ),
+    one(
+        "yaml-binary-tag",
+        job('  command: ["true"]\n  env:\n    KEY: !!binary aGVsbG8=  # <--\n'),
+        "spec.env.KEY",
+        "!!binary is not allowed",
+    ),
+    one(
+        "yaml-set-tag",
+        job("  command: !!set {a, b}  # <--\n"),
+        "spec.command",
+        "!!set is not allowed",
+    ),
+    one(
+        "resource-version-not-a-number",
+        HEAD + 'kind: Job\nmetadata:\n  name: base\n  resourceVersion: "abc"  # <--\nspec: {command: ["true"]}\n',
+        "metadata.resourceVersion",
+        "invalid resourceVersion",
+    ),
+    one("nul-in-shell", job('  shell: "echo a\\0b"  # <--\n'), "spec.shell", "NUL byte"),
+    one("nul-in-command", job('  command: ["echo", "a\\0b"]  # <--\n'), "spec.command[1]", "NUL byte"),
+    one("nul-in-env-value", job('  command: ["true"]\n  env:  # <--\n    A: "x\\0y"\n'), "spec.env", "NUL byte"),
+    one(
+        "nul-in-working-dir", job('  command: ["true"]\n  workingDir: "/tmp/a\\0b"  # <--\n'), "spec.workingDir", "NUL"
+    ),
+    one(
+        "nul-in-wait-path",
+        job('  command: ["true"]\n  waitFor:\n    conditions:\n    - path: "/tmp/\\0"  # <--\n'),
+        "spec.waitFor.conditions[0].path",
+        "NUL byte",
+    ),
 ]
 
 

@@ -11,6 +11,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from reconciler.api.quantity import (
+    MAX_DURATION,
+    MAX_SIZE,
     format_cpu,
     format_duration,
     format_size,
@@ -121,7 +123,19 @@ _part = st.one_of(
     st.tuples(st.one_of(_whole.map(str), _thousandths), st.sampled_from(["s", "m", "h", "d"])),
     st.tuples(_whole.map(str), st.just("ms")),  # below a millisecond is below the precision kept
 )
-duration_text = st.lists(_part, min_size=1, max_size=5).map(lambda parts: "".join(n + u for n, u in parts))
+duration_text = (
+    st.lists(_part, min_size=1, max_size=5)
+    .map(lambda parts: "".join(n + u for n, u in parts))
+    .filter(lambda text: _seconds(text) <= MAX_DURATION)
+)
+
+
+def _seconds(text: str) -> float:
+    """The duration's seconds, unbounded (the generator keeps to the allowed range)."""
+    import re
+
+    units = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+    return sum(float(n) * units[u] for n, u in re.findall(r"([\d.]+)(ms|s|m|h|d)", text))
 
 
 @given(duration_text)
@@ -141,7 +155,7 @@ def test_format_duration_reparses_to_the_same_value(text):
 CANONICAL = re.compile(r"(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m(?!s))?(?:(\d+)s)?(?:(\d+)ms)?")
 
 
-@given(st.integers(min_value=0, max_value=10**13))
+@given(st.integers(min_value=0, max_value=int(MAX_DURATION * 1000)))
 def test_format_duration_of_whole_milliseconds(ms):
     text = format_duration(ms / 1000)
     assert round(parse_duration(text) * 1000) == ms
@@ -207,11 +221,12 @@ def test_format_size(size, text):
 
 
 size_text = st.tuples(
-    st.integers(min_value=0, max_value=10**6), st.sampled_from(["", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"])
+    st.integers(min_value=0, max_value=1024), st.sampled_from(["", "k", "M", "G", "T", "Ki", "Mi", "Gi", "Ti"])
 ).map(lambda p: f"{p[0]}{p[1]}")
 
 
 @given(size_text)
+@example("1Pi")
 @example("1024Mi")
 @example("1000k")
 def test_format_size_reparses_to_the_same_value(text):
@@ -221,9 +236,31 @@ def test_format_size_reparses_to_the_same_value(text):
     assert format_size(parse_size(canonical)) == canonical
 
 
-@given(st.integers(min_value=0, max_value=2**62))
+@given(st.integers(min_value=0, max_value=MAX_SIZE))
 def test_format_size_round_trips_every_integer(n):
     assert parse_size(format_size(n)) == n
+
+
+@pytest.mark.parametrize(
+    ("parse", "text", "message"),
+    [
+        (parse_duration, "3650d1ms", "longest allowed, 3650d"),
+        (parse_duration, "110000d", "longest allowed"),
+        (parse_size, "1025Ti", "largest allowed, 1Pi"),
+        (parse_size, 2**63, "largest allowed"),
+        (parse_cpu, "10001", "most allowed"),
+    ],
+)
+def test_values_past_their_bound_are_refused(parse, text, message):
+    """Past these no timer, database integer or cgroup file could hold the value."""
+    with pytest.raises(ValueError, match=message):
+        parse(text)
+
+
+def test_the_bounds_themselves_are_allowed():
+    assert parse_duration("3650d") == MAX_DURATION
+    assert parse_size("1Pi") == MAX_SIZE
+    assert parse_cpu("10000") == 10_000
 
 
 # --- CPU ---------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ the agent's facade: the controller uses what is defined or re-exported here, not
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -27,6 +28,8 @@ from .process import (
 )
 from .watcher import ExitWatcher
 from .wrapper import WRAPPER_NAME
+
+log = logging.getLogger(__name__)
 
 __all__ = ["ExitRecord", "LocalAgent", "ProcessIdentity", "StartFailed", "owner_gone", "process_owner"]
 
@@ -65,18 +68,35 @@ class LocalAgent:
         return run_dir(self.state_dir, job, uid, number, legacy=self._legacy_runs)
 
     def start(self, job: str, uid: str, number: int, spec: JobSpec, revision: int) -> ProcessIdentity:
-        """Spawn run `number`; raises process.StartFailed when it cannot start."""
-        env = {**spec.env, "RECONCILER_JOB": job, "RECONCILER_RUN": str(number), "RECONCILER_REVISION": str(revision)}
-        identity = spawn_run(
+        """Spawn run `number`; raises StartFailed, whatever the cause, when it cannot start:
+        a run that cannot start must end (and free its slot), not be retried forever."""
+        env = {
+            **spec.env,
+            "RECONCILER_JOB": job,
+            "RECONCILER_JOB_UID": uid,
+            "RECONCILER_RUN": str(number),
+            "RECONCILER_REVISION": str(revision),
+        }
+        try:
+            identity = self._spawn(spec, env, self.run_dir(job, uid, number))
+        except StartFailed:
+            raise
+        except Exception as exc:  # a full disk, a run dir in the way, a process limit
+            log.warning("run %d of job %s could not start", number, job, exc_info=True)
+            raise StartFailed(f"cannot start run: {exc}") from exc
+        self.watch(job, identity)
+        return identity
+
+    @staticmethod
+    def _spawn(spec: JobSpec, env: dict[str, str], run_dir: Path) -> ProcessIdentity:
+        return spawn_run(
             argv=spec.command,
             shell=spec.shell,
             env=env,
             cwd=spec.working_dir or os.getcwd(),
-            run_dir=self.run_dir(job, uid, number),
+            run_dir=run_dir,
             fsync_exit=False,
         )
-        self.watch(job, identity)
-        return identity
 
     def watch(self, job: str, identity: ProcessIdentity) -> None:
         if identity not in self._watched:
@@ -127,7 +147,13 @@ class LocalAgent:
 
     @staticmethod
     def alive(identity: ProcessIdentity) -> bool:
+        """A process of the run lives: its wrapper, or anything left in its group."""
         return is_alive(identity) or group_alive(identity)
+
+    @staticmethod
+    def wrapper_alive(identity: ProcessIdentity) -> bool:
+        """The run's wrapper itself lives (then its end can be watched)."""
+        return is_alive(identity)
 
     @staticmethod
     def leftovers(identity: ProcessIdentity) -> bool:

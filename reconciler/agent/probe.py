@@ -16,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..api.job import WaitCondition
+from ..threads import critical
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +96,7 @@ class Probes:
         self._todo: queue.SimpleQueue[_Todo | None] = queue.SimpleQueue()
         self._closed = False
         # daemon threads: close() kills the probes they wait for, so they end promptly
-        self._threads = [threading.Thread(target=self._work, name=f"probe-{i}", daemon=True) for i in range(threads)]
+        self._threads = [critical(f"probe-{i}", self._work) for i in range(threads)]
         for thread in self._threads:
             thread.start()
 

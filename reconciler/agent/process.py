@@ -64,6 +64,16 @@ def _resolve(program: str, *, path_env: str, cwd: str) -> str:
     return os.path.abspath(found)
 
 
+RESERVED_PREFIX = "RECONCILER_"  # reconciler's own variables: the store URL, the server, tokens
+
+
+def inherited_environment() -> dict[str, str]:
+    """The agent's environment as a run inherits it: without reconciler's own variables
+    (`RECONCILER_*`: the store's URL and its password, the server, tokens), which are none
+    of the run's business and would let it rewrite the store."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(RESERVED_PREFIX)}
+
+
 def _open_private(path: pathlib.Path) -> int:
     # O_APPEND: the agent may append a line (e.g. "job timed out") to stderr
     # while the run still writes to it; neither overwrites the other.
@@ -84,7 +94,7 @@ def spawn_run(
     """Start a run under the sh wrapper in a new session; return the wrapper's identity.
 
     Exactly one of `argv` (exec'd as is, no shell interpretation) or `shell`
-    (run by `/bin/sh -c`). `env` is merged over os.environ. stdout and stderr
+    (run by `/bin/sh -c`). `env` is merged over `inherited_environment()`. stdout and stderr
     go to run_dir/stdout and run_dir/stderr (0600, run_dir 0700); the wrapper
     writes the exit code to run_dir/exit (fsynced unless `fsync_exit` is
     False, see wrapper.py for the cost). The wrapper leads its own process
@@ -98,7 +108,7 @@ def spawn_run(
         raise ValueError("argv must not be empty")
     if not os.path.isdir(cwd):
         raise StartFailed(f"working directory {cwd!r} does not exist")
-    merged = {**os.environ, **env}
+    merged = {**inherited_environment(), **env}
     if argv is not None:
         program = _resolve(argv[0], path_env=merged.get("PATH", os.defpath), cwd=cwd)
         command = [program, *argv[1:]]
@@ -154,7 +164,7 @@ def read_exit(run_dir: pathlib.Path) -> ExitRecord | None:
     """The exit record the wrapper left, or None while there is none (yet)."""
     try:
         text = (pathlib.Path(run_dir) / "exit").read_text()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # no run dir, or something else in its place
         return None
     if not text.endswith("\n"):
         return None  # not written yet (or lost to a machine crash without fsync_exit): no record

@@ -18,6 +18,7 @@ from collections.abc import Callable
 
 from reconciler.agent.identity import ProcessIdentity, is_alive
 from reconciler.agent.process import reap
+from reconciler.threads import critical
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class ExitWatcher:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
-        self._thread = threading.Thread(target=self._run, name="exit-watcher", daemon=True)
+        self._thread = critical("exit-watcher", self._run)
         self._thread.start()
 
     def watch(self, identity: ProcessIdentity, callback: Callback) -> None:

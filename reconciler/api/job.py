@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from .meta import API_VERSION, Name, ObjectMeta, Strict, Time
-from .quantity import CPU, Duration, Size, parse_cpu, parse_size, spelled
+from .meta import API_VERSION, MAX_SLOTS, Name, ObjectMeta, Strict, Time
+from .quantity import CPU, Duration, PollInterval, Size, parse_cpu, parse_size, spelled
 from .status import DependencyOutcome, JobStatus
 
 DEFAULT_RUN_TIMEOUT = 3600.0  # whole-job timeout of a run job when none is given
 
 
 class Artifact(Strict):
-    url: str = Field(description="file:// or http(s):// address of a zip unpacked into a fresh working dir per run.")
+    url: OsString = Field(
+        description="file:// or http(s):// address of a zip unpacked into a fresh working dir per run."
+    )
     sha256: str | None = Field(
         default=None,
         pattern=r"^[0-9a-f]{64}$",
@@ -27,6 +29,20 @@ class Artifact(Strict):
         if not url.startswith(("file://", "http://", "https://")):
             raise ValueError("must start with file://, http:// or https://")
         return url
+
+
+MAX_PRIORITY = 1_000_000_000  # as Kubernetes bounds a PriorityClass value
+MAX_OUTPUT_LIMIT = 64 * 2**10  # probe output is kept in the job's status
+
+
+def _no_nul(text: str) -> str:
+    """Strings that become an argv, a path or a working dir: the OS cannot take a NUL byte."""
+    if "\0" in text:
+        raise ValueError("must not contain a NUL byte")
+    return text
+
+
+OsString = Annotated[str, AfterValidator(_no_nul)]
 
 
 def _succeeded() -> list[DependencyOutcome]:
@@ -52,12 +68,16 @@ class Dependency(Strict):
 
 
 class Probe(Strict):
-    command: list[str] = Field(
+    command: list[OsString] = Field(
         min_length=1, description="argv of the probe, run directly (no shell); exit 0 satisfies."
     )
     timeout: Duration = Field(default=spelled("5s"), description="Longest one probe may run.")
-    interval: Duration = Field(default=spelled("2s"), description="Time between evaluations (jittered 90-110%).")
-    output_limit: Size = Field(default=spelled("4Ki"), description="Bytes of probe output kept as the diagnostic.")
+    interval: PollInterval = Field(
+        default=spelled("2s"), description="Time between evaluations (jittered 90-110%); at least 100ms."
+    )
+    output_limit: Size = Field(
+        default=spelled("4Ki"), le=MAX_OUTPUT_LIMIT, description="Bytes of probe output kept as the diagnostic."
+    )
     fatal_on_error: bool = Field(
         default=False, description="A failing probe ends the job Aborted/WaitProbeFailed instead of waiting."
     )
@@ -68,10 +88,12 @@ class WaitCondition(Strict):
 
     until: Time | None = Field(default=None, description="Wait until this RFC 3339 time.")
     delay: Duration | None = Field(default=None, description="Wait this long after the job was accepted.")
-    path: str | None = Field(default=None, description="Wait until this path exists.")
+    path: OsString | None = Field(default=None, description="Wait until this path exists.")
     type: Literal["file", "dir"] | None = Field(default=None, description="With path: require a file or a directory.")
     probe: Probe | None = Field(default=None, description="Wait until this command exits 0.")
-    interval: Duration | None = Field(default=None, description="Poll interval for path (default 1s).")
+    interval: PollInterval | None = Field(
+        default=None, description="Poll interval for path (default 1s); at least 100ms."
+    )
 
     @model_validator(mode="after")
     def _exactly_one(self) -> WaitCondition:
@@ -115,7 +137,7 @@ class Resources(Strict):
 class Backoff(Strict):
     policy: Literal["constant", "linear", "exponential"] = Field(default="exponential")
     delay: Duration = Field(default=spelled("1s"), description="Base delay before the first retry.")
-    factor: float = Field(default=2.0, ge=1.0, description="Growth factor of exponential backoff.")
+    factor: float = Field(default=2.0, ge=1.0, le=1000.0, description="Growth factor of exponential backoff.")
     max_delay: Duration = Field(default=spelled("5m"), description="Cap on the delay before jitter.")
     jitter: Duration = Field(
         default=spelled("0s"), description="Full width of the symmetric random spread around the delay."
@@ -143,11 +165,11 @@ class Retry(Strict):
 
 
 class JobSpec(Strict):
-    command: list[str] | None = Field(default=None, min_length=1, description="argv, run directly (no shell).")
-    shell: str | None = Field(
+    command: list[OsString] | None = Field(default=None, min_length=1, description="argv, run directly (no shell).")
+    shell: OsString | None = Field(
         default=None, min_length=1, description="One string run by /bin/sh -c; exactly one of command/shell."
     )
-    working_dir: str | None = Field(
+    working_dir: OsString | None = Field(
         default=None, description="Relative paths resolve against the manifest file's folder."
     )
     env: dict[str, str] = Field(default_factory=dict)
@@ -159,8 +181,15 @@ class JobSpec(Strict):
     depends_on: list[Dependency] = Field(default_factory=list)
     wait_for: WaitFor | None = Field(default=None, description="Gates the first run only.")
     pool: Name | None = Field(default=None, description="Named Pool charged while a run is active.")
-    slots: int = Field(default=1, ge=1, description="Slots charged against the pool and the global limit.")
-    priority: int = Field(default=0, description="Higher is admitted first among jobs competing in one scope.")
+    slots: int = Field(
+        default=1, ge=1, le=MAX_SLOTS, description="Slots charged against the pool and the global limit."
+    )
+    priority: int = Field(
+        default=0,
+        ge=-MAX_PRIORITY,
+        le=MAX_PRIORITY,
+        description="Higher is admitted first among jobs competing in one scope.",
+    )
     placement: Placement = Field(default_factory=Placement)
     resources: Resources = Field(default_factory=Resources)
     retry: Retry = Field(default_factory=Retry)
@@ -176,9 +205,11 @@ class JobSpec(Strict):
     @field_validator("env")
     @classmethod
     def _env(cls, env: dict[str, str]) -> dict[str, str]:
-        for key in env:
+        for key, value in env.items():
             if not key or "=" in key or "\0" in key:
                 raise ValueError(f"invalid environment variable name {key!r}")
+            if "\0" in value:
+                raise ValueError(f"the value of {key} contains a NUL byte, which no process environment can hold")
         return env
 
     @field_validator("port")

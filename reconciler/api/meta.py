@@ -13,6 +13,9 @@ from pydantic.alias_generators import to_camel
 API_VERSION: Final = "reconciler.dev/v1alpha1"
 GROUP: Final = "reconciler.dev"
 
+MAX_SLOTS = 1_000_000  # slots of one job, pool or node: far past any machine, far below any integer limit
+MAX_BYPASS = 1_000_000
+
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
 _LABEL_NAME = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
@@ -81,13 +84,19 @@ def _aware(value: datetime) -> datetime:
 Time = Annotated[datetime, AfterValidator(_aware), PlainSerializer(format_time, return_type=str)]
 
 
+def _resource_version(value: str) -> str:
+    if not value.isdecimal():
+        raise ValueError(f"invalid resourceVersion {value!r}: use one the system wrote (get -o yaml shows it)")
+    return value
+
+
 class ObjectMeta(Strict):
     name: Name = Field(description="DNS-1123 label naming the object; unique per kind.")
     labels: dict[str, str] = Field(default_factory=dict, description="Key/value pairs for selectors (-l).")
     annotations: dict[str, str] = Field(default_factory=dict, description="Free-form notes, not used for selection.")
     uid: str | None = Field(default=None, description="Set by the system.")
     generation: int | None = Field(default=None, description="Set by the system; bumped on every spec change.")
-    resource_version: str | None = Field(
+    resource_version: Annotated[str, AfterValidator(_resource_version)] | None = Field(
         default=None,
         description="Set by the system. When a manifest carries one, apply succeeds only if it is still current.",
     )

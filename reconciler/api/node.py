@@ -6,12 +6,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .meta import API_VERSION, Condition, ObjectMeta, Strict, Time, to_epoch
+from .meta import API_VERSION, MAX_SLOTS, Condition, ObjectMeta, Strict, Time, to_epoch
 from .quantity import CPU, Size
 
 
 class Capacity(Strict):
-    slots: int | None = Field(default=None, ge=0, description="Default: the node's CPU count.")
+    slots: int | None = Field(default=None, ge=0, le=MAX_SLOTS, description="Default: the node's CPU count.")
     cpu: CPU | None = None
     memory: Size | None = None
 

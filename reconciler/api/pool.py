@@ -6,15 +6,15 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
-from .meta import API_VERSION, ObjectMeta, Strict
+from .meta import API_VERSION, MAX_BYPASS, MAX_SLOTS, ObjectMeta, Strict
 
 GLOBAL_POOL = "global"
 
 
 def _check_slots(value: object) -> object:
-    if value == "unlimited" or (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
+    if value == "unlimited" or (isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_SLOTS):
         return value
-    raise ValueError('must be a non-negative integer or "unlimited"')
+    raise ValueError(f'must be a non-negative integer, at most {MAX_SLOTS}, or "unlimited"')
 
 
 class PoolSpec(Strict):
@@ -22,7 +22,10 @@ class PoolSpec(Strict):
         default="unlimited", description='Slot limit, a non-negative integer or "unlimited".'
     )
     max_bypass: int = Field(
-        default=3, ge=0, description="How often a younger job may pass the oldest waiting one that does not fit."
+        default=3,
+        ge=0,
+        le=MAX_BYPASS,
+        description="How often a younger job may pass the oldest waiting one that does not fit.",
     )
 
     @property

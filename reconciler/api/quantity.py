@@ -8,7 +8,7 @@ import math
 import re
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator, PlainSerializer, WithJsonSchema
+from pydantic import AfterValidator, BeforeValidator, PlainSerializer, WithJsonSchema
 
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
@@ -22,9 +22,18 @@ _SIZE_UNITS = {
     "Mi": 2**20,
     "Gi": 2**30,
     "Ti": 2**40,
+    "P": 10**15,
+    "Pi": 2**50,
 }
-_SIZE = re.compile(r"(\d+)(Ki|Mi|Gi|Ti|k|M|G|T|)")
+_SIZE = re.compile(r"(\d+)(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P|)")
 _CPU = re.compile(r"(\d+(?:\.\d+)?)(m?)")
+
+# Bounds: no value a manifest can carry may overflow a timer, a database integer or a
+# cgroup file, and none is larger than any real use.
+MAX_DURATION = 3650 * 86400.0  # ten years, far below threading.TIMEOUT_MAX (~292 years)
+MAX_SIZE = 2**50  # 1Pi
+MAX_CPU = 10_000.0
+MIN_POLL = 0.1  # a poll interval below this would make a waiting job spin
 
 
 def parse_duration(value: object) -> float:
@@ -48,7 +57,15 @@ def _duration_seconds(value: str) -> float:
         pos = match.end()
     if not text or pos != len(text):
         raise ValueError(f"invalid duration {value!r}: use forms like 500ms, 30s, 5m, 1h30m, 2d")
+    if total > MAX_DURATION:
+        raise ValueError(f"duration {value!r} is longer than the longest allowed, {format_duration(MAX_DURATION)}")
     return total
+
+
+def _poll_interval(seconds: float) -> float:
+    if seconds < MIN_POLL:
+        raise ValueError(f"must be at least {format_duration(MIN_POLL)}: a shorter poll would spin")
+    return seconds
 
 
 @functools.lru_cache(maxsize=4096)
@@ -76,17 +93,21 @@ def parse_size(value: object) -> int:
     if isinstance(value, bool):
         raise ValueError("must be a size such as 512Mi or 1Gi")
     if isinstance(value, int):
-        if value < 0:
-            raise ValueError("must not be negative")
-        return value
-    match = _SIZE.fullmatch(str(value).strip()) if isinstance(value, str) else None
-    if not match:
-        raise ValueError(f"invalid size {value!r}: use forms like 4096, 4Ki, 512Mi, 1Gi")
-    return int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+        size = value
+    else:
+        match = _SIZE.fullmatch(str(value).strip()) if isinstance(value, str) else None
+        if not match:
+            raise ValueError(f"invalid size {value!r}: use forms like 4096, 4Ki, 512Mi, 1Gi")
+        size = int(match.group(1)) * _SIZE_UNITS[match.group(2)]
+    if size < 0:
+        raise ValueError("must not be negative")
+    if size > MAX_SIZE:
+        raise ValueError(f"size {value!r} is larger than the largest allowed, {format_size(MAX_SIZE)}")
+    return size
 
 
 def format_size(size: int) -> str:
-    for unit in ("Ti", "Gi", "Mi", "Ki"):
+    for unit in ("Pi", "Ti", "Gi", "Mi", "Ki"):
         if size and size % _SIZE_UNITS[unit] == 0:
             return f"{size // _SIZE_UNITS[unit]}{unit}"
     return str(size)
@@ -104,6 +125,8 @@ def parse_cpu(value: object) -> float:
         number = float(match.group(1)) / (1000 if match.group(2) else 1)
     if number < 0 or not math.isfinite(number):
         raise ValueError("must be a finite, non-negative CPU quantity")
+    if number > MAX_CPU:
+        raise ValueError(f"CPU quantity {value!r} is more than the most allowed, {format_cpu(MAX_CPU)}")
     return number
 
 
@@ -122,6 +145,8 @@ Duration = Annotated[
     PlainSerializer(format_duration, return_type=str),
     WithJsonSchema({"type": "string", "pattern": r"^(\d+(\.\d+)?(ms|s|m|h|d))+$"}),
 ]
+# A poll interval (probes, path waits): a duration of at least MIN_POLL.
+PollInterval = Annotated[Duration, AfterValidator(_poll_interval)]
 Size = Annotated[
     int,
     BeforeValidator(parse_size),

@@ -153,6 +153,6 @@ def delete(
     for o, what in result.done:
         typer.echo(f"{KINDS[o.kind].qualified}/{o.name} {what}")
     for k, n in result.missing:
-        err(f'Error: {KINDS[k].plural} "{n}" not found')
+        err(f'error: {KINDS[k].plural} "{n}" not found')
     if result.missing:
         raise typer.Exit(3)

@@ -1,16 +1,26 @@
 """Fault injection for crash tests: `RECONCILER_FAULT=<point>` makes the controller SIGKILL
-itself when it reaches that point, as a crash there would. Unset, a point costs one dict
-lookup."""
+itself when it reaches one of the KILLS points, as a crash there would, or makes the thread
+that reaches one of the RAISES points raise, as a bug there would. Unset, a point costs one
+comparison."""
 
 from __future__ import annotations
 
 import os
 import signal
 
-POINTS = ("after-admission", "after-spawn", "before-exit-record", "during-backoff")
+KILLS = ("after-admission", "after-spawn", "before-exit-record", "during-backoff")
+RAISES = ("worker-dies", "watcher-dies")
+POINTS = KILLS + RAISES
 _ARMED = os.environ.get("RECONCILER_FAULT")
 
 
+class InjectedFault(RuntimeError):
+    pass
+
+
 def point(name: str) -> None:
-    if name == _ARMED:
-        os.kill(os.getpid(), signal.SIGKILL)
+    if name != _ARMED:
+        return
+    if name in RAISES:
+        raise InjectedFault(f"fault injected at {name}")
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -12,6 +12,8 @@ from ..clock import Clock, RealClock
 from ..store import Store
 from ..store import scheduling as sched
 from ..store.feed import ChangeFeed
+from ..threads import critical
+from . import faults
 from .job import JobReconciler
 from .nodes import HEARTBEAT_INTERVAL, heartbeat, local_node_name
 from .runtime import Runner, WorkQueue
@@ -47,7 +49,7 @@ class Controller:
         )
         self.runner = Runner(self.queue, self.jobs, workers=workers)
         self._stop = threading.Event()
-        self._watcher = threading.Thread(target=self._watch, name="change-watcher", daemon=True)
+        self._watcher = critical("change-watcher", self._watch)
         self._feed: ChangeFeed | None = None
 
     def start(self) -> Controller:
@@ -80,6 +82,7 @@ class Controller:
         feed = self._feed if self._feed is not None else ChangeFeed(self.store, skip_own=True)
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL
         while not self._stop.wait(WATCH_INTERVAL):
+            faults.point("watcher-dies")
             if time.monotonic() >= next_beat:
                 try:
                     heartbeat(self.store, self.node, self.owner, self.clock.now())

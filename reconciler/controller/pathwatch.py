@@ -10,6 +10,7 @@ import threading
 from collections.abc import Callable
 
 from ..clock import Clock
+from ..threads import critical
 from .waits import check_path
 
 PathCondition = tuple[str, "str | None", float]  # path, type, interval
@@ -24,7 +25,7 @@ class PathWatch:
         self._groups: dict[float, dict[str, list[tuple[str, str | None]]]] = {}  # interval -> job -> paths
         self._next: dict[float, float] = {}  # interval -> when its next sweep is due (monotonic)
         self._stop = False
-        self._thread = threading.Thread(target=self._run, name="path-watch", daemon=True)
+        self._thread = critical("path-watch", self._run)
         self._thread.start()
 
     def watch(self, job: str, conditions: list[PathCondition]) -> None:

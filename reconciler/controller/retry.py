@@ -13,6 +13,7 @@ from ..api.job import Backoff, Retry
 class RunEnd:
     outcome: str  # Succeeded | Failed | TimedOut | Cancelled | StartFailed | Lost
     exit_code: int | None = None
+    reason: str | None = None  # why a run was Lost (ProcessLost, NodeLost): the job's reason if it ends so
 
 
 @dataclass(frozen=True)
@@ -48,7 +49,7 @@ def _retryable(retry: Retry, run: RunEnd) -> tuple[bool, str, str]:
     if run.outcome == "TimedOut":
         return retry.on_timeout, "TimedOut", "RunTimeout"
     if run.outcome == "Lost":
-        return retry.on_lost, "Lost", "NodeLost"
+        return retry.on_lost, "Lost", run.reason or "NodeLost"
     if run.outcome == "StartFailed":
         return False, "Failed", "StartFailed"
     return False, run.outcome, run.outcome

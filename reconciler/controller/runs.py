@@ -21,6 +21,7 @@ from .retry import RunEnd, after_run
 from .runtime import AGAIN, DONE, Result, requeue_after
 
 STOP_POLL = 0.05  # while stopping, look this often (a stop lasts at most the grace period)
+ORPHAN_POLL = 1.0  # a run whose wrapper was killed while its group lives on: look this often
 WRAPPER_GRACE = 2.0  # after SIGKILL, how long the wrapper gets to record before it is killed too
 OTHER_AGENT_POLL = 5.0
 
@@ -143,7 +144,11 @@ class RunSteps:
         exited = self.agent.exit_of(run_dir)
         if identity is None or not alive:
             return self._ended(ctx, run, exited)
-        self.agent.watch(ctx.name, identity)
+        # A wrapper killed from outside leaves its group orphaned: nothing will tell when the
+        # rest ends (a pidfd of a dead process fires at once), so it is looked at on a timer.
+        orphaned = not self.agent.wrapper_alive(identity)
+        if not orphaned:
+            self.agent.watch(ctx.name, identity)  # the exit watcher wakes the job when it ends
         if exited is not None and not self.agent.leftovers(identity):
             return requeue_after(STOP_POLL)  # the wrapper is writing its record and about to exit; the watcher wakes us
         if exited is not None:  # the command exited but left processes in its group
@@ -154,7 +159,10 @@ class RunSteps:
             stop = ("RunTimeout", f"run {run['number']} exceeded its runTimeout of {ctx.spec.run_timeout:g}s")
         if stop is not None:
             return self._begin_stop(ctx, identity, stop)
-        return requeue_after(deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline()))
+        due = deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline())
+        if orphaned:
+            return requeue_after(ORPHAN_POLL if due is None else min(due, ORPHAN_POLL))
+        return requeue_after(due)
 
     def _ended(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result:
         faults.point("before-exit-record")
@@ -162,7 +170,7 @@ class RunSteps:
             return self.finish(
                 ctx,
                 run,
-                RunEnd(RunOutcome.LOST),
+                RunEnd(RunOutcome.LOST, reason="ProcessLost"),
                 exit_code=None,
                 reason="ProcessLost",
                 message=f"run {run['number']} ended without recording an exit status",

@@ -17,6 +17,9 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..threads import critical
+from . import faults
+
 log = logging.getLogger("reconciler.runtime")
 
 Key = str  # a job's name
@@ -46,6 +49,9 @@ class TerminalError(Exception):
 Reconcile = Callable[[Key], Result]
 
 ERROR_BASE, ERROR_MAX = 0.005, 30.0
+# A timer further away than this is set for this long: the reconciler is called then and asks
+# again. Keeps every wait far below threading.TIMEOUT_MAX, whatever a manifest asks for.
+MAX_TIMER = 86400.0
 URGENT_STREAK = 4  # urgent keys in a row before one normal key goes (the normal lane gets >= 1/5)
 
 
@@ -90,7 +96,7 @@ class WorkQueue:
         if delay <= 0:
             self.add(key)
             return
-        at = time.monotonic() + delay
+        at = time.monotonic() + min(delay, MAX_TIMER)
         with self._cond:
             if self._due.get(key, float("inf")) <= at:
                 return  # an earlier timer for this key will wake it anyway
@@ -105,18 +111,28 @@ class WorkQueue:
             while True:
                 if self._closed:
                     return None
-                now = time.monotonic()
-                while self._timers and self._timers[0][0] <= now:
-                    at, _, key = heapq.heappop(self._timers)
-                    if self._due.get(key) == at:
-                        del self._due[key]
-                        self._add_locked(key)
-                ready = self._pop()
+                ready = self._take_locked()
                 if ready is not None:
-                    self._processing.add(ready)
                     return ready
-                timeout = self._timers[0][0] - now if self._timers else None
+                timeout = self._timers[0][0] - time.monotonic() if self._timers else None
                 self._cond.wait(timeout)
+
+    def get_nowait(self) -> Key | None:
+        """The next key ready now (marked as processing, like `get`), or None."""
+        with self._cond:
+            return None if self._closed else self._take_locked()
+
+    def _take_locked(self) -> Key | None:
+        now = time.monotonic()
+        while self._timers and self._timers[0][0] <= now:
+            at, _, key = heapq.heappop(self._timers)
+            if self._due.get(key) == at:
+                del self._due[key]
+                self._add_locked(key)
+        ready = self._pop()
+        if ready is not None:
+            self._processing.add(ready)
+        return ready
 
     def _pop(self) -> Key | None:
         # after URGENT_STREAK urgent keys in a row, one normal key goes, if any waits: timers
@@ -159,9 +175,7 @@ class Runner:
         self.queue = queue
         self._reconcile = reconcile
         self._failures: dict[Key, int] = {}
-        self._threads = [
-            threading.Thread(target=self._work, name=f"reconcile-{i}", daemon=True) for i in range(workers)
-        ]
+        self._threads = [critical(f"reconcile-{i}", self._work) for i in range(workers)]
 
     def start(self) -> None:
         for thread in self._threads:
@@ -174,6 +188,7 @@ class Runner:
 
     def _work(self) -> None:
         while (key := self.queue.get()) is not None:
+            faults.point("worker-dies")
             try:
                 result = self._reconcile(key)
             except TerminalError as exc:

@@ -172,3 +172,17 @@ def test_exit_record_decodes_signals(tmp_path):
     (tmp_path / "exit").write_text("128\n")
     assert read_exit(tmp_path) == ExitRecord(exit_code=128, signal=None)
     assert read_exit(tmp_path / "absent") is None
+
+
+def test_a_run_does_not_inherit_reconcilers_own_variables(spawn, monkeypatch):
+    """The store URL (with its password), the server and tokens are the agent's, not the
+    run's: a run that could read RECONCILER_STORE could rewrite the store."""
+    monkeypatch.setenv("RECONCILER_STORE", "postgresql://admin:s3cret@db/prod")
+    monkeypatch.setenv("RECONCILER_TOKEN", "t0ken")
+    monkeypatch.setenv("OTHER_SETTING", "kept")
+    _, run_dir = spawn(shell="env", env={"MINE": "given"})
+    assert finished(run_dir).exit_code == 0
+    seen = dict(line.split("=", 1) for line in (run_dir / "stdout").read_text().splitlines() if "=" in line)
+    assert "RECONCILER_STORE" not in seen and "RECONCILER_TOKEN" not in seen
+    assert "s3cret" not in (run_dir / "stdout").read_text()
+    assert seen["OTHER_SETTING"] == "kept" and seen["MINE"] == "given"

@@ -270,6 +270,16 @@ RETRY_ALL = {
             {"limit": 3, "onLost": False}, RunEnd("Lost"), 1, False, False, "Lost", "NodeLost", id="lost-without-onLost"
         ),
         pytest.param(
+            {"limit": 3, "onLost": False},
+            RunEnd("Lost", reason="ProcessLost"),
+            1,
+            False,
+            False,
+            "Lost",
+            "ProcessLost",
+            id="lost-process-keeps-the-runs-reason",
+        ),
+        pytest.param(
             RETRY_ALL, RunEnd("StartFailed"), 1, False, False, "Failed", "StartFailed", id="start-failed-never-retried"
         ),
         pytest.param(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import types
 from collections.abc import Hashable
 
@@ -475,3 +476,18 @@ def test_stop_ends_the_workers(start_runner):
     assert len(workers) == 3
     runner.stop()
     assert not any(t.is_alive() for t in workers)
+
+
+def test_a_timer_past_any_wait_does_not_break_the_queue():
+    """A reconciler may ask for a later call than threading can wait for (a job whose
+    deadline is years away): the queue caps the timer instead of dying in Condition.wait
+    (OverflowError), and keeps handing out other keys."""
+    q = WorkQueue()
+    q.add_after("far", 1e12)  # ~31,700 years
+    got: list[str | None] = []
+    worker = threading.Thread(target=lambda: got.append(q.get()), daemon=True)
+    worker.start()
+    q.add("near")
+    worker.join(DEADLINE)
+    assert got == ["near"]
+    assert q._due["far"] - time.monotonic() <= runtime.MAX_TIMER

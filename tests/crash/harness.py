@@ -11,7 +11,7 @@ polling reads one long-lived `Store` so that waiting does not open a store per p
 `get_json` checks the status through `get job X -o json` itself.
 
 Clean-up does not depend on the product: every controller is started with
-RECONCILER_TEST_ROOT=<the test's tmp dir> in its environment, which every run and
+RCTEST_ROOT=<the test's tmp dir> in its environment, which every run and
 every child of a run inherits, so `Env.close` finds and SIGKILLs exactly the processes
 this test caused, whatever state the store or the controller was left in.
 """
@@ -46,7 +46,7 @@ from tests.helpers import Result, wait_until
 
 API = "reconciler.dev/v1alpha1"
 NODE_SLOTS = 4  # the local node's capacity in these tests, whatever the CPU count
-TAG = "RECONCILER_TEST_ROOT"
+TAG = "RCTEST_ROOT"
 READY_LINE = "controller running on node"
 
 

@@ -10,7 +10,7 @@ import signal
 
 import pytest
 
-from reconciler.controller.faults import POINTS
+from reconciler.controller.faults import KILLS, RAISES
 from tests.crash.harness import Env, intervals, job, marked, marker_runs, max_overlap
 
 NAMES = ["quick", "flaky", "after-both", "fails"]
@@ -114,13 +114,31 @@ def crash_window(env: Env, point: str) -> str:
     return "flaky"
 
 
-@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("point", KILLS)
 def test_restart_after_fault_converges_like_an_uninterrupted_run(env, reference, point):
     markers = env.root / "markers"
     env.apply(*pipeline(markers))
     faulty = env.start_controller(point, ready=False)
     assert faulty.wait_exit() == -signal.SIGKILL, f"the controller did not die at {point}:\n{faulty.log()}"
     crash_window(env, point)
+
+    env.start_controller()
+    statuses = env.wait_completed(NAMES)
+    assert summary(statuses) == reference
+    assert_clean_history(env, statuses, markers)
+
+
+@pytest.mark.parametrize("point", RAISES)
+def test_a_thread_that_dies_ends_the_controller_and_a_restart_converges(env, reference, point):
+    """A reconcile worker or the change watcher dying of an error must not leave a process
+    that heartbeats and reconciles nothing: it exits non-zero with one line saying why (a
+    supervisor restarts it), and the restarted controller converges as if nothing happened."""
+    markers = env.root / "markers"
+    env.apply(*pipeline(markers))
+    faulty = env.start_controller(point, ready=False)
+    assert faulty.wait_exit() == 1, f"the controller did not exit at {point}:\n{faulty.log()}"
+    thread = "reconcile-0" if point == "worker-dies" else "change-watcher"
+    assert f"thread {thread} died (InjectedFault: fault injected at {point})" in faulty.log()
 
     env.start_controller()
     statuses = env.wait_completed(NAMES)

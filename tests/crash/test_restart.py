@@ -79,6 +79,8 @@ def test_a_run_killed_while_the_controller_was_down_is_lost_and_retried_per_on_l
     final = done["lost-final"]
     assert [(r["number"], r["outcome"], r.get("exitCode")) for r in final["runs"]] == [(1, "Lost", None)], final["runs"]
     assert final["outcome"] == "Lost", final
+    # its node was fine: the job says what its run says, not NodeLost
+    assert final["reason"] == final["runs"][-1]["reason"] == "ProcessLost", final
     assert env.admissions() == [] and env.queue() == []
 
 
