@@ -253,7 +253,7 @@ def _joined(base_dir: str, path: str) -> str:
 
 
 def _files(path: Path, recursive: bool) -> list[Path]:
-    if path.is_file():
+    if not path.is_dir():  # a file, or a stream read as one: a FIFO, <(cat x), /dev/stdin
         return [path]
     pattern = "**/*" if recursive else "*"
     # sorted as Paths sort (component by component), by a key that compares in C
@@ -274,20 +274,26 @@ def _folder_of(file: Path, resolved: dict[Path, Path]) -> Path:
 
 
 def _read(path: Path, display: str) -> str:
-    with open(path, encoding="utf-8") as f:  # sized through the open file: one path lookup, not two
-        size = os.fstat(f.fileno()).st_size
-        if size > MAX_FILE_BYTES:
-            raise InvalidInput(f"{display}:1: file too large ({size} bytes; at most {MAX_FILE_BYTES})")
-        try:
-            return f.read()
-        except UnicodeDecodeError as exc:
-            raise InvalidInput(f"{display}:1: not UTF-8 text ({exc.reason})") from None
+    with open(path, "rb") as f:  # sized through the open file: one path lookup, not two
+        size = os.fstat(f.fileno()).st_size  # 0 for a stream: then the read is what is bounded
+        data = f.read(MAX_FILE_BYTES + 1) if size <= MAX_FILE_BYTES else b""
+    if size > MAX_FILE_BYTES or len(data) > MAX_FILE_BYTES:
+        raise InvalidInput(f"{display}:1: file too large ({max(size, len(data))} bytes; at most {MAX_FILE_BYTES})")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(f"{display}:1: not UTF-8 text ({exc.reason})") from None
 
 
-def load(paths: list[str], *, recursive: bool = False, stdin: Any = None) -> list[Manifest]:
-    """Every manifest under `paths` ('-' reads stdin); raises InvalidInput naming every problem."""
+def load(paths: list[str], *, recursive: bool = False, stdin: Any = None, verb: str = "apply") -> list[Manifest]:
+    """Every manifest under `paths` ('-' reads stdin); raises InvalidInput naming every
+    problem, and when they hold no object at all (a wrong path must not look like an empty
+    desired state: `apply --prune` would delete everything)."""
     with paused_gc():
-        return _load(paths, recursive=recursive, stdin=stdin)
+        manifests = _load(paths, recursive=recursive, stdin=stdin)
+    if not manifests:
+        raise InvalidInput(f"no objects passed to {verb} ({', '.join(paths)} hold no manifest)")
+    return manifests
 
 
 def _load(paths: list[str], *, recursive: bool, stdin: Any) -> list[Manifest]:
@@ -310,13 +316,14 @@ def _load(paths: list[str], *, recursive: bool, stdin: Any) -> list[Manifest]:
         files = _files(path, recursive)
         if not files and path.is_dir():
             raise InvalidInput(f"{given}: no *.yaml or *.yml files" + ("" if recursive else " (use -R for subfolders)"))
+        stream = not path.is_dir() and not path.is_file()  # no folder: relative paths resolve as stdin's
         for file in files:
             try:
                 text = _read(file, str(file))
             except InvalidInput as exc:
                 problems.append(str(exc))
                 continue
-            found, bad = parse_text(text, str(file), _folder_of(file, folders))
+            found, bad = parse_text(text, str(file), Path.cwd() if stream else _folder_of(file, folders))
             manifests += found
             problems += bad
     if problems:

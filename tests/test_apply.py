@@ -589,3 +589,60 @@ def test_subprocess_agrees_with_in_process(tmp_path):
     real = run_cli("apply", "-f", f, store=f"sqlite:///{tmp_path / 'real' / 'state.db'}")
     assert (real.code, real.stdout) == (0, "pool.reconciler.dev/p created\njob.reconciler.dev/a created\n")
     assert real == cli("apply", "-f", f, store=f"sqlite:///{tmp_path / 'inproc' / 'state.db'}")
+
+
+# --- input that is not a plain file ------------------------------------------------------------
+
+
+def _bash(command: str, store: str, cwd: Path) -> tuple[int, str, str]:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "RECONCILER_STORE": store, "RECONCILER": f"{sys.executable} -m reconciler"}
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=60, env=env, cwd=cwd)
+    return proc.returncode, proc.stdout, proc.stderr
+
+
+def test_a_process_substitution_and_dev_stdin_are_read_as_files(sqlite_url, tmp_path):
+    """`apply -f <(cat job.yaml)` and `-f /dev/stdin` used to exit 0 having stored nothing.
+    (A stream has no folder: relative working dirs resolve against the current one, which is
+    the file's folder here, so both applies store the same spec.)"""
+    source = write(tmp_path / "job.yaml", job("piped"), job("stdin-fed"))
+    code, out, err = _bash(f"$RECONCILER apply -f <(cat {source})", sqlite_url, tmp_path)
+    assert (code, err) == (0, ""), err
+    assert lines(out) == ["job.reconciler.dev/piped created", "job.reconciler.dev/stdin-fed created"]
+    code, out, err = _bash(f"$RECONCILER apply -f /dev/stdin < {source}", sqlite_url, tmp_path)
+    assert (code, lines(out)) == (0, ["job.reconciler.dev/piped unchanged", "job.reconciler.dev/stdin-fed unchanged"])
+
+
+def test_a_fifo_is_read_as_a_file(sqlite_url, tmp_path):
+    import os
+    import threading
+
+    fifo = tmp_path / "manifests.fifo"
+    os.mkfifo(fifo)
+    text = yaml.safe_dump(job("through-a-fifo"))
+    writer = threading.Thread(target=lambda: fifo.write_text(text), daemon=True)
+    writer.start()
+    result = run_cli("apply", "-f", str(fifo), store=sqlite_url)
+    writer.join(10)
+    assert (result.code, lines(result.stdout)) == (0, ["job.reconciler.dev/through-a-fifo created"]), result
+
+
+@pytest.mark.parametrize(
+    "given", [pytest.param(["-f", "/dev/null"], id="dev-null"), pytest.param(["-f", "-"], id="empty-stdin")]
+)
+def test_no_objects_at_all_is_invalid_input(sqlite_url, given):
+    """As kubectl says: "no objects passed to apply"; an empty desired state is never what
+    a user means (with --prune it would delete everything)."""
+    result = run_cli("apply", *given, "--prune", store=sqlite_url, input="")
+    assert result.code == 2, result
+    assert result.stdout == "" and "no objects passed to apply" in result.stderr
+
+
+def test_a_folder_of_empty_documents_is_invalid_input(sqlite_url, tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "empty.yaml").write_text("---\n# nothing here\n---\n")
+    result = cli("apply", "-f", str(tmp_path / "m"), store=sqlite_url)
+    assert result.code == 2 and "no objects passed to apply" in result.stderr, result

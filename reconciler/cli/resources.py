@@ -16,13 +16,13 @@ if TYPE_CHECKING:
 OUTPUTS = ("wide", "yaml", "json", "name")
 
 
-def load_manifests(files: list[str], recursive: bool, *, warn: bool = True) -> list[Manifest]:
+def load_manifests(files: list[str], recursive: bool, *, verb: str, warn: bool = True) -> list[Manifest]:
     """Manifests from -f paths; a `status` in one is ignored, with a warning."""
     from ..manifests import load
 
     if not files:
         raise InvalidInput("no manifests given: use -f PATH (a file, a folder, or - for stdin)")
-    manifests = load(files, recursive=recursive)
+    manifests = load(files, recursive=recursive, verb=verb)
     for m in manifests:
         if m.ignored_status and warn:
             err(f"warning: {m.where('status')} is written only by the system; ignored")
@@ -45,7 +45,7 @@ def apply(
 
     if output not in (None, "name", "json"):
         raise InvalidInput(f"--output {output!r}: must be name or json")
-    manifests = load_manifests(filename, recursive)
+    manifests = load_manifests(filename, recursive, verb="apply")
     changes = apply_manifests(
         ctx_of(ctx).store, manifests, dry_run=dry_run, force=force, prune=prune, selector=selector_of(selector)
     )
@@ -73,7 +73,7 @@ def diff(
     from ..apply import apply_manifests
     from .render import dump_yaml
 
-    changes = apply_manifests(ctx_of(ctx).store, load_manifests(filename, recursive), dry_run=True)
+    changes = apply_manifests(ctx_of(ctx).store, load_manifests(filename, recursive, verb="diff"), dry_run=True)
     changed = False
     for c in changes:
         if c.action == "unchanged" or c.after is None:
@@ -138,7 +138,7 @@ def delete(
     targets: list[tuple[str, str]] = []
     by_kind = None
     if filename:
-        targets = [(m.kind.kind, m.name) for m in load_manifests(filename, recursive, warn=False)]
+        targets = [(m.kind.kind, m.name) for m in load_manifests(filename, recursive, verb="delete", warn=False)]
     elif kind and "/" in kind:
         targets = [(split_ref(ref)[0].kind, split_ref(ref)[1]) for ref in [kind, *(names or [])]]
     elif kind:

@@ -52,7 +52,7 @@ def up(
 
     limit = duration_of(timeout, "--timeout")
     store = ctx_of(ctx).store
-    changes = apply_manifests(store, load_manifests(filename, recursive))
+    changes = apply_manifests(store, load_manifests(filename, recursive, verb="up"))
     for c in changes:
         if c.action != "unchanged":
             err(f"{c.kind.qualified}/{c.name} {c.action}")
