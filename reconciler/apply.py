@@ -16,7 +16,7 @@ from .api.revisions import execution_hash
 from .api.status import ACTIVE_PHASES, LIVE_PHASES, new_job_status
 from .api.validation import validate_apply
 from .errors import Conflict, InvalidInput
-from .manifests import Manifest, paused_gc
+from .manifests import Loaded, Manifest, invalid, paused_gc
 from .selectors import Requirement, matches
 from .store import Store, StoredObject
 from .store import repository as repo
@@ -44,21 +44,25 @@ class Change:
 
 def apply_manifests(
     store: Store,
-    manifests: list[Manifest],
+    manifests: list[Manifest] | Loaded,
     *,
     dry_run: bool = False,
     force: bool = False,
     prune: bool = False,
     selector: list[Requirement] | None = None,
 ) -> list[Change]:
+    """Apply a set of manifests in one transaction. Given what `manifests.read` loaded,
+    the problems of the documents that did not validate are reported together with this
+    apply's own (references, cycles, capacities): every problem at once, nothing stored."""
+    loaded = manifests if isinstance(manifests, Loaded) else Loaded(list(manifests))
     with paused_gc():
         try:  # most applies in a GitOps loop change nothing: find that out without the write lock
             with store.read() as conn:
-                return _apply(_ReadOnly(conn, store), manifests, force=force, prune=prune, selector=selector)
+                return _apply(_ReadOnly(conn, store), loaded, force=force, prune=prune, selector=selector)
         except _WouldWrite:
             pass
         with store.write() as tx:  # validated and compared again under the lock: the store may have moved
-            changes = _apply(tx, manifests, force=force, prune=prune, selector=selector)
+            changes = _apply(tx, loaded, force=force, prune=prune, selector=selector)
             if dry_run:
                 tx.discard()
     return changes
@@ -76,22 +80,20 @@ class _ReadOnly(Tx):
         raise _WouldWrite
 
 
-def _apply(
-    tx: Tx, manifests: list[Manifest], *, force: bool, prune: bool, selector: list[Requirement] | None
-) -> list[Change]:
+def _apply(tx: Tx, loaded: Loaded, *, force: bool, prune: bool, selector: list[Requirement] | None) -> list[Change]:
+    manifests = loaded.manifests
     session = tx.session
     stored = {
         (info.kind, obj.name): obj for info in KINDS.values() for obj in repo.list_objects(session, kind=info.kind)
     }
-    problems = validate_apply(
+    problems = loaded.problems + validate_apply(
         manifests,
         {name: o.spec for (kind, name), o in stored.items() if kind == "Job"},
         {name: o.spec for (kind, name), o in stored.items() if kind == "Pool"},
+        loaded.refused,
     )
     if problems:
-        raise InvalidInput(
-            problems[0] if len(problems) == 1 else f"{len(problems)} problems in the manifests", problems
-        )
+        raise invalid(problems)
 
     changes: list[Change] = []
     creations: list[tuple[Change, dict[str, Any]]] = []  # written together below: one INSERT for all

@@ -8,9 +8,11 @@ from __future__ import annotations
 import functools
 import gc
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,19 @@ from .api.meta import API_VERSION
 from .errors import InvalidInput
 from .yamldoc import MAX_NODES, Loader, ManifestLoader, construct, expanded_size, format_path, surely_small
 
-__all__ = ["Loader", "Manifest", "format_path", "load", "locate", "parse_text", "paused_gc"]
+__all__ = [
+    "Loaded",
+    "Loader",
+    "Manifest",
+    "field_problems",
+    "format_path",
+    "invalid",
+    "load",
+    "locate",
+    "parse_text",
+    "paused_gc",
+    "read",
+]
 
 MAX_FILE_BYTES = 8 * 2**20  # a manifest file larger than this is refused before parsing
 MAX_PROBLEMS = 50  # beyond this the user gets the count, not the list
@@ -99,23 +113,47 @@ class Manifest:
 def locate(node: yaml.Node, path: Iterable[str | int]) -> int:
     """Line (1-based) of the deepest node along `path`; parts that are not in the YAML (a
     missing field, a union branch's tag) stop the walk at the nearest enclosing node."""
+    return _walk(node, path)[0]
+
+
+def _walk(node: yaml.Node, path: Iterable[str | int]) -> tuple[int, yaml.Node | None]:
+    """(line, node) of the deepest node along `path`; the node is None when the walk stopped
+    before the end of the path."""
     line = node.start_mark.line + 1
+    reached: yaml.Node | None = node
     for part in path:
         if isinstance(node, yaml.MappingNode) and isinstance(part, str):
             keys = (part, to_camel(part))
             match = next(((k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value in keys), None)
             if match is None:
-                break
+                return line, None
             line, node = match[0].start_mark.line + 1, match[1]
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and 0 <= part < len(node.value):
             node = node.value[part]
             line = node.start_mark.line + 1
         else:
+            reached = None
             continue
-    return line
+        reached = node
+    return line, reached
 
 
-def _message(error: ErrorDetails) -> str:
+_IMPLICIT = {bool: "a boolean", int: "a number", float: "a number", type(None): "null"}
+
+
+def _not_a_string(error: ErrorDetails, spelled: str | None) -> str | None:
+    """A plain scalar YAML resolved to something else where text was wanted (`command:
+    [true]`, `env: {DEBUG: yes}`): say so and how to quote it."""
+    what = _IMPLICIT.get(type(error.get("input")))
+    if error["type"] != "string_type" or what is None:
+        return None
+    text = spelled if spelled is not None else str(error.get("input"))
+    return f'YAML read {text} as {what}, not as text: quote it ("{text}") to mean the string'
+
+
+def _message(error: ErrorDetails, spelled: str | None = None) -> str:
+    if (hint := _not_a_string(error, spelled)) is not None:
+        return hint
     kind, ctx = error["type"], error.get("ctx") or {}
     if kind == "extra_forbidden":
         return "unknown field"
@@ -137,20 +175,29 @@ def _clean_loc(loc: tuple[str | int, ...]) -> tuple[str | int, ...]:
 
 def validation_problems(error: ValidationError, source: str, node: yaml.Node) -> list[str]:
     """A model's validation errors as `file:line: field.path: message`."""
-    return _problems(error, lambda loc: f"{source}:{locate(node, loc)}: {format_path(loc) or '(document)'}")
+
+    def place_of(loc: tuple[str | int, ...]) -> tuple[str, str | None]:
+        line, reached = _walk(node, loc)
+        spelled = reached.value if isinstance(reached, yaml.ScalarNode) else None
+        return f"{source}:{line}: {format_path(loc) or '(document)'}", spelled
+
+    return _problems(error, place_of)
 
 
 def field_problems(error: ValidationError) -> list[str]:
     """The same for an object that comes from no file: `field.path: message`."""
-    return _problems(error, lambda loc: format_path(loc) or "(document)")
+    return _problems(error, lambda loc: (format_path(loc) or "(document)", None))
 
 
-def _problems(error: ValidationError, place_of: Callable[[tuple[str | int, ...]], str]) -> list[str]:
+Place = Callable[[tuple[str | int, ...]], tuple[str, "str | None"]]  # loc -> (where, the scalar as written)
+
+
+def _problems(error: ValidationError, place_of: Place) -> list[str]:
     by_place: dict[str, list[str]] = {}  # a union's branches fail at one place: say it once
     for item in error.errors():
-        place = place_of(_clean_loc(item["loc"]))
+        place, spelled = place_of(_clean_loc(item["loc"]))
         messages = by_place.setdefault(place, [])
-        if (message := _message(item)) not in messages:
+        if (message := _message(item, spelled)) not in messages:
             messages.append(message)
     return [f"{place}: {', or '.join(messages)}" for place, messages in by_place.items()]
 
@@ -174,10 +221,26 @@ def paused_gc() -> Iterator[None]:
             gc.enable()
 
 
+@dataclass
+class Loaded:
+    """What a set of paths holds: the manifests that validated, the problems of the rest,
+    and (kind, name) of each refused document that names one, so that later checks do not
+    also call it missing."""
+
+    manifests: list[Manifest] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    refused: set[tuple[str, str]] = field(default_factory=set)
+
+
 def parse_text(text: str, source: str, base_dir: Path) -> tuple[list[Manifest], list[str]]:
     """All documents of one file: the manifests that validated, and the problems of the rest."""
-    manifests: list[Manifest] = []
-    problems: list[str] = []
+    loaded = Loaded()
+    _parse(text, source, base_dir, loaded)
+    return loaded.manifests, loaded.problems
+
+
+def _parse(text: str, source: str, base_dir: Path, loaded: Loaded) -> None:
+    manifests, problems = loaded.manifests, loaded.problems
     loader = ManifestLoader(text)
     held = _Text(text)
     text_has_alias = "*" in text
@@ -202,6 +265,8 @@ def parse_text(text: str, source: str, base_dir: Path) -> tuple[list[Manifest], 
             problems.extend(found)
             if manifest is not None:
                 manifests.append(manifest)
+            elif (named := _named(data)) is not None:
+                loaded.refused.add(named)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
@@ -212,7 +277,15 @@ def parse_text(text: str, source: str, base_dir: Path) -> tuple[list[Manifest], 
         problems.append(f"{source}:1: invalid YAML: nested too deeply")
     finally:
         loader.dispose()
-    return manifests, problems
+
+
+def _named(data: Any) -> tuple[str, str] | None:
+    """(kind, name) of a document refused by its schema, when it says them."""
+    if isinstance(data, dict) and isinstance(meta := data.get("metadata"), dict):
+        kind, name = data.get("kind"), meta.get("name")
+        if isinstance(kind, str) and isinstance(name, str):
+            return kind, name
+    return None
 
 
 def _to_manifest(
@@ -286,19 +359,44 @@ def _read(path: Path, display: str) -> str:
 
 
 def load(paths: list[str], *, recursive: bool = False, stdin: Any = None, verb: str = "apply") -> list[Manifest]:
-    """Every manifest under `paths` ('-' reads stdin); raises InvalidInput naming every
-    problem, and when they hold no object at all (a wrong path must not look like an empty
-    desired state: `apply --prune` would delete everything)."""
+    """Every manifest under `paths` ('-' reads stdin); raises InvalidInput naming every problem."""
+    loaded = read(paths, recursive=recursive, stdin=stdin, verb=verb)
+    if loaded.problems:
+        raise invalid(loaded.problems)
+    return loaded.manifests
+
+
+def read(paths: list[str], *, recursive: bool = False, stdin: Any = None, verb: str = "apply") -> Loaded:
+    """Every document under `paths`, with the problems of those that did not validate, so
+    that a verb can report them together with its own checks. Raises InvalidInput for a
+    path that does not exist, and when the paths hold no object at all (a wrong path must
+    not look like an empty desired state: `apply --prune` would delete everything)."""
     with paused_gc():
-        manifests = _load(paths, recursive=recursive, stdin=stdin)
-    if not manifests:
+        loaded = _load(paths, recursive=recursive, stdin=stdin)
+    if not loaded.manifests and not loaded.problems:
         raise InvalidInput(f"no objects passed to {verb} ({', '.join(paths)} hold no manifest)")
-    return manifests
+    return loaded
 
 
-def _load(paths: list[str], *, recursive: bool, stdin: Any) -> list[Manifest]:
-    manifests: list[Manifest] = []
-    problems: list[str] = []
+def invalid(problems: list[str]) -> InvalidInput:
+    """One InvalidInput naming every problem, in file and line order (the first
+    MAX_PROBLEMS, then a count)."""
+    ordered = sorted(problems, key=_place)
+    return InvalidInput(_summary(ordered), ordered[:MAX_PROBLEMS] + _more(ordered))
+
+
+_PLACE = re.compile(r"^(.*?):(\d+): ")
+
+
+def _place(problem: str) -> tuple[str, int]:
+    """(file, line) of a `FILE:LINE: ...` problem, for reporting them in order."""
+    match = _PLACE.match(problem)
+    return (match.group(1), int(match.group(2))) if match else (problem, 0)
+
+
+def _load(paths: list[str], *, recursive: bool, stdin: Any) -> Loaded:
+    loaded = Loaded()
+    problems = loaded.problems
     folders: dict[Path, Path] = {}
     for given in paths:
         if given == "-":
@@ -306,9 +404,7 @@ def _load(paths: list[str], *, recursive: bool, stdin: Any) -> list[Manifest]:
             text = stream.read(MAX_FILE_BYTES + 1)
             if len(text) > MAX_FILE_BYTES:
                 raise InvalidInput(f"<stdin>:1: input too large (at most {MAX_FILE_BYTES} bytes)")
-            found, bad = parse_text(text, "<stdin>", Path.cwd())
-            manifests += found
-            problems += bad
+            _parse(text, "<stdin>", Path.cwd(), loaded)
             continue
         path = Path(given)
         if not path.exists():
@@ -323,12 +419,8 @@ def _load(paths: list[str], *, recursive: bool, stdin: Any) -> list[Manifest]:
             except InvalidInput as exc:
                 problems.append(str(exc))
                 continue
-            found, bad = parse_text(text, str(file), Path.cwd() if stream else _folder_of(file, folders))
-            manifests += found
-            problems += bad
-    if problems:
-        raise InvalidInput(_summary(problems), problems[:MAX_PROBLEMS] + _more(problems))
-    return manifests
+            _parse(text, str(file), Path.cwd() if stream else _folder_of(file, folders), loaded)
+    return loaded
 
 
 def _summary(problems: list[str]) -> str:

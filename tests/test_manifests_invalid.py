@@ -551,6 +551,24 @@ CASES: list[Case] = [
         "less than or equal",
     ),
     one(
+        "yaml-boolean-where-text-is-wanted",
+        job("  command: [true]  # <--\n"),
+        "spec.command[0]",
+        'YAML read true as a boolean, not as text: quote it ("true")',
+    ),
+    one(
+        "yaml-number-where-text-is-wanted",
+        job("  command: [sleep, 5]  # <--\n"),
+        "spec.command[1]",
+        'read 5 as a number, not as text: quote it ("5")',
+    ),
+    one(
+        "yaml-yes-is-a-boolean",
+        job('  command: ["true"]\n  env:\n    DEBUG: yes  # <--\n'),
+        "spec.env.DEBUG",
+        "read yes as a boolean",
+    ),
+    one(
         "yaml-binary-tag",
         job('  command: ["true"]\n  env:\n    KEY: !!binary aGVsbG8=  # <--\n'),
         "spec.env.KEY",
@@ -726,6 +744,32 @@ def test_every_problem_of_a_folder_is_reported_at_once(store, tmp_path):
     assert result.code == 2 and result.stdout == "" and "Traceback" not in result.stderr
     assert where_pattern(str(folder / "one.yaml"), 7, "spec.slots").search(result.stderr), result.stderr
     assert where_pattern(str(folder / "two.yaml"), 7, "spec.type").search(result.stderr), result.stderr
+    assert dump(db) == before
+
+
+def test_yaml_schema_and_reference_problems_are_reported_in_one_round(store, tmp_path):
+    """Not YAML errors first, then schema errors on the next try, then references: every
+    problem of the apply at once, in file and line order. A reference to a document that
+    was refused is not also called missing: its own problem is reported."""
+    url, db = store
+    folder = tmp_path / "rounds"
+    folder.mkdir()
+    (folder / "a-yaml.yaml").write_text(job("  command: [echo, hi\n  slots: 1\n", name="syntax"))
+    (folder / "b-schema.yaml").write_text(job('  command: ["true"]\n  type: cron\n', name="schema"))
+    (folder / "c-refs.yaml").write_text(
+        job('  command: ["true"]\n  dependsOn: [nowhere]\n', name="refs")
+        + "---\n"
+        + job('  command: ["true"]\n  dependsOn: [schema]\n', name="on-refused")
+    )
+    before = dump(db)
+    result = cli("apply", "-f", str(folder), store=url)
+    assert result.code == 2 and result.stdout == "", result
+    lines = result.stderr.splitlines()
+    assert len(lines) == 3, result.stderr
+    assert "a-yaml.yaml" in lines[0] and "invalid YAML" in lines[0]
+    assert where_pattern(str(folder / "b-schema.yaml"), 7, "spec.type").search(lines[1])
+    assert where_pattern(str(folder / "c-refs.yaml"), 7, "spec.dependsOn[0].job").search(lines[2])
+    assert "'nowhere' does not exist" in lines[2]
     assert dump(db) == before
 
 

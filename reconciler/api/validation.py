@@ -3,7 +3,7 @@ capacities. Pure: the caller passes the stored specs in and gets problems back."
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -84,8 +84,11 @@ def validate_apply(
     manifests: Sequence[Candidate],
     stored_jobs: dict[str, dict[str, Any]],
     stored_pools: dict[str, dict[str, Any]],
+    refused: Collection[tuple[str, str]] = (),
 ) -> list[str]:
-    """Problems of the apply set as `file:line: field: message`, empty when it may be stored."""
+    """Problems of the apply set as `file:line: field: message`, empty when it may be stored.
+    `refused`: (kind, name) of documents of the same apply refused earlier (their own
+    problems are reported): a reference to one is not also called missing."""
     problems: list[str] = []
     seen: dict[tuple[str, str], Candidate] = {}
     for m in manifests:
@@ -119,12 +122,14 @@ def validate_apply(
             edges.setdefault(dep.job, list(dep.outcomes))
             if dep.job == name:
                 problems.append(f"{m.where('spec', 'dependsOn', i, 'job')}: a job cannot depend on itself")
-            elif dep.job not in new_jobs and dep.job not in stored_jobs:
+            elif dep.job not in new_jobs and dep.job not in stored_jobs and ("Job", dep.job) not in refused:
                 problems.append(
                     f"{m.where('spec', 'dependsOn', i, 'job')}: job {dep.job!r} does not exist "
                     "(neither stored nor in this apply)"
                 )
         if spec.pool is not None and spec.pool not in pools:
+            if ("Pool", spec.pool) in refused:
+                continue
             problems.append(f"{m.where('spec', 'pool')}: pool {spec.pool!r} does not exist")
         elif spec.pool is not None and (cap := _capacity(pools[spec.pool])) is not None and spec.slots > cap:
             problems.append(

@@ -14,10 +14,10 @@ if TYPE_CHECKING:
 
 def sync(store: Store, folder: str) -> None:
     from ..apply import apply_manifests
-    from ..manifests import load
+    from ..manifests import read
 
     try:
-        changes = apply_manifests(store, load([folder], recursive=True), prune=True)
+        changes = apply_manifests(store, read([folder], recursive=True), prune=True)
     except ReconcilerError as exc:  # a bad commit must not stop the controller: report, keep the last good state
         for line in getattr(exc, "problems", None) or [str(exc)]:
             err(f"watch: {line}")

@@ -11,22 +11,33 @@ from ..errors import InvalidInput
 from .context import ctx_of, err, selector_of
 
 if TYPE_CHECKING:
-    from ..manifests import Manifest
+    from ..manifests import Loaded, Manifest
 
 OUTPUTS = ("wide", "yaml", "json", "name")
 
 
-def load_manifests(files: list[str], recursive: bool, *, verb: str, warn: bool = True) -> list[Manifest]:
-    """Manifests from -f paths; a `status` in one is ignored, with a warning."""
-    from ..manifests import load
+def read_manifests(files: list[str], recursive: bool, *, verb: str, warn: bool = True) -> Loaded:
+    """What -f paths hold, problems included (the verb reports them with its own); a
+    `status` in a manifest is ignored, with a warning."""
+    from ..manifests import read
 
     if not files:
         raise InvalidInput("no manifests given: use -f PATH (a file, a folder, or - for stdin)")
-    manifests = load(files, recursive=recursive, verb=verb)
-    for m in manifests:
+    loaded = read(files, recursive=recursive, verb=verb)
+    for m in loaded.manifests:
         if m.ignored_status and warn:
             err(f"warning: {m.where('status')} is written only by the system; ignored")
-    return manifests
+    return loaded
+
+
+def load_manifests(files: list[str], recursive: bool, *, verb: str, warn: bool = True) -> list[Manifest]:
+    """The manifests of -f paths, or InvalidInput naming every problem."""
+    from ..manifests import invalid
+
+    loaded = read_manifests(files, recursive, verb=verb, warn=warn)
+    if loaded.problems:
+        raise invalid(loaded.problems)
+    return loaded.manifests
 
 
 def apply(
@@ -45,7 +56,7 @@ def apply(
 
     if output not in (None, "name", "json"):
         raise InvalidInput(f"--output {output!r}: must be name or json")
-    manifests = load_manifests(filename, recursive, verb="apply")
+    manifests = read_manifests(filename, recursive, verb="apply")
     changes = apply_manifests(
         ctx_of(ctx).store, manifests, dry_run=dry_run, force=force, prune=prune, selector=selector_of(selector)
     )
@@ -73,7 +84,7 @@ def diff(
     from ..apply import apply_manifests
     from .render import dump_yaml
 
-    changes = apply_manifests(ctx_of(ctx).store, load_manifests(filename, recursive, verb="diff"), dry_run=True)
+    changes = apply_manifests(ctx_of(ctx).store, read_manifests(filename, recursive, verb="diff"), dry_run=True)
     changed = False
     for c in changes:
         if c.action == "unchanged" or c.after is None:

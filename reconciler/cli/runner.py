@@ -48,11 +48,11 @@ def up(
 ) -> None:
     """Apply, then reconcile in the foreground until every applied job is Completed."""
     from ..apply import apply_manifests
-    from .resources import load_manifests
+    from .resources import read_manifests
 
     limit = duration_of(timeout, "--timeout")
     store = ctx_of(ctx).store
-    changes = apply_manifests(store, load_manifests(filename, recursive, verb="up"))
+    changes = apply_manifests(store, read_manifests(filename, recursive, verb="up"))
     for c in changes:
         if c.action != "unchanged":
             err(f"{c.kind.qualified}/{c.name} {c.action}")
