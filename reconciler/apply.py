@@ -15,7 +15,7 @@ from .api.meta import dump, format_time, utcnow
 from .api.revisions import execution_hash
 from .api.status import ACTIVE_PHASES, LIVE_PHASES, new_job_status
 from .api.validation import validate_apply
-from .errors import Conflict, InvalidInput
+from .errors import Conflict
 from .manifests import Loaded, Manifest, invalid, paused_gc
 from .selectors import Requirement, matches
 from .store import Store, StoredObject
