@@ -114,7 +114,7 @@ def _apply(tx: Tx, loaded: Loaded, *, force: bool, prune: bool, selector: list[R
     if prune:
         applied = {(m.kind.kind, m.name) for m in manifests}
         for key, obj in sorted(stored.items()):
-            if key in applied or MANAGED_BY not in obj.annotations:
+            if key in applied or obj.annotations.get(MANAGED_BY) != "apply":  # a node's agent made it, or `run`
                 continue
             if selector and not matches(selector, obj.labels):
                 continue

@@ -277,6 +277,30 @@ def test_diff(store_url, tmp_path):
     assert dump_store(store_url) == before
 
 
+def test_diff_of_one_changed_field_is_one_line_each_way(store_url, tmp_path):
+    """Live and applied are printed in one canonical order, so a change shows as itself,
+    not as fields that merely moved."""
+    f = write(tmp_path / "d.yaml", job("a", retry={"limit": 1, "backoff": {"delay": "2s"}}, priority=1))
+    ok("apply", "-f", f, store=store_url)
+    write(tmp_path / "d.yaml", job("a", retry={"limit": 1, "backoff": {"delay": "3s"}}, priority=1))
+    out = cli("diff", "-f", f, store=store_url).stdout
+    changed = [line for line in out.splitlines() if line[:1] in "+-" and line[:3] not in ("---", "+++")]
+    assert changed == ["-      delay: 2s", "+      delay: 3s"], out
+
+
+def test_server_is_refused_until_it_exists(sqlite_url, tmp_path):
+    """--server used to be accepted and ignored: the verb acted on the local store."""
+    before = dump_store(sqlite_url) if Path(sqlite_url.removeprefix("sqlite:///")).exists() else None
+    result = cli(
+        "--server", "http://127.0.0.1:9001", "apply", "-f", write(tmp_path / "a.yaml", job("x")), store=sqlite_url
+    )
+    assert result.code == 2 and result.stdout == "" and "--server" in result.stderr, result
+    if before is not None:
+        assert dump_store(sqlite_url) == before
+    env_result = run_cli("get", "jobs", store=sqlite_url, env={"RECONCILER_SERVER": "http://127.0.0.1:9001"})
+    assert env_result.code == 2 and "--server" in env_result.stderr
+
+
 # --- prune ---------------------------------------------------------------------------------
 
 
@@ -310,6 +334,25 @@ def test_prune(store_url, tmp_path):
     # without --prune nothing is ever deleted
     ok("apply", "-f", write(tmp_path / "other.yaml", job("other")), store=store_url)
     assert names_of(store_url, "jobs") == ["keep", "other"]
+
+
+def test_prune_leaves_what_apply_did_not_make(store_url, tmp_path):
+    """The node a controller registered for its host (managed by its agent) and a job
+    made by `run` are never pruned: only objects whose managed-by says apply."""
+    from reconciler.controller.nodes import heartbeat
+    from reconciler.store import Store
+
+    store = Store(store_url)
+    try:
+        heartbeat(store, "this-host", "test:1:0", 1_800_000_000.0)  # what a controller does on start
+    finally:
+        store.dispose()
+    ok("run", "--name", "one-off", "--", "true", store=store_url)
+    ok("apply", "-f", write(tmp_path / "a.yaml", job("managed"), job("kept")), store=store_url)
+    result = ok("apply", "--prune", "-f", write(tmp_path / "b.yaml", job("kept")), store=store_url)
+    assert sorted(lines(result.stdout)) == ["job.reconciler.dev/kept unchanged", "job.reconciler.dev/managed pruned"]
+    assert names_of(store_url, "jobs") == ["kept", "one-off"]
+    assert names_of(store_url, "nodes") == ["this-host"]
 
 
 def test_prune_removes_a_pool_together_with_its_jobs(sqlite_url, tmp_path):

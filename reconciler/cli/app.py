@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from ..errors import ReconcilerError
+from ..errors import InvalidInput, ReconcilerError
 from . import resources
 from .context import Context
 
@@ -35,6 +35,11 @@ def _global(
         None, "--server", envvar="RECONCILER_SERVER", help="Talk to a running `reconciler serve` instead of the store."
     ),
 ) -> None:
+    if server:  # refused, not dropped: a verb must not quietly act on a local store instead
+        raise InvalidInput(
+            f"--server {server}: talking to a server is not available in this version; "
+            "use --store (or RECONCILER_STORE) to reach the store directly"
+        )
     ctx.obj = Context(store, server)
     ctx.call_on_close(ctx.obj.close)
 

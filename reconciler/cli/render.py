@@ -66,10 +66,10 @@ def dump_json(document: Any) -> str:
     return json.dumps(document, indent=2)
 
 
-def dump_yaml(document: Any) -> str:
+def dump_yaml(document: Any, *, sort_keys: bool = False) -> str:
     import yaml  # not at import: most verbs print no YAML
 
-    return yaml.safe_dump(document, sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump(document, sort_keys=sort_keys, default_flow_style=False)
 
 
 def output(objects: list[StoredObject], fmt: str, qualified: Callable[[StoredObject], str], single: bool) -> str:

@@ -90,8 +90,9 @@ def diff(
         if c.action == "unchanged" or c.after is None:
             continue
         changed = True
-        before = dump_yaml(_comparable(c.before)).splitlines(keepends=True) if c.before else []
-        after = dump_yaml(_comparable(c.after)).splitlines(keepends=True)
+        # both sides in one canonical (sorted) order: a changed field shows as one line
+        before = dump_yaml(_comparable(c.before), sort_keys=True).splitlines(keepends=True) if c.before else []
+        after = dump_yaml(_comparable(c.after), sort_keys=True).splitlines(keepends=True)
         label = f"{c.kind.qualified}/{c.name}"
         typer.echo("".join(difflib.unified_diff(before, after, f"live/{label}", f"applied/{label}")), nl=False)
     raise typer.Exit(1 if changed else 0)
