@@ -291,9 +291,8 @@ def test_diff_of_one_changed_field_is_one_line_each_way(store_url, tmp_path):
 def test_server_is_refused_until_it_exists(sqlite_url, tmp_path):
     """--server used to be accepted and ignored: the verb acted on the local store."""
     before = dump_store(sqlite_url) if Path(sqlite_url.removeprefix("sqlite:///")).exists() else None
-    result = cli(
-        "--server", "http://127.0.0.1:9001", "apply", "-f", write(tmp_path / "a.yaml", job("x")), store=sqlite_url
-    )
+    manifest = write(tmp_path / "a.yaml", job("x"))
+    result = cli("--server", "http://127.0.0.1:9001", "apply", "-f", manifest, store=sqlite_url)
     assert result.code == 2 and result.stdout == "" and "--server" in result.stderr, result
     if before is not None:
         assert dump_store(sqlite_url) == before
