@@ -372,7 +372,7 @@ def read(paths: list[str], *, recursive: bool = False, stdin: Any = None, verb: 
     path that does not exist, and when the paths hold no object at all (a wrong path must
     not look like an empty desired state: `apply --prune` would delete everything)."""
     with paused_gc():
-        loaded = _load(paths, recursive=recursive, stdin=stdin)
+        loaded = _load(paths, recursive=recursive, stdin=stdin, verb=verb)
     if not loaded.manifests and not loaded.problems:
         raise InvalidInput(f"no objects passed to {verb} ({', '.join(paths)} hold no manifest)")
     return loaded
@@ -394,7 +394,7 @@ def _place(problem: str) -> tuple[str, int]:
     return (match.group(1), int(match.group(2))) if match else (problem, 0)
 
 
-def _load(paths: list[str], *, recursive: bool, stdin: Any) -> Loaded:
+def _load(paths: list[str], *, recursive: bool, stdin: Any, verb: str) -> Loaded:
     loaded = Loaded()
     problems = loaded.problems
     folders: dict[Path, Path] = {}
@@ -411,7 +411,8 @@ def _load(paths: list[str], *, recursive: bool, stdin: Any) -> Loaded:
             raise InvalidInput(f"{given}: path does not exist")
         files = _files(path, recursive)
         if not files and path.is_dir():
-            raise InvalidInput(f"{given}: no *.yaml or *.yml files" + ("" if recursive else " (use -R for subfolders)"))
+            subfolders = "" if recursive else " (use -R for subfolders)"
+            raise InvalidInput(f"no objects passed to {verb}: {given} has no *.yaml or *.yml files{subfolders}")
         stream = not path.is_dir() and not path.is_file()  # no folder: relative paths resolve as stdin's
         for file in files:
             try:

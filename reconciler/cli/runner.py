@@ -86,9 +86,16 @@ def controller(
     with controller_running(store, workers=workers) as running:
         err(f"controller running on node {running.node} (store {store.url})")
         if watch:
+            from ..store import Store
             from .gitops import watch_folder
 
-            watch_folder(store, watch, stop)
+            # the folder's applies are another client's writes, as a `reconciler apply` would
+            # be: through a handle of their own, the controller's change feed sees them
+            folder_client = Store(store.url)
+            try:
+                watch_folder(folder_client, watch, stop)
+            finally:
+                folder_client.dispose()
         else:
             stop.wait()
 

@@ -21,6 +21,7 @@ from .runtime import Runner, WorkQueue
 log = logging.getLogger("reconciler.controller")
 
 WATCH_INTERVAL = 0.05  # how far behind other processes' writes we may be
+WAKE_ON_ROOM = 8  # jobs first in line woken when a pool or node may have room (each admission wakes on)
 
 
 class Controller:
@@ -74,6 +75,11 @@ class Controller:
         self._watcher.join(2)
         self.agent.close()
 
+    def _wake_first_in_line(self) -> None:
+        with self.store.read() as session:
+            for name in sched.first_in_line(session, None, WAKE_ON_ROOM):
+                self.queue.add(name, urgent=True)
+
     def _watch(self) -> None:
         """Notice other processes' writes through the change feed, and post the node's
         heartbeat, here rather than through the work queue, where a backlog of thousands of
@@ -85,7 +91,10 @@ class Controller:
             faults.point("watcher-dies")
             if time.monotonic() >= next_beat:
                 try:
-                    heartbeat(self.store, self.node, self.owner, self.clock.now())
+                    if heartbeat(self.store, self.node, self.owner, self.clock.now()):
+                        # Ready again (or registered again): a write of this process, which the
+                        # change feed skips, so the jobs that found no node are woken here
+                        self._wake_first_in_line()
                     next_beat = time.monotonic() + HEARTBEAT_INTERVAL
                 except Exception:  # the store may be briefly unavailable: the next tick tries again
                     log.warning("node heartbeat failed", exc_info=True)
@@ -95,9 +104,7 @@ class Controller:
                     if change.kind == "Job":
                         self.queue.add(change.name)
                 if any(change.kind in ("Pool", "Node") for change in foreign):
-                    with self.store.read() as session:
-                        for name in sched.first_in_line(session, None, 8):
-                            self.queue.add(name, urgent=True)  # a pool or node may have room now
+                    self._wake_first_in_line()  # a pool or node may have room now
             except Exception:  # the database may be briefly unavailable; try on the next tick
                 log.warning("change watcher failed", exc_info=True)
                 self._stop.wait(0.5)

@@ -8,6 +8,7 @@ import socket
 from typing import Any
 
 from ..api.meta import from_epoch
+from ..api.node import heartbeat_fresh
 from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
@@ -21,8 +22,10 @@ def local_node_name() -> str:
     return name or "localhost"
 
 
-def heartbeat(store: Store, node: str, owner: str, now: float) -> None:
-    """Register the node if it is new, then record it Ready with its allocation."""
+def heartbeat(store: Store, node: str, owner: str, now: float) -> bool:
+    """Register the node if it is new, then record it Ready with its allocation. True when
+    the node just became Ready (new, or its last heartbeat had gone stale): jobs queued as
+    Unschedulable may fit now."""
     with store.write() as tx:
         obj = repo.get(tx.session, kind="Node", name=node)
         if obj is None:
@@ -38,6 +41,7 @@ def heartbeat(store: Store, node: str, owner: str, now: float) -> None:
         allocated = next((f.allocated for f in sched.node_facts(tx.session, now) if f.name == node), 0)
         stamp = from_epoch(now)
         previous = obj.status or {}
+        became_ready = not heartbeat_fresh(previous, now)
         ready: dict[str, Any] = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
         since = ready.get("lastTransitionTime") if ready.get("status") == "True" else stamp
         status = {
@@ -56,3 +60,4 @@ def heartbeat(store: Store, node: str, owner: str, now: float) -> None:
             "agent": owner,
         }
         repo.update_object(tx, obj, status=status)
+    return became_ready

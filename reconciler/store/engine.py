@@ -36,9 +36,19 @@ def default_store_url() -> str:
 
 def _owner_only_file(path: Path) -> None:
     """Create the database folder 0700 and file 0600 before SQLite opens it (its -wal and
-    -shm files copy the file's mode)."""
+    -shm files copy the file's mode).
+
+    An existing file is never opened here: closing any descriptor of a file drops every
+    POSIX lock this process holds on it, SQLite's included. A second Store on the same
+    file in one process (controller --watch has two) would then leave the first one's
+    connections unlocked; another process closing its last connection would take itself
+    for the last one, checkpoint and delete the -wal file, and the first Store would go on
+    committing into an unlinked WAL that nobody else can see."""
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    except FileExistsError:
+        return
     os.close(fd)
 
 

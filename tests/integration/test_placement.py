@@ -50,3 +50,36 @@ def test_node_selector_matching_the_local_node_runs(env):
         assert jobs[name]["status"]["outcome"] == "Succeeded"
         assert jobs[name]["status"]["nodeName"] == local_node_name()
         assert jobs[name]["status"]["runs"][0]["node"] == local_node_name()
+
+
+def test_a_job_without_a_node_runs_once_the_node_registers_again(sqlite_url, tmp_path, monkeypatch):
+    """The node's re-registration (here after its Node was deleted) is a write of the
+    controller's own process, which its change feed skips: the jobs queued as
+    Unschedulable meanwhile must be woken by the heartbeat itself, not by the safety poll
+    minutes later."""
+    from pathlib import Path
+
+    from reconciler.apply import apply_manifests, delete
+    from reconciler.controller import manager
+    from reconciler.manifests import parse_text
+    from reconciler.reads import job_statuses
+    from reconciler.store import Store
+    from tests.helpers import wait_until
+
+    monkeypatch.setattr(manager, "HEARTBEAT_INTERVAL", 1.0)  # the job is queued before the node returns
+    store, other = Store(sqlite_url), Store(sqlite_url)  # the controller's, and another client's
+    controller = manager.Controller(store).start()
+    try:
+        delete(other, [("Node", controller.node)])  # as the prune of a GitOps folder once did
+        manifests, problems = parse_text(job_yaml("homeless", "command: ['true']"), "j.yaml", Path(tmp_path))
+        assert not problems
+        apply_manifests(other, manifests)
+        wait_until(
+            lambda: job_statuses(other, ["homeless"])["homeless"].get("outcome") == "Succeeded",
+            timeout=15,
+            message="the job ran once the node registered again",
+        )
+    finally:
+        controller.stop()
+        store.dispose()
+        other.dispose()

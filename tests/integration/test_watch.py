@@ -66,6 +66,42 @@ def test_controller_watch_applies_and_prunes_the_folder(sqlite_url, tmp_path):
     assert "watch: job.reconciler.dev/alpha pruned" in log.read_text()
 
 
+def _state(store: str, name: str) -> tuple[str | None, int | None]:
+    """(what `get` shows, revision) of a job, or (None, None) while it does not exist."""
+    import json
+
+    result = run_cli("get", "job", name, "-o", "json", store=store)
+    if result.code != 0:
+        return None, None
+    status = json.loads(result.stdout).get("status") or {}
+    return status.get("outcome") or status.get("phase"), status.get("revision")
+
+
+def test_a_watched_folder_converges_as_it_changes(sqlite_url, tmp_path):
+    """The folder's jobs run, not only get stored: the watcher's writes went through the
+    controller's own store handle and its change feed skipped them as its own, so they
+    stayed Waiting. Added, changed and removed files are followed while it runs, and a
+    folder that empties by accident prunes nothing."""
+    folder = tmp_path / "gitops"
+    folder.mkdir()
+    (folder / "a.yaml").write_text(_job("alpha"))
+    log = tmp_path / "controller.log"
+    controller = _start(["controller", "--watch", str(folder)], sqlite_url, stderr=log.open("w"))
+    try:
+        wait_until(lambda: _state(sqlite_url, "alpha") == ("Succeeded", 1), timeout=30, message="alpha ran")
+        (folder / "b.yaml").write_text(_job("beta"))
+        wait_until(lambda: _state(sqlite_url, "beta") == ("Succeeded", 1), timeout=30, message="beta ran")
+        (folder / "a.yaml").write_text(_job("alpha").replace("['true']", "[sh, -c, 'exit 0']"))
+        wait_until(lambda: _state(sqlite_url, "alpha") == ("Succeeded", 2), timeout=30, message="alpha ran again")
+        (folder / "b.yaml").unlink()
+        wait_until(lambda: _state(sqlite_url, "beta") == (None, None), timeout=30, message="beta pruned")
+        (folder / "a.yaml").unlink()  # the folder is empty now: refused, nothing pruned
+        wait_until(lambda: "no objects passed to apply" in log.read_text(), timeout=30, message="refusal logged")
+        assert _state(sqlite_url, "alpha") == ("Succeeded", 2)
+    finally:
+        _stop(controller)
+
+
 def _lines(proc: subprocess.Popen) -> queue.Queue[str]:
     """The process's stdout lines as they come ('' at its end), read by a thread so that a
     test can wait for the next one with a deadline."""
