@@ -11,7 +11,7 @@ from typing import Any
 
 from .api.kinds import resolve_kind
 from .api.status import RunDict
-from .errors import InvalidInput, NotFound
+from .errors import InvalidInput, NotFound, ReconcilerError
 from .selectors import Requirement, matches
 from .store import Store, StoredObject
 from .store import repository as repo
@@ -108,22 +108,35 @@ class RunLogs:
     store: Store
 
     def paths(self, stream: str | None) -> list[Path]:
+        """The files of the streams asked for; raises when the run has none of them."""
         if stream not in (None, "stdout", "stderr"):
             raise InvalidInput(f"--stream {stream!r}: must be stdout or stderr")
-        return [self.dir / s for s in ([stream] if stream else ["stdout", "stderr"])]
+        paths = [self.dir / s for s in ([stream] if stream else ["stdout", "stderr"])]
+        if not any(p.exists() for p in paths):
+            raise ReconcilerError(self._no_logs())
+        return paths
+
+    def _no_logs(self) -> str:
+        number = self.run["number"]
+        if self.run.get("pid") is None:  # its command was never spawned
+            reason = self.run.get("reason") or self.run.get("outcome") or "not started"
+            return f'run {number} of job "{self.job}" never started ({reason}): it has no logs'
+        return f'run {number} of job "{self.job}" has no logs (nothing in {self.dir})'
 
     def read(self, stream: str | None, tail: int | None = None) -> Iterator[str]:
-        """The text of each stream (or its last `tail` lines)."""
+        """The kept text of each stream (or its last `tail` lines), in pieces of bounded
+        size; each stream's text ends with a newline, so two never run together on a line."""
         from .agent.logs import read_log
 
-        for path in self.paths(stream):
-            yield read_log(path, tail=tail)
+        texts = [read_log(p, tail=tail) for p in self.paths(stream) if p.exists()]
+        return _ended_lines(texts)
 
-    def follow(self, stream: str | None) -> Iterator[str]:
-        """The streams' text as it is written, until the run has ended and all is read."""
+    def follow(self, stream: str | None, tail: int | None = None) -> Iterator[str]:
+        """The streams' kept text (or their last `tail` lines), then what is written, until
+        the run has ended and all is read."""
         from .agent.logs import follow
 
-        yield from follow(self.paths(stream), done=self.finished)
+        return follow(self.paths(stream), done=self.finished, tail=tail)
 
     def finished(self) -> bool:
         """The run has ended (or the job is gone): its logs are complete."""
@@ -133,6 +146,15 @@ class RunLogs:
             return True
         runs = [r for r in (current.status or {}).get("runs", []) if r["number"] == self.run["number"]]
         return not runs or runs[0].get("finishedAt") is not None
+
+
+def _ended_lines(texts: list[Iterator[str]]) -> Iterator[str]:
+    for pieces in texts:
+        last = ""
+        for last in pieces:
+            yield last
+        if last and not last.endswith("\n"):
+            yield "\n"
 
 
 def run_logs(store: Store, name: str, run: int | None) -> RunLogs:

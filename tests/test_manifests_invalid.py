@@ -569,6 +569,19 @@ CASES: list[Case] = [
         "read yes as a boolean",
     ),
     one(
+        "log-limit-past-bound",
+        job('  command: ["true"]\n  logLimit: 2Pi  # <--\n'),
+        "spec.logLimit",
+        "larger than the largest allowed, 1Pi",
+    ),
+    one(
+        "log-limit-too-small",
+        job('  command: ["true"]\n  logLimit: 1Ki  # <--\n'),
+        "spec.logLimit",
+        "at least 4Ki",
+    ),
+    one("log-limit-bad", job('  command: ["true"]\n  logLimit: lots  # <--\n'), "spec.logLimit", "size"),
+    one(
         "yaml-binary-tag",
         job('  command: ["true"]\n  env:\n    KEY: !!binary aGVsbG8=  # <--\n'),
         "spec.env.KEY",

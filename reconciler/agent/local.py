@@ -16,6 +16,7 @@ import psutil
 from ..api.job import JobSpec
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import has_legacy_runs, run_dir
+from .logtrim import LogTrimmer
 from .process import (
     ExitRecord,
     StartFailed,
@@ -63,6 +64,7 @@ class LocalAgent:
         self._on_exit = on_exit
         self._watcher = ExitWatcher()
         self._watched: set[ProcessIdentity] = set()
+        self._logs = LogTrimmer()
 
     def run_dir(self, job: str, uid: str, number: int) -> Path:
         return run_dir(self.state_dir, job, uid, number, legacy=self._legacy_runs)
@@ -77,13 +79,15 @@ class LocalAgent:
             "RECONCILER_RUN": str(number),
             "RECONCILER_REVISION": str(revision),
         }
+        run_dir = self.run_dir(job, uid, number)
         try:
-            identity = self._spawn(spec, env, self.run_dir(job, uid, number))
+            identity = self._spawn(spec, env, run_dir)
         except StartFailed:
             raise
         except Exception as exc:  # a full disk, a run dir in the way, a process limit
             log.warning("run %d of job %s could not start", number, job, exc_info=True)
             raise StartFailed(f"cannot start run: {exc}") from exc
+        self.trim_logs(run_dir, spec.kept_log_bytes)
         self.watch(job, identity)
         return identity
 
@@ -107,6 +111,16 @@ class LocalAgent:
                 self._on_exit(job)
 
             self._watcher.watch(identity, exited)
+
+    def trim_logs(self, run_dir: Path, limit: int) -> None:
+        """Keep a live run's stdout and stderr within `limit` bytes each, newest kept, from
+        now on (again for a run adopted after a restart: runs outlive the controller)."""
+        self._logs.keep(run_dir, limit)
+
+    def stop_trimming(self, run_dir: Path) -> None:
+        """The run is over: its logs are trimmed once more, for what it wrote last, and then
+        left as they are."""
+        self._logs.release(run_dir)
 
     def find(self, run_dir: Path) -> ProcessIdentity | None:
         """A live wrapper started for `run_dir` (after a crash between spawn and record).
@@ -173,3 +187,4 @@ class LocalAgent:
 
     def close(self) -> None:
         self._watcher.close()
+        self._logs.close()

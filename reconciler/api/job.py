@@ -7,10 +7,11 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from .meta import API_VERSION, MAX_SLOTS, Name, ObjectMeta, Strict, Time
-from .quantity import CPU, Duration, PollInterval, Size, parse_cpu, parse_size, spelled
+from .quantity import CPU, Duration, LogLimit, PollInterval, Size, parse_cpu, parse_size, spelled
 from .status import DependencyOutcome, JobStatus
 
 DEFAULT_RUN_TIMEOUT = 3600.0  # whole-job timeout of a run job when none is given
+DEFAULT_LOG_LIMIT = 64 * 2**20  # bytes of each run log kept when the spec gives no logLimit
 
 
 class Artifact(Strict):
@@ -200,7 +201,20 @@ class JobSpec(Strict):
     stop_grace_period: Duration = Field(
         default=spelled("10s"), description="SIGTERM to the process group, then SIGKILL after this."
     )
+    # Unset means the default, and is stored unset: a default written into every stored spec
+    # would make an unchanged manifest applied again after an upgrade a new version (and a
+    # completed job run again).
+    log_limit: LogLimit | None = Field(
+        default=None,
+        description="Bytes of each of a run's stdout and stderr kept on disk, newest kept, oldest dropped "
+        "while it runs (looked at about once a second); default 64Mi, at least 4Ki.",
+    )
     suspend: bool = Field(default=False, description="Pause: no new run is admitted; an active run is stopped.")
+
+    @property
+    def kept_log_bytes(self) -> int:
+        """logLimit, or its default."""
+        return DEFAULT_LOG_LIMIT if self.log_limit is None else self.log_limit
 
     @field_validator("env")
     @classmethod

@@ -34,6 +34,7 @@ MAX_DURATION = 3650 * 86400.0  # ten years, far below threading.TIMEOUT_MAX (~29
 MAX_SIZE = 2**50  # 1Pi
 MAX_CPU = 10_000.0
 MIN_POLL = 0.1  # a poll interval below this would make a waiting job spin
+MIN_LOG_LIMIT = 4 * 2**10  # a run log kept smaller would hold a line or two
 
 
 def parse_duration(value: object) -> float:
@@ -66,6 +67,12 @@ def _poll_interval(seconds: float) -> float:
     if seconds < MIN_POLL:
         raise ValueError(f"must be at least {format_duration(MIN_POLL)}: a shorter poll would spin")
     return seconds
+
+
+def _log_limit(size: int) -> int:
+    if size < MIN_LOG_LIMIT:
+        raise ValueError(f"must be at least {format_size(MIN_LOG_LIMIT)}: a smaller log would keep a line or two")
+    return size
 
 
 @functools.lru_cache(maxsize=4096)
@@ -153,6 +160,8 @@ Size = Annotated[
     PlainSerializer(format_size, return_type=str),
     WithJsonSchema(_INT_OR_STR_SCHEMA),
 ]
+# The bytes of a run log kept on disk: a size of at least MIN_LOG_LIMIT.
+LogLimit = Annotated[Size, AfterValidator(_log_limit)]
 CPU = Annotated[
     float,
     BeforeValidator(parse_cpu),

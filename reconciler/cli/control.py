@@ -99,13 +99,9 @@ def logs(
     if stream not in (None, "stdout", "stderr"):
         raise InvalidInput(f"--stream {stream!r}: must be stdout or stderr")
     found = run_logs(ctx_of(ctx).store, name, run)
-    if not follow:
-        for text in found.read(stream, tail=tail):
-            if text:
-                typer.echo(text, nl=not text.endswith("\n"))
-        return
-    for chunk in found.follow(stream):
-        typer.echo(chunk, nl=False)
+    pieces = found.follow(stream, tail=tail) if follow else found.read(stream, tail=tail)
+    for text in pieces:  # a piece at a time: a log of any size takes little memory
+        typer.echo(text, nl=False)
 
 
 def register(app: typer.Typer) -> None:

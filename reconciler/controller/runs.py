@@ -144,6 +144,7 @@ class RunSteps:
         exited = self.agent.exit_of(run_dir)
         if identity is None or not alive:
             return self._ended(ctx, run, exited)
+        self.agent.trim_logs(run_dir, ctx.spec.kept_log_bytes)  # again after a restart: the run outlived us
         # A wrapper killed from outside leaves its group orphaned: nothing will tell when the
         # rest ends (a pidfd of a dead process fires at once), so it is looked at on a timer.
         orphaned = not self.agent.wrapper_alive(identity)
@@ -205,6 +206,7 @@ class RunSteps:
             return requeue_after(OTHER_AGENT_POLL)
         identity = _identity(run) if run else None
         if run is not None and identity is not None and self.agent.alive(identity):
+            self.agent.trim_logs(self.run_dir(ctx, run["number"]), ctx.spec.kept_log_bytes)
             kill_at = float(stop.get("killAt", ctx.now))
             if ctx.now >= kill_at:
                 if not stop.get("killed"):
@@ -232,10 +234,10 @@ class RunSteps:
         if run is not None:
             if reason in ("RunTimeout", "DeadlineExceeded"):
                 self._timed_out(ctx, run)
-                _close_run(ctx, run, RunOutcome.TIMED_OUT, -1, None, reason)
+                self._close_run(ctx, run, RunOutcome.TIMED_OUT, -1, None, reason)
             else:
                 code = exited.exit_code if exited else None
-                _close_run(ctx, run, RunOutcome.CANCELLED, code, exited.signal if exited else None, reason)
+                self._close_run(ctx, run, RunOutcome.CANCELLED, code, exited.signal if exited else None, reason)
         self._release(ctx)
         ctx.status.pop("stop", None)
         if reason == "RunTimeout":
@@ -279,12 +281,18 @@ class RunSteps:
         message: str = "",
     ) -> Result:
         outcome = end.outcome
-        _close_run(ctx, run, outcome, exit_code, signal, reason)
+        self._close_run(ctx, run, outcome, exit_code, signal, reason)
         code = f" with exit code {exit_code}" if exit_code is not None else ""
         detail = f": {message}" if message else ""
         ctx.note("Exited", f"run {run['number']} ended {outcome}{code}{detail}", warning=outcome != "Succeeded")
         self._release(ctx)
         return self._decide(ctx, end, message)
+
+    def _close_run(
+        self, ctx: Ctx, run: RunDict, outcome: str, code: int | None, signal: int | None, reason: str | None
+    ) -> None:
+        self.agent.stop_trimming(self.run_dir(ctx, run["number"]))
+        _close_run(ctx, run, outcome, code, signal, reason)
 
     def _decide(self, ctx: Ctx, end: RunEnd, message: str) -> Result:
         stop = self.stop_reason(ctx)

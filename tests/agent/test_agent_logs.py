@@ -5,8 +5,13 @@ from __future__ import annotations
 import pytest
 
 from reconciler.agent import logs
-from reconciler.agent.logs import follow, read_log
+from reconciler.agent.logs import follow
+from reconciler.agent.logs import read_log as read_log_chunks
 from reconciler.agent.process import read_exit
+
+
+def read_log(path, tail=None) -> str:
+    return "".join(read_log_chunks(path, tail=tail))
 
 
 def test_tail_takes_the_last_lines(tmp_path):
