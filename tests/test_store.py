@@ -384,6 +384,26 @@ def _version(obj):
     return obj.uid, obj.resource_version, obj.labels
 
 
+def test_a_write_inside_a_read_fails(store):
+    """Read transactions refuse writes on both stores (SQLite: query_only; PostgreSQL: READ
+    ONLY), through the repository and through plain SQL, and the connection reads on."""
+    from reconciler.store.dbapi import StoreError
+    from reconciler.store.engine import Tx
+
+    obj = _create(store, "kept")
+    seq = store.change_seq()
+    with pytest.raises(StoreError, match=r"read-?only"), store.read() as conn:
+        repo.update_object(Tx(conn, store), obj, labels={"changed": "yes"})
+    with pytest.raises(StoreError, match=r"read-?only"), store.read() as conn:
+        Statement("DELETE FROM objects").execute(conn)
+    with store.read(), pytest.raises(StoreError, match=r"read-?only"), store.read() as nested:  # its own connection
+        Statement("DELETE FROM events").execute(nested)
+    with store.read() as conn:
+        assert _version(repo.get(conn, kind="Job", name="kept")) == _version(obj)
+    assert store.change_seq() == seq
+    assert _events(store, "kept") == [("Created", "job created")]
+
+
 _READ_IN_A_FRESH_INTERPRETER = """
 import sys
 from reconciler.store import Store

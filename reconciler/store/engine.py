@@ -2,7 +2,8 @@
 
 Write transactions are serialized store-wide (SQLite `BEGIN IMMEDIATE`; PostgreSQL a row
 lock on the change sequence), which makes every compare-and-swap and every admission
-decision a plain read-then-write without lost updates."""
+decision a plain read-then-write without lost updates. Read transactions refuse writes
+(SQLite `query_only`; PostgreSQL READ ONLY)."""
 
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ def _owner_only_file(path: Path) -> None:
     os.close(fd)
 
 
-def _sqlite(path: str) -> Connection:
+def _sqlite(path: str, *, write: bool) -> Connection:
     try:
         # isolation_level None: sqlite3 begins nothing by itself, we issue BEGIN (IMMEDIATE)
         raw = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
@@ -53,7 +54,7 @@ def _sqlite(path: str) -> Connection:
         raise StoreError(str(exc)) from exc
     conn = Connection(raw, "sqlite", sqlite3.Error)
     try:
-        for pragma in _SQLITE_SETUP:
+        for pragma in _SQLITE_SETUP if write else (*_SQLITE_SETUP, "PRAGMA query_only=ON"):
             conn.run(pragma)
     except StoreError:
         conn.close()
@@ -148,7 +149,7 @@ class Store:
 
     def _connect(self, *, write: bool) -> Connection:
         if self.path is not None:
-            return _sqlite(str(self.path))
+            return _sqlite(str(self.path), write=write)
         return _postgresql(self._conninfo, write=write)
 
     def _migrate(self) -> None:
@@ -202,7 +203,8 @@ class Store:
     def read(self) -> Iterator[Connection]:
         """A read-only transaction: one consistent snapshot for all its statements (SQLite's
         WAL read transaction; PostgreSQL's REPEATABLE READ, READ ONLY on this thread's kept
-        connection, where the default READ COMMITTED would give each statement its own)."""
+        connection, where the default READ COMMITTED would give each statement its own).
+        A write inside fails: SQLite's read connections are `query_only`."""
         nested = getattr(self._local, "reading", False)
         if nested:  # a read inside a read on this thread: a connection of its own
             conn = self._connect(write=False)
