@@ -15,7 +15,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -88,7 +88,7 @@ def print_table(rows: list[Row], title: str = "reconciler benchmarks", stream=No
         print(f"  {facts}", file=stream)
     rule = "-+-".join("-" * w for w in widths)
     for i, line in enumerate(table):
-        print(" | ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip(), file=stream)
+        print(" | ".join(str(c).ljust(w) for c, w in zip(line, widths, strict=False)).rstrip(), file=stream)
         if i == 0:
             print(rule, file=stream)
     notes = [n for r in rows for n in r.notes]
@@ -136,10 +136,8 @@ def source_fingerprint() -> str:
     digest = hashlib.sha1()
     for path in sorted((ROOT / "reconciler").rglob("*.py")):
         digest.update(str(path.relative_to(ROOT)).encode())
-        try:
+        with suppress(OSError):
             digest.update(path.read_bytes())
-        except OSError:
-            pass
     return digest.hexdigest()[:10]
 
 
@@ -250,7 +248,7 @@ def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
     if not ordered:
         return float("nan")
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def median(values: list[float]) -> float:
@@ -331,7 +329,7 @@ class Controller:
 
     def __init__(self, url: str, folder: Path, *, name: str = "controller"):
         self.log_path = folder / f"{name}.log"
-        self._log = open(self.log_path, "wb")
+        self._log = open(self.log_path, "wb")  # noqa: SIM115 - the child's output until stop() closes it
         self.proc = subprocess.Popen(
             [PYTHON, "-m", "reconciler", "--store", url, "controller"],
             stdout=self._log,
@@ -394,7 +392,5 @@ def kill_run_groups(store, names: list[str]) -> None:
             if run.get("finishedAt") is None and run.get("pid"):
                 identity = ProcessIdentity(int(run["pid"]), float(run["processStartTime"]))
                 if is_alive(identity):
-                    try:
+                    with suppress(ProcessLookupError, PermissionError):
                         os.killpg(identity.pid, signal.SIGKILL)
-                    except (ProcessLookupError, PermissionError):
-                        pass

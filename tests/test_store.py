@@ -22,7 +22,7 @@ from tests.helpers import run_cli
 SPEC = {"command": ["true"], "slots": 1, "retry": {"limit": 2}}
 
 
-class Boom(Exception):
+class BoomError(Exception):
     """Raised inside a write transaction to make it roll back."""
 
 
@@ -146,7 +146,11 @@ def test_create_get_and_list(store):
 def test_create_many_is_create_for_many(store):
     with store.write() as tx:
         made = repo.create_many(
-            tx, [dict(kind="Job", name=f"j{i}", spec=SPEC, labels={"i": str(i)}, annotations={}) for i in range(3)]
+            tx,
+            [
+                {"kind": "Job", "name": f"j{i}", "spec": SPEC, "labels": {"i": str(i)}, "annotations": {}}
+                for i in range(3)
+            ],
         )
         repo.record_events(tx, [(o, "Created", "bulk") for o in made])
     assert {o.resource_version for o in made} == {store.change_seq()}
@@ -225,10 +229,10 @@ def test_remove_is_a_compare_and_swap(store):
 
 
 def test_events_are_written_in_the_same_transaction(store):
-    with pytest.raises(Boom), store.write() as tx:
+    with pytest.raises(BoomError), store.write() as tx:
         obj = repo.create(tx, kind="Job", name="ghost", spec=SPEC, labels={}, annotations={})
         repo.record_event(tx, obj, "Created", "job created")
-        raise Boom
+        raise BoomError
     with store.read() as conn:
         assert repo.get(conn, kind="Job", name="ghost") is None
     assert _events(store, "ghost") == []
@@ -236,10 +240,10 @@ def test_events_are_written_in_the_same_transaction(store):
 
     obj = _create(store, "real")
     seq = store.change_seq()
-    with pytest.raises(Boom), store.write() as tx:
+    with pytest.raises(BoomError), store.write() as tx:
         updated = repo.update_object(tx, obj, spec={**SPEC, "priority": 1})
         repo.record_event(tx, updated, "Configured", "spec changed")
-        raise Boom
+        raise BoomError
     with store.read() as conn:
         stored = repo.get(conn, kind="Job", name="real")
     assert stored is not None and stored.spec == SPEC and stored.resource_version == obj.resource_version

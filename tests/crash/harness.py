@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterable
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,7 +159,9 @@ class Controller:
         try:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"controller (fault {self.fault}) still running after {timeout}s:\n{self.log()}")
+            raise AssertionError(
+                f"controller (fault {self.fault}) still running after {timeout}s:\n{self.log()}"
+            ) from None
 
     def kill(self) -> None:
         """SIGKILL, as a crash would; reaped at once so no zombie stands in for it."""
@@ -297,10 +300,8 @@ class Env:
             if not procs:
                 break
             for proc in procs:
-                try:
+                with suppress(psutil.NoSuchProcess):
                     proc.kill()
-                except psutil.NoSuchProcess:
-                    pass
             psutil.wait_procs(procs, timeout=0.2)
         self.store.dispose()
 
