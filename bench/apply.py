@@ -154,14 +154,13 @@ def scratch_store(url: str | None, in_place: bool) -> Iterator[str]:
 
 
 def count_objects(url: str) -> int:
-    from sqlalchemy import text
-
     from reconciler.store import Store
+    from reconciler.store.dbapi import Statement
 
     store = Store(url)
     try:
         with store.read() as session:
-            return int(session.execute(text("SELECT count(*) FROM objects")).scalar_one())
+            return int(Statement("SELECT count(*) FROM objects").execute(session).scalar())
     finally:
         store.dispose()
 

@@ -235,10 +235,10 @@ def child_env(url: str, folder: Path) -> dict[str, str]:
 
 
 def sql_scalar(store, query: str, **params):
-    from sqlalchemy import text
+    from reconciler.store.dbapi import Statement
 
     with store.read() as session:
-        return session.execute(text(query), params).scalar()
+        return Statement(query).execute(session, params).scalar()
 
 
 # --------------------------------------------------------------------------- numbers

@@ -9,19 +9,20 @@ import stat
 from pathlib import Path
 
 import pytest
-from sqlalchemy import inspect, text
 
 from reconciler.errors import Conflict
 from reconciler.store import Store
 from reconciler.store import repository as repo
+from reconciler.store.dbapi import Statement
 from reconciler.store.engine import BUSY_TIMEOUT_MS
 from reconciler.store.migrations import SCHEMA_VERSION
+from tests.data.storedump import dump_store
 from tests.helpers import run_cli
 
 SPEC = {"command": ["true"], "slots": 1, "retry": {"limit": 2}}
 
 
-class Boom(Exception):
+class BoomError(Exception):
     """Raised inside a write transaction to make it roll back."""
 
 
@@ -34,12 +35,14 @@ def store(store_url):
 
 def _meta(store: Store) -> dict[str, int]:
     with store.read() as conn:
-        return {k: int(v) for k, v in conn.execute(text("SELECT key, value FROM meta"))}
+        return {k: int(v) for k, v in Statement("SELECT key, value FROM meta").execute(conn)}
 
 
 def _tables(store: Store) -> set[str]:
-    with store.read() as conn:
-        return set(inspect(conn).get_table_names())
+    return set(dump_store(store.url))  # read by SQLAlchemy's inspector, apart from the store
+
+
+_SET_SCHEMA = Statement("UPDATE meta SET value = :v WHERE key = 'schema'")
 
 
 def _create(store: Store, name: str, *, kind: str = "Job", spec: dict | None = None, labels: dict | None = None):
@@ -94,7 +97,7 @@ def test_opening_an_existing_store_again_is_a_no_op(store_url):
 def test_a_store_from_a_newer_schema_is_refused(store_url):
     s = Store(store_url)
     with s.write() as tx:
-        tx.session.execute(text("UPDATE meta SET value = :v WHERE key = 'schema'"), {"v": SCHEMA_VERSION + 1})
+        _SET_SCHEMA.execute(tx.session, {"v": SCHEMA_VERSION + 1})
     s.dispose()
     with pytest.raises(Exception, match=rf"store schema {SCHEMA_VERSION + 1} is newer than this reconciler"):
         Store(store_url)
@@ -103,7 +106,7 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
 def test_the_cli_refuses_a_newer_store_with_one_line(sqlite_url):
     s = Store(sqlite_url)
     with s.write() as tx:
-        tx.session.execute(text("UPDATE meta SET value = :v WHERE key = 'schema'"), {"v": SCHEMA_VERSION + 1})
+        _SET_SCHEMA.execute(tx.session, {"v": SCHEMA_VERSION + 1})
     s.dispose()
     result = run_cli("get", "jobs", store=sqlite_url)
     assert result.code != 0
@@ -143,7 +146,11 @@ def test_create_get_and_list(store):
 def test_create_many_is_create_for_many(store):
     with store.write() as tx:
         made = repo.create_many(
-            tx, [dict(kind="Job", name=f"j{i}", spec=SPEC, labels={"i": str(i)}, annotations={}) for i in range(3)]
+            tx,
+            [
+                {"kind": "Job", "name": f"j{i}", "spec": SPEC, "labels": {"i": str(i)}, "annotations": {}}
+                for i in range(3)
+            ],
         )
         repo.record_events(tx, [(o, "Created", "bulk") for o in made])
     assert {o.resource_version for o in made} == {store.change_seq()}
@@ -222,10 +229,10 @@ def test_remove_is_a_compare_and_swap(store):
 
 
 def test_events_are_written_in_the_same_transaction(store):
-    with pytest.raises(Boom), store.write() as tx:
+    with pytest.raises(BoomError), store.write() as tx:
         obj = repo.create(tx, kind="Job", name="ghost", spec=SPEC, labels={}, annotations={})
         repo.record_event(tx, obj, "Created", "job created")
-        raise Boom
+        raise BoomError
     with store.read() as conn:
         assert repo.get(conn, kind="Job", name="ghost") is None
     assert _events(store, "ghost") == []
@@ -233,10 +240,10 @@ def test_events_are_written_in_the_same_transaction(store):
 
     obj = _create(store, "real")
     seq = store.change_seq()
-    with pytest.raises(Boom), store.write() as tx:
+    with pytest.raises(BoomError), store.write() as tx:
         updated = repo.update_object(tx, obj, spec={**SPEC, "priority": 1})
         repo.record_event(tx, updated, "Configured", "spec changed")
-        raise Boom
+        raise BoomError
     with store.read() as conn:
         stored = repo.get(conn, kind="Job", name="real")
     assert stored is not None and stored.spec == SPEC and stored.resource_version == obj.resource_version
@@ -311,11 +318,170 @@ def test_sqlite_file_and_folder_are_private(tmp_path):
 def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(sqlite_url):
     s = Store(sqlite_url)
     try:
+        journal_mode, busy_timeout = Statement("PRAGMA journal_mode"), Statement("PRAGMA busy_timeout")
         with s.read() as conn:
-            assert conn.exec_driver_sql("PRAGMA journal_mode").scalar().lower() == "wal"
-            assert conn.exec_driver_sql("PRAGMA busy_timeout").scalar() == BUSY_TIMEOUT_MS
+            assert journal_mode.execute(conn).scalar().lower() == "wal"
+            assert busy_timeout.execute(conn).scalar() == BUSY_TIMEOUT_MS
         with s.write() as tx:
-            assert tx.session.exec_driver_sql("PRAGMA journal_mode").scalar().lower() == "wal"
-            assert tx.session.exec_driver_sql("PRAGMA busy_timeout").scalar() == BUSY_TIMEOUT_MS
+            assert journal_mode.execute(tx.session).scalar().lower() == "wal"
+            assert busy_timeout.execute(tx.session).scalar() == BUSY_TIMEOUT_MS
     finally:
         s.dispose()
+
+
+# --------------------------------------------------------------------------- SQL text and connections
+
+PG_ONLY = {"_LOCK_SEQ", "_NOTIFY", "_ONE_MIGRATOR", "_HAS_META[postgresql]"}
+SQLITE_ONLY = {"_HAS_META[sqlite]"}
+
+
+def _runtime_statements() -> dict[str, Statement]:
+    """Every statement the store runs, by name: the module-level ones, and one of each shape
+    the cached builders make (a new builder must be added here, or this fails)."""
+    from reconciler.store import engine, migrations, scheduling
+
+    modules = (engine, repo, scheduling, migrations)
+    found: dict[str, Statement] = {}
+    for module in modules:
+        for name, value in vars(module).items():
+            if isinstance(value, Statement):
+                found[name] = value
+            elif isinstance(value, dict) and value and all(isinstance(v, Statement) for v in value.values()):
+                found.update({f"{name}[{key}]": v for key, v in value.items()})
+    builders = {name for m in modules for name, v in vars(m).items() if hasattr(v, "cache_info")}
+    assert builders == {"_list_named", "_update", "_events", "_line"}, "cover the new builder below"
+    found["_list_named(4)"] = repo._list_named(4)
+    every_column = ("resource_version", "spec", "generation", "labels", "annotations", "status", "phase")
+    found["_update(every column)"] = repo._update((*every_column, "observed_generation", "deleted_at"))
+    for by_kind in (False, True):
+        for by_name in (False, True):
+            found[f"_events({by_kind}, {by_name})"] = repo._events(by_kind, by_name)
+    for in_pool in (False, True):
+        for after in (False, True):
+            found[f"_line({in_pool}, {after})"] = scheduling._line(in_pool, after, 16)
+    return found
+
+
+def test_every_runtime_statement_is_valid_against_the_schema_sqlmodel_creates(store):
+    """The SQL text is written apart from tables.py: each statement is compiled by the
+    database (EXPLAIN) on a store whose schema SQLModel created, so a renamed or dropped
+    column cannot go unnoticed."""
+    import re
+
+    dialect = "sqlite" if store.is_sqlite else "postgresql"
+    skip = PG_ONLY if store.is_sqlite else SQLITE_ONLY
+    statements = {n: s for n, s in _runtime_statements().items() if n not in skip}
+    assert len(statements) > 40
+    failures = []
+    for name, statement in statements.items():
+        params = dict.fromkeys(re.findall(r"(?<![:\w]):([A-Za-z_]\w*)", re.sub(r"'[^']*'", "", statement.sqlite)))
+        with store.write() as tx:
+            tx.discard()
+            try:
+                tx.session.run("EXPLAIN " + statement.text(tx.session), params)
+            except Exception as exc:
+                failures.append(f"{name} on {dialect}: {exc}\n  {statement.sqlite}")
+    assert not failures, "\n".join(failures)
+
+
+def _version(obj):
+    return obj.uid, obj.resource_version, obj.labels
+
+
+def test_a_write_inside_a_read_fails(store):
+    """Read transactions refuse writes on both stores (SQLite: query_only; PostgreSQL: READ
+    ONLY), through the repository and through plain SQL, and the connection reads on."""
+    from reconciler.store.dbapi import StoreError
+    from reconciler.store.engine import Tx
+
+    obj = _create(store, "kept")
+    seq = store.change_seq()
+    with pytest.raises(StoreError, match=r"read-?only"), store.read() as conn:
+        repo.update_object(Tx(conn, store), obj, labels={"changed": "yes"})
+    with pytest.raises(StoreError, match=r"read-?only"), store.read() as conn:
+        Statement("DELETE FROM objects").execute(conn)
+    with store.read(), pytest.raises(StoreError, match=r"read-?only"), store.read() as nested:  # its own connection
+        Statement("DELETE FROM events").execute(nested)
+    with store.read() as conn:
+        assert _version(repo.get(conn, kind="Job", name="kept")) == _version(obj)
+    assert store.change_seq() == seq
+    assert _events(store, "kept") == [("Created", "job created")]
+
+
+_READ_IN_A_FRESH_INTERPRETER = """
+import sys
+from reconciler.store import Store
+from reconciler.store import repository as repo
+
+store = Store(sys.argv[1])
+with store.read() as conn:
+    assert repo.get(conn, kind="Job", name="present").name == "present"
+    assert [o.name for o in repo.list_objects(conn, kind="Job", names=["present", "absent"])] == ["present"]
+store.dispose()
+sys.argv = ["reconciler", "--store", sys.argv[1], "get", "job", "present"]
+from reconciler.cli.app import main
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+print(sorted(m for m in sys.modules if m.partition(".")[0] in ("sqlalchemy", "sqlmodel")))
+"""
+
+
+def test_reading_a_current_store_does_not_import_sqlalchemy(store_url):
+    """SQLAlchemy and SQLModel define and create the schema; reading a store that has it
+    (what `reconciler get` does) must not pay for importing them."""
+    import subprocess
+    import sys
+
+    first = Store(store_url)
+    _create(first, "present")
+    first.dispose()
+    done = subprocess.run(
+        [sys.executable, "-c", _READ_IN_A_FRESH_INTERPRETER, store_url], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+
+
+def test_a_lost_postgresql_connection_is_replaced(pg_url):
+    """A server that ended the store's sessions (a restart, pg_terminate_backend): an idle
+    connection found ended is replaced before use; one lost inside a transaction fails that
+    transaction and is never used again."""
+    import psycopg
+
+    from reconciler.store.dbapi import StoreError
+
+    backend = Statement("SELECT pg_backend_pid()")
+    store = Store(pg_url)
+    admin = psycopg.connect(pg_url, autocommit=True)
+    try:
+        obj = _create(store, "survivor")
+        with store.read() as conn:
+            reader = backend.execute(conn).scalar()
+        with store.write() as tx:
+            writer = backend.execute(tx.session).scalar()
+        admin.execute("SELECT pg_terminate_backend(pid, 5000) FROM unnest(%s::int[]) AS pid", [[reader, writer]])
+
+        with store.read() as conn:  # between transactions: replaced before use
+            assert _version(repo.get(conn, kind="Job", name="survivor")) == _version(obj)
+            assert backend.execute(conn).scalar() != reader
+        with store.write() as tx:
+            assert backend.execute(tx.session).scalar() != writer
+            obj = repo.update_object(tx, obj, labels={"after": "restart"})
+
+        with pytest.raises(StoreError), store.read() as conn:  # inside one: that transaction fails
+            admin.execute("SELECT pg_terminate_backend(%s, 5000)", [backend.execute(conn).scalar()])
+            repo.get(conn, kind="Job", name="survivor")
+        with store.read() as conn:
+            assert _version(repo.get(conn, kind="Job", name="survivor")) == _version(obj)
+    finally:
+        admin.close()
+        store.dispose()
+
+
+def test_a_store_that_cannot_be_reached_raises_store_error():
+    from reconciler.store.dbapi import StoreError
+
+    with pytest.raises(StoreError):
+        Store("postgresql://postgres@127.0.0.1:1/nowhere")

@@ -96,9 +96,9 @@ def main() -> None:
     except KeyboardInterrupt:
         sys.exit(130)
     except Exception as exc:  # a store that cannot be reached, a broken disk: one line, not a traceback
-        from sqlalchemy.exc import SQLAlchemyError
+        from ..store import StoreError
 
-        if isinstance(exc, (SQLAlchemyError, OSError)):
+        if isinstance(exc, (StoreError, OSError)):
             print(f"error: {exc.__class__.__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
             sys.exit(1)
         raise

@@ -1,28 +1,32 @@
-"""The one place that owns database engines: SQLite (embedded default) or PostgreSQL.
+"""The one place that owns database connections: SQLite (embedded default) or PostgreSQL.
 
 Write transactions are serialized store-wide (SQLite `BEGIN IMMEDIATE`; PostgreSQL a row
 lock on the change sequence), which makes every compare-and-swap and every admission
-decision a plain read-then-write without lost updates."""
+decision a plain read-then-write without lost updates. Read transactions refuse writes
+(SQLite `query_only`; PostgreSQL READ ONLY)."""
 
 from __future__ import annotations
 
 import os
 import random
+import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from sqlalchemy import Connection, create_engine, event, text
-from sqlalchemy.engine import Engine
-from sqlalchemy.exc import OperationalError
-
-from .migrations import current_version, migrate
-from .prepared import Prepared
+from .dbapi import Connection, Statement, StoreError
 
 BUSY_TIMEOUT_MS = 30_000
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
+SCHEMA_VERSION = 1  # the number of migrations.MIGRATIONS: what a current store records in meta
+_SQLITE_SETUP = (
+    "PRAGMA journal_mode=WAL",
+    f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
+    "PRAGMA foreign_keys=ON",
+    "PRAGMA synchronous=NORMAL",
+)
 
 
 def state_home() -> Path:
@@ -52,16 +56,45 @@ def _owner_only_file(path: Path) -> None:
     os.close(fd)
 
 
-_NEXT_RV = Prepared(text("UPDATE meta SET value = value + 1 WHERE key = 'seq' RETURNING value"))
-_SEQ = Prepared(text("SELECT value FROM meta WHERE key = 'seq'"))
-_LOCK_SEQ = Prepared(text("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE"))
-_NOTIFY = Prepared(text("SELECT pg_notify('reconciler', :rv)"))
+def _sqlite(path: str, *, write: bool) -> Connection:
+    try:
+        # isolation_level None: sqlite3 begins nothing by itself, we issue BEGIN (IMMEDIATE)
+        raw = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
+    except sqlite3.Error as exc:
+        raise StoreError(str(exc)) from exc
+    conn = Connection(raw, "sqlite", sqlite3.Error)
+    try:
+        for pragma in _SQLITE_SETUP if write else (*_SQLITE_SETUP, "PRAGMA query_only=ON"):
+            conn.run(pragma)
+    except StoreError:
+        conn.close()
+        raise
+    return conn
+
+
+def _postgresql(conninfo: str, *, write: bool) -> Connection:
+    import psycopg  # only a PostgreSQL store pays for it
+
+    try:
+        # No server-side prepared statements: a plan cached while the queue was short (a
+        # sort of the whole table) outlives its growth.
+        raw = psycopg.connect(conninfo, prepare_threshold=None)
+    except psycopg.Error as exc:
+        raise StoreError(str(exc)) from exc
+    if not write:  # psycopg opens each transaction with these: no extra round trip
+        raw.isolation_level, raw.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
+    return Connection(raw, "postgresql", psycopg.Error)
+
+
+COUNT_UP = Statement("UPDATE meta SET value = value + 1 WHERE key = :key RETURNING value")  # a store-wide counter
+META = Statement("SELECT value FROM meta WHERE key = :key")
+_LOCK_SEQ = Statement("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE")
+_NOTIFY = Statement("SELECT pg_notify('reconciler', :rv)")
 
 
 class Tx:
     """One write transaction; `rv()` allocates its resourceVersion once, on first use.
-    `session` is a SQLAlchemy Connection: Core statements only, no ORM unit of work, which
-    halves the cost of the reconcile loop's small transactions."""
+    `session` is the writer's connection: run `Statement`s on it."""
 
     def __init__(self, session: Connection, store: Store):
         self.session = session
@@ -75,12 +108,24 @@ class Tx:
 
     def rv(self) -> int:
         if self._rv is None:
-            self._rv = int(_NEXT_RV.execute(self.session).scalar())
+            self._rv = int(COUNT_UP.execute(self.session, {"key": "seq"}).scalar())
         return self._rv
 
     @property
     def changed(self) -> bool:
         return self._rv is not None
+
+
+@contextmanager
+def _transaction(conn: Connection, sqlite_begin: str) -> Iterator[None]:
+    """Commits when the block ends normally, else rolls back."""
+    conn.begin(sqlite_begin)
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        conn.end(commit=done)
 
 
 class Store:
@@ -91,144 +136,110 @@ class Store:
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 25 ms and turns contention between threads into latency.
         self._writer = threading.Lock()
-        # Connections are kept, one per reading thread and one for the writer: a pool
-        # checkout and return per transaction cost more than the reconcile loop's queries.
+        # Connections are kept, one per reading thread and one for the writer: opening one
+        # per transaction would cost more than the reconcile loop's queries.
         self._local = threading.local()
         self._write_conn: Connection | None = None
         self._kept: list[Connection] = []
         self._kept_lock = threading.Lock()
-        if self.is_sqlite:
-            self.path = Path(self.url.split("///", 1)[1]) if "///" in self.url else None
-            if self.path is not None:
-                _owner_only_file(self.path)
-            self._read = self._sqlite_engine(write=False)
-            self._write = self._sqlite_engine(write=True)
+        self.path: Path | None = None
+        if self.is_sqlite and "///" in self.url:
+            self.path = Path(self.url.split("///", 1)[1])
+            _owner_only_file(self.path)
         elif self.url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
-            self.path = None
-            pg_url = "postgresql+psycopg://" + self.url.split("://", 1)[1]
-            # No pre-ping (a round trip per checkout). No server-side prepared statements: a plan
-            # cached while the queue was short (a sort of the whole table) outlives its growth.
-            self._read = self._write = create_engine(pg_url, pool_size=5, connect_args={"prepare_threshold": None})
+            self._conninfo = "postgresql://" + self.url.split("://", 1)[1]
         else:
             raise ValueError(f"unsupported store URL {self.url!r}: use sqlite:///PATH or postgresql://...")
         self._migrate()
-
-    def _sqlite_engine(self, *, write: bool) -> Engine:
-        engine = create_engine(self.url, connect_args={"timeout": BUSY_TIMEOUT_MS / 1000, "check_same_thread": False})
-
-        @event.listens_for(engine, "connect")
-        def _on_connect(dbapi_conn, _record):  # pragma: no branch - trivial
-            dbapi_conn.isolation_level = None  # we issue BEGIN ourselves
-            cur = dbapi_conn.cursor()
-            cur.execute("PRAGMA journal_mode=WAL")
-            cur.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            cur.execute("PRAGMA foreign_keys=ON")
-            cur.execute("PRAGMA synchronous=NORMAL")
-            cur.close()
-
-        begin = "BEGIN IMMEDIATE" if write else "BEGIN"
-
-        @event.listens_for(engine, "begin")
-        def _on_begin(conn):
-            dbapi = conn.connection.dbapi_connection
-            if not dbapi.in_transaction:  # Store.read/write may have begun it already
-                dbapi.execute(begin)
-
-        return engine
 
     @property
     def state_dir(self) -> Path:
         """Where run logs and exit files live: beside a SQLite file, else the user's state dir."""
         return self.path.parent if self.path is not None else state_home()
 
+    def _connect(self, *, write: bool) -> Connection:
+        if self.path is not None:
+            return _sqlite(str(self.path), write=write)
+        return _postgresql(self._conninfo, write=write)
+
     def _migrate(self) -> None:
         for attempt in range(CREATE_ATTEMPTS):
             try:
-                with self._write.begin() as conn:
-                    if not self.is_sqlite:
-                        # one migrator at a time across processes
-                        conn.execute(text("SELECT pg_advisory_xact_lock(727274)"))
-                    migrate(conn, current_version(conn))
+                if self._schema_version() != SCHEMA_VERSION:
+                    self._upgrade()
                 return
-            except OperationalError as exc:
+            except StoreError as exc:
                 # Two processes opening a new SQLite store at once (`controller` and `apply`
                 # started together): switching the new file to WAL takes an exclusive lock,
                 # and SQLite answers the deadlock between two such switches with an immediate
                 # "database is locked" to one of them, not a wait. That one tries again.
                 if not self.is_sqlite or "locked" not in str(exc) or attempt == CREATE_ATTEMPTS - 1:
                     raise
+                self.dispose()
                 time.sleep(min(0.5, 0.01 * 2**attempt) * random.uniform(0.5, 1.0))
 
-    def _keep(self, engine: Engine) -> Connection:
-        conn = engine.connect()
+    def _schema_version(self) -> int | None:
+        """The schema version by one plain query; None where that cannot tell (a new store
+        has no meta table): the migrator, which knows the schema, finds out."""
+        try:
+            with self.read() as conn:
+                found = META.execute(conn, {"key": "schema"}).scalar()
+        except StoreError:
+            return None
+        return None if found is None else int(found)
+
+    def _upgrade(self) -> None:
+        # SQLAlchemy and SQLModel define the schema: imported only to create or upgrade it
+        from .migrations import migrate
+
+        with self._writer:
+            conn = self._writer_connection()
+            with _transaction(conn, "BEGIN IMMEDIATE"):
+                migrate(conn)
+
+    def _usable(self, kept: Connection | None, *, write: bool) -> Connection:
+        """The kept connection, or a new one kept in its place if it was lost."""
+        if kept is not None and kept.usable():
+            return kept
+        if kept is not None:
+            kept.close()
+        conn = self._connect(write=write)
         with self._kept_lock:
-            self._kept = [c for c in self._kept if not c.closed]
+            self._kept = [c for c in self._kept if not c.lost]
             self._kept.append(conn)
         return conn
-
-    @staticmethod
-    def _usable(conn: Connection | None) -> bool:
-        return conn is not None and not conn.closed and not conn.invalidated
-
-    # Transactions on the kept connections are begun and ended on the DB-API connection
-    # itself: SQLAlchemy's transaction objects and events cost more than a point query. If a
-    # Core statement inside makes SQLAlchemy begin one too, it is ended through SQLAlchemy.
-    def _begin(self, conn: Connection, sqlite_begin: str):
-        dbapi = conn.connection.dbapi_connection
-        if self.is_sqlite:
-            dbapi.execute(sqlite_begin)  # PostgreSQL (psycopg) begins with the first statement
-        return dbapi
-
-    @staticmethod
-    def _end(conn: Connection, dbapi, *, commit: bool) -> None:
-        if conn.invalidated:
-            return  # the connection was lost (its transaction with it); the next use reconnects
-        if conn.in_transaction():
-            conn.commit() if commit else conn.rollback()
-        elif commit:
-            dbapi.commit()
-        else:
-            dbapi.rollback()
 
     @contextmanager
     def read(self) -> Iterator[Connection]:
         """A read-only transaction: one consistent snapshot for all its statements (SQLite's
         WAL read transaction; PostgreSQL's REPEATABLE READ, READ ONLY on this thread's kept
-        connection, where the default READ COMMITTED would give each statement its own)."""
-        if getattr(self._local, "reading", False):  # a read inside a read on this thread
-            with self._read.connect() as other, other.begin():
-                yield other
-            return
-        conn = getattr(self._local, "conn", None)
-        if not self._usable(conn):
-            conn = self._local.conn = self._keep(self._read)
-            if not self.is_sqlite:  # psycopg opens each transaction with these: no extra round trip
-                import psycopg
-
-                pg = conn.connection.dbapi_connection
-                pg.isolation_level, pg.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
-        self._local.reading = True
+        connection, where the default READ COMMITTED would give each statement its own).
+        A write inside fails: SQLite's read connections are `query_only`."""
+        nested = getattr(self._local, "reading", False)
+        if nested:  # a read inside a read on this thread: a connection of its own
+            conn = self._connect(write=False)
+        else:
+            kept: Connection | None = getattr(self._local, "conn", None)
+            conn = self._local.conn = self._usable(kept, write=False)
+            self._local.reading = True
         try:
-            dbapi = self._begin(conn, "BEGIN")
-            done = False
-            try:
+            with _transaction(conn, "BEGIN"):
                 yield conn
-                done = True
-            finally:
-                self._end(conn, dbapi, commit=done)
         finally:
-            self._local.reading = False
+            if nested:
+                conn.close()
+            else:
+                self._local.reading = False
 
     def _writer_connection(self) -> Connection:
-        if not self._usable(self._write_conn):
-            self._write_conn = self._keep(self._write)
-        return self._write_conn
+        conn = self._write_conn = self._usable(self._write_conn, write=True)
+        return conn
 
     @contextmanager
     def write(self) -> Iterator[Tx]:
         with self._writer:
             conn = self._writer_connection()
-            dbapi = self._begin(conn, "BEGIN IMMEDIATE")
+            conn.begin("BEGIN IMMEDIATE")
             commit = False
             try:
                 if not self.is_sqlite:
@@ -239,25 +250,19 @@ class Store:
                     _NOTIFY.execute(conn, {"rv": str(tx.rv())})
                 commit = not tx.discarded
             finally:
-                self._end(conn, dbapi, commit=commit)
+                conn.end(commit=commit)
             if commit and tx.changed:
                 self.own_writes.add(tx.rv())
 
     def change_seq(self) -> int:
         """The cheap "did anything change" probe other processes poll."""
         with self.read() as conn:
-            return int(_SEQ.execute(conn).scalar())
+            return int(META.execute(conn, {"key": "seq"}).scalar())
 
     def dispose(self) -> None:
         with self._kept_lock:
             kept, self._kept = self._kept, []
         for conn in kept:
-            try:
-                conn.close()
-            except Exception:  # a connection another thread still uses, or already broken
-                pass
+            conn.close()
         self._write_conn = None
         self._local = threading.local()
-        self._read.dispose()
-        if self._write is not self._read:
-            self._write.dispose()

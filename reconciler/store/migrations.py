@@ -1,33 +1,62 @@
-"""Schema versions. Each migration runs once, in order, inside one write transaction."""
+"""Schema versions. Each migration runs once, in order, inside one write transaction.
+
+SQLModel's tables (tables.py) are the schema: SQLAlchemy compiles their DDL for the store's
+dialect and it runs on the store's own connection. This module is imported only when a
+store is new or older than this reconciler (engine.Store._upgrade), so opening a current
+store never imports SQLAlchemy."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from sqlalchemy import Connection, inspect, text
+from sqlalchemy import create_mock_engine
 from sqlmodel import SQLModel
 
 from ..errors import ReconcilerError
 from . import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
+from .dbapi import Connection, Statement
+from .engine import META, SCHEMA_VERSION
+
+_DIALECT_URLS = {"sqlite": "sqlite://", "postgresql": "postgresql+psycopg://"}
+_HAS_META = {
+    "sqlite": Statement("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'"),
+    "postgresql": Statement(
+        "SELECT count(*) FROM pg_tables WHERE schemaname = current_schema() AND tablename = 'meta'"
+    ),
+}
+_SET_META = Statement("UPDATE meta SET value = :value WHERE key = :key")
+_ADD_META = Statement("INSERT INTO meta (key, value) VALUES (:key, :value)")
+_ONE_MIGRATOR = Statement("SELECT pg_advisory_xact_lock(727274)")  # PostgreSQL: one at a time across processes
 
 
 def _v1(conn: Connection) -> None:
-    SQLModel.metadata.create_all(conn)
+    def run(ddl: Any, *_: Any, **__: Any) -> None:
+        conn.run(str(ddl.compile(dialect=engine.dialect)))
+
+    # the statements create_all would send, run in this transaction (no existence checks:
+    # version 0 has no tables)
+    engine = create_mock_engine(_DIALECT_URLS[conn.dialect], run)
+    SQLModel.metadata.create_all(engine, checkfirst=False)
 
 
 MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
-SCHEMA_VERSION = len(MIGRATIONS)
+assert len(MIGRATIONS) == SCHEMA_VERSION, "engine.SCHEMA_VERSION counts the migrations"
 
 
 def current_version(conn: Connection) -> int:
-    if not inspect(conn).has_table("meta"):
+    if not _HAS_META[conn.dialect].execute(conn).scalar():
         return 0
-    row = conn.execute(text("SELECT value FROM meta WHERE key = 'schema'")).first()
-    return int(row[0]) if row else 0
+    found = META.execute(conn, {"key": "schema"}).scalar()
+    return 0 if found is None else int(found)
 
 
-def migrate(conn: Connection, found: int) -> None:
-    """Bring a store from version `found` to SCHEMA_VERSION; refuses a store from the future."""
+def migrate(conn: Connection) -> None:
+    """Bring the store to SCHEMA_VERSION inside the caller's write transaction; refuses a
+    store from the future."""
+    if conn.is_postgresql:
+        _ONE_MIGRATOR.execute(conn)
+    found = current_version(conn)
     if found > SCHEMA_VERSION:
         raise ReconcilerError(
             f"store schema {found} is newer than this reconciler ({SCHEMA_VERSION}); "
@@ -36,6 +65,6 @@ def migrate(conn: Connection, found: int) -> None:
     for version in range(found + 1, SCHEMA_VERSION + 1):
         MIGRATIONS[version - 1](conn)
     if found == 0:
-        conn.execute(text("INSERT INTO meta (key, value) VALUES ('schema', :v), ('seq', 0)"), {"v": SCHEMA_VERSION})
+        _ADD_META.execute_many(conn, [{"key": "schema", "value": SCHEMA_VERSION}, {"key": "seq", "value": 0}])
     elif found < SCHEMA_VERSION:
-        conn.execute(text("UPDATE meta SET value = :v WHERE key = 'schema'"), {"v": SCHEMA_VERSION})
+        _SET_META.execute(conn, {"key": "schema", "value": SCHEMA_VERSION})

@@ -3,6 +3,7 @@ resourceVersion; every change can append its event in the same transaction."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -11,13 +12,10 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, insert, select, update
-
 from ..api.meta import API_VERSION, format_time
 from ..errors import Conflict
+from .dbapi import Connection, Row, Statement
 from .engine import Tx
-from .prepared import Prepared
-from .tables import EventRow, ObjectRow
 
 
 def canonical(document: Any) -> str:
@@ -66,11 +64,7 @@ class StoredObject:
         return document
 
 
-OBJECTS = ObjectRow.__table__
-EVENTS = EventRow.__table__
-
-
-def _from_mapping(row) -> StoredObject:
+def _from_mapping(row: Row) -> StoredObject:
     """A StoredObject from a row of the objects table (any object with its column names)."""
     return StoredObject(
         kind=row.kind,
@@ -89,8 +83,9 @@ def _from_mapping(row) -> StoredObject:
     )
 
 
-# built once: statement construction costs more than SQLite's execution on the hot path
-_GET = Prepared(select(OBJECTS).where(OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name == bindparam("name")))
+# what _from_mapping reads; phase and observed_generation are copies of status, for SQL
+_OBJECT = "kind, name, uid, generation, resource_version, labels, annotations, spec, status, created_at, deleted_at"
+_GET = Statement(f"SELECT {_OBJECT} FROM objects WHERE kind = :kind AND name = :name")
 
 
 def get(session: Connection, *, kind: str, name: str) -> StoredObject | None:
@@ -98,22 +93,17 @@ def get(session: Connection, *, kind: str, name: str) -> StoredObject | None:
     return _from_mapping(row) if row else None
 
 
-_VERSION = Prepared(
-    select(OBJECTS.c.resource_version).where(OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name == bindparam("name"))
-)
+_VERSION = Statement("SELECT resource_version FROM objects WHERE kind = :kind AND name = :name")
 
 
 def version(session: Connection, *, kind: str, name: str) -> int | None:
     """The object's resourceVersion now: lets a transaction check that what it decided on
     is still current before it writes anything."""
-    return _VERSION.execute(session, {"kind": kind, "name": name}).scalar()
+    found = _VERSION.execute(session, {"kind": kind, "name": name}).scalar()
+    return None if found is None else int(found)
 
 
-_STATUS = Prepared(
-    select(OBJECTS.c.name, OBJECTS.c.uid, OBJECTS.c.status, OBJECTS.c.spec).where(
-        OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name == bindparam("name")
-    )
-)
+_STATUS = Statement("SELECT name, uid, status, spec FROM objects WHERE kind = :kind AND name = :name")
 
 
 @dataclass(frozen=True)
@@ -129,7 +119,7 @@ def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[st
     """name -> uid, status and spec text of the named objects that exist: what a dependency
     check or a follower reads, one point query per name (cheaper than a list query for a
     few names, and only the status is decoded)."""
-    found = {}
+    found: dict[str, Observed] = {}
     for name in names:
         row = _STATUS.execute(session, {"kind": kind, "name": name}).first()
         if row is not None:
@@ -137,31 +127,52 @@ def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[st
     return found
 
 
-_LIST = select(OBJECTS).where(OBJECTS.c.kind == bindparam("kind")).order_by(OBJECTS.c.name)
-_LIST_NAMED = (
-    select(OBJECTS)
-    .where(OBJECTS.c.kind == bindparam("kind"), OBJECTS.c.name.in_(bindparam("names", expanding=True)))
-    .order_by(OBJECTS.c.name)
-)
+_LIST = Statement(f"SELECT {_OBJECT} FROM objects WHERE kind = :kind ORDER BY name")
+_NAMES_AT_ONCE = 1024  # SQLite takes at most 32,766 parameters a statement
+
+
+@functools.cache
+def _list_named(width: int) -> Statement:
+    """`width` placeholders :n0, :n1, ... (SQLite has no array parameter)."""
+    marks = ", ".join(f":n{i}" for i in range(width))
+    return Statement(f"SELECT {_OBJECT} FROM objects WHERE kind = :kind AND name IN ({marks}) ORDER BY name")
 
 
 def list_objects(session: Connection, *, kind: str, names: Iterable[str] | None = None) -> list[StoredObject]:
+    """Ordered by name; `names` picks those of them that exist."""
     if names is None:
-        rows = session.execute(_LIST, {"kind": kind})
-    else:
-        rows = session.execute(_LIST_NAMED, {"kind": kind, "names": list(names)})
-    return [_from_mapping(r) for r in rows]
+        return [_from_mapping(r) for r in _LIST.execute(session, {"kind": kind})]
+    wanted = sorted(set(names))
+    found: list[StoredObject] = []
+    for start in range(0, len(wanted), _NAMES_AT_ONCE):
+        chunk = wanted[start : start + _NAMES_AT_ONCE]
+        # 1, 2, 4 ... placeholders, the last name repeated: a few statements serve every count
+        width = 1 << (len(chunk) - 1).bit_length()
+        params = {f"n{i}": chunk[min(i, len(chunk) - 1)] for i in range(width)}
+        found += (_from_mapping(r) for r in _list_named(width).execute(session, {"kind": kind, **params}))
+    return found
 
 
 def create(
-    tx: Tx, *, kind: str, name: str, spec: dict, labels: dict, annotations: dict, status: dict | None = None
+    tx: Tx,
+    *,
+    kind: str,
+    name: str,
+    spec: dict[str, Any],
+    labels: dict[str, str],
+    annotations: dict[str, str],
+    status: dict[str, Any] | None = None,
 ) -> StoredObject:
     return create_many(
-        tx, [dict(kind=kind, name=name, spec=spec, labels=labels, annotations=annotations, status=status)]
+        tx, [{"kind": kind, "name": name, "spec": spec, "labels": labels, "annotations": annotations, "status": status}]
     )[0]
 
 
-_INSERT_OBJECT = insert(OBJECTS)  # built once; the rows go in as parameters
+_INSERT_OBJECT = Statement(
+    "INSERT INTO objects (kind, name, uid, generation, resource_version, labels, annotations, spec, status,"
+    " phase, observed_generation, created_at, deleted_at) VALUES (:kind, :name, :uid, :generation,"
+    " :resource_version, :labels, :annotations, :spec, :status, :phase, :observed_generation, :created_at, :deleted_at)"
+)
 
 
 def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]:
@@ -173,21 +184,21 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
     for o in objects:
         status = o.get("status")
         now = time.time()
-        row = dict(
-            kind=o["kind"],
-            name=o["name"],
-            uid=str(uuid.uuid4()),
-            generation=1,
-            resource_version=tx.rv(),
-            labels=canonical(o["labels"]),
-            annotations=canonical(o["annotations"]),
-            spec=canonical(o["spec"]),
-            status=canonical(status) if status is not None else None,
-            created_at=now,
-            phase=(status or {}).get("phase"),
-            observed_generation=(status or {}).get("observedGeneration"),
-            deleted_at=None,
-        )
+        row = {
+            "kind": o["kind"],
+            "name": o["name"],
+            "uid": str(uuid.uuid4()),
+            "generation": 1,
+            "resource_version": tx.rv(),
+            "labels": canonical(o["labels"]),
+            "annotations": canonical(o["annotations"]),
+            "spec": canonical(o["spec"]),
+            "status": canonical(status) if status is not None else None,
+            "created_at": now,
+            "phase": (status or {}).get("phase"),
+            "observed_generation": (status or {}).get("observedGeneration"),
+            "deleted_at": None,
+        }
         rows.append(row)
         created.append(
             StoredObject(
@@ -206,34 +217,26 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
             )
         )
     if rows:
-        tx.session.execute(_INSERT_OBJECT, rows)
+        _INSERT_OBJECT.execute_many(tx.session, rows)
     return created
 
 
-_UPDATE_STATUS = Prepared(
-    update(OBJECTS)
-    .where(
-        OBJECTS.c.kind == bindparam("k"),
-        OBJECTS.c.name == bindparam("n"),
-        OBJECTS.c.resource_version == bindparam("old"),
-    )
-    .values(
-        resource_version=bindparam("resource_version"),
-        status=bindparam("status"),
-        phase=bindparam("phase"),
-        observed_generation=bindparam("observed_generation"),
-    )
-)
+@functools.cache
+def _update(columns: tuple[str, ...]) -> Statement:
+    """The compare-and-swap UPDATE of these columns: a few combinations occur (the
+    controller's status writes, apply's spec and labels, deletion marks)."""
+    assignments = ", ".join(f"{c} = :{c}" for c in columns)
+    return Statement(f"UPDATE objects SET {assignments} WHERE kind = :k AND name = :n AND resource_version = :old")
 
 
 def update_object(
     tx: Tx,
     current: StoredObject,
     *,
-    spec: dict | None = None,
-    labels: dict | None = None,
-    annotations: dict | None = None,
-    status: dict | None = None,
+    spec: dict[str, Any] | None = None,
+    labels: dict[str, str] | None = None,
+    annotations: dict[str, str] | None = None,
+    status: dict[str, Any] | None = None,
     deleted_at: float | None = None,
 ) -> StoredObject:
     """Compare-and-swap: succeeds only if the row still has `current.resource_version`.
@@ -253,25 +256,9 @@ def update_object(
         values["observed_generation"] = status.get("observedGeneration")
     if deleted_at is not None:
         values["deleted_at"] = deleted_at
-    if values.keys() == {
-        "resource_version",
-        "status",
-        "phase",
-        "observed_generation",
-    }:  # the controller's status writes
-        result = _UPDATE_STATUS.execute(
-            tx.session, {**values, "k": current.kind, "n": current.name, "old": current.resource_version}
-        )
-    else:
-        result = tx.session.execute(
-            update(OBJECTS)
-            .where(
-                OBJECTS.c.kind == current.kind,
-                OBJECTS.c.name == current.name,
-                OBJECTS.c.resource_version == current.resource_version,
-            )
-            .values(**values)
-        )
+    result = _update(tuple(values)).execute(
+        tx.session, {**values, "k": current.kind, "n": current.name, "old": current.resource_version}
+    )
     if result.rowcount != 1:
         raise Conflict(
             f'Operation cannot be fulfilled on {current.kind.lower()} "{current.name}": '
@@ -286,7 +273,7 @@ def update_object(
         resource_version=values["resource_version"],
         labels=dict(labels) if labels is not None else current.labels,
         annotations=dict(annotations) if annotations is not None else current.annotations,
-        spec=dict(spec) if "spec" in values else current.spec,
+        spec=dict(spec) if spec is not None and "spec" in values else current.spec,
         status=status if status is not None else current.status,
         created_at=current.created_at,
         deleted_at=deleted_at if deleted_at is not None else current.deleted_at,
@@ -295,16 +282,13 @@ def update_object(
     )
 
 
+_REMOVE = Statement("DELETE FROM objects WHERE kind = :kind AND name = :name AND resource_version = :old")
+
+
 def remove(tx: Tx, current: StoredObject) -> None:
     """Compare-and-swap delete."""
     tx.rv()
-    result = tx.session.execute(
-        delete(OBJECTS).where(
-            OBJECTS.c.kind == current.kind,
-            OBJECTS.c.name == current.name,
-            OBJECTS.c.resource_version == current.resource_version,
-        )
-    )
+    result = _REMOVE.execute(tx.session, {"kind": current.kind, "name": current.name, "old": current.resource_version})
     if result.rowcount != 1:
         raise Conflict(f'{current.kind.lower()} "{current.name}" was modified meanwhile; try again')
 
@@ -321,16 +305,16 @@ def record_events(tx: Tx, entries: Iterable[tuple[StoredObject, str, str]], *, w
 def record_typed_events(tx: Tx, entries: Iterable[tuple[StoredObject, str, str, bool]]) -> None:
     """Events given as (object, reason, message, warning), in one statement, in order."""
     rows = [
-        dict(
-            resource_version=tx.rv(),
-            time=time.time(),
-            kind=obj.kind,
-            name=obj.name,
-            uid=obj.uid,
-            type="Warning" if warning else "Normal",
-            reason=reason,
-            message=message,
-        )
+        {
+            "resource_version": tx.rv(),
+            "time": time.time(),
+            "kind": obj.kind,
+            "name": obj.name,
+            "uid": obj.uid,
+            "type": "Warning" if warning else "Normal",
+            "reason": reason,
+            "message": message,
+        }
         for obj, reason, message, warning in entries
     ]
     if len(rows) == 1:
@@ -339,19 +323,24 @@ def record_typed_events(tx: Tx, entries: Iterable[tuple[StoredObject, str, str, 
         _INSERT_EVENT.execute_many(tx.session, rows)
 
 
-_INSERT_EVENT = Prepared(
-    insert(EVENTS).values(
-        {c: bindparam(c) for c in ("resource_version", "time", "kind", "name", "uid", "type", "reason", "message")}
-    )
+_INSERT_EVENT = Statement(
+    "INSERT INTO events (resource_version, time, kind, name, uid, type, reason, message)"
+    " VALUES (:resource_version, :time, :kind, :name, :uid, :type, :reason, :message)"
 )
 
 
-def events(session: Connection, *, kind: str | None = None, name: str | None = None, limit: int = 500) -> list:
+@functools.cache
+def _events(by_kind: bool, by_name: bool) -> Statement:
+    where = " AND ".join(c for c, on in (("kind = :kind", by_kind), ("name = :name", by_name)) if on)
+    return Statement(
+        "SELECT id, resource_version, time, kind, name, uid, type, reason, message FROM events"
+        + (f" WHERE {where}" if where else "")
+        + " ORDER BY id DESC LIMIT :limit"
+    )
+
+
+def events(session: Connection, *, kind: str | None = None, name: str | None = None, limit: int = 500) -> list[Row]:
     """Newest `limit` events, oldest first; rows with .time, .type, .reason, .kind, .name, .message."""
-    query = select(EVENTS)
-    if kind is not None:
-        query = query.where(EVENTS.c.kind == kind)
-    if name is not None:
-        query = query.where(EVENTS.c.name == name)
-    rows = list(session.execute(query.order_by(EVENTS.c.id.desc()).limit(limit)))
+    query = _events(kind is not None, name is not None)
+    rows = query.execute(session, {"kind": kind, "name": name, "limit": limit}).all()
     return rows[::-1]

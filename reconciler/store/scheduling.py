@@ -9,78 +9,58 @@ import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
+from typing import Any
 
-from sqlalchemy import Connection, bindparam, delete, func, insert, literal_column, select, tuple_, update
+from ..api.node import heartbeat_fresh
+from .dbapi import Connection, Row, Statement
+from .engine import COUNT_UP, Tx
 
-from .engine import Tx
-from .prepared import Prepared
-from .tables import AdmissionRow, EventRow, ObjectRow, QueueRow
-
-QUEUE = QueueRow.__table__
-ADMISSIONS = AdmissionRow.__table__
-NODE_READY_WINDOW = 40.0  # seconds without a heartbeat before a node is NotReady
-
-# Statements built once: on the reconcile loop's path, building and caching a statement per
-# call costs more than SQLite's work.
-_ORDER = (QUEUE.c.rank, QUEUE.c.eligible_at, QUEUE.c.job_uid)
-_QUEUED = Prepared(select(QUEUE).where(QUEUE.c.job_uid == bindparam("uid")))
-_ENQUEUE = Prepared(insert(QUEUE).values({c.name: bindparam(c.name) for c in QUEUE.c}))
-_DEQUEUE = Prepared(delete(QUEUE).where(QUEUE.c.job_uid == bindparam("uid")))
-_OBJECTS = ObjectRow.__table__
-_POOL_SPEC = (
-    select(_OBJECTS.c.spec).where(_OBJECTS.c.kind == "Pool", _OBJECTS.c.name == bindparam("name")).scalar_subquery()
+# Statements built once: on the reconcile loop's path, building a statement per call costs
+# more than SQLite's work.
+_QUEUE = "job_uid, job_name, pool, slots, rank, eligible_at, bypass_count, node_name, node_selector"
+_QUEUED = Statement(f"SELECT {_QUEUE} FROM queue WHERE job_uid = :uid")
+_ENQUEUE = Statement(
+    f"INSERT INTO queue ({_QUEUE}) VALUES (:job_uid, :job_name, :pool, :slots, :rank, :eligible_at,"
+    " :bypass_count, :node_name, :node_selector)"
 )
-_USED_ALL = select(func.coalesce(func.sum(ADMISSIONS.c.slots), 0))
-_USED_IN_POOL = _USED_ALL.where(ADMISSIONS.c.pool == bindparam("name"))
-# a pool's spec and its slots in use in one round trip
+_DEQUEUE = Statement("DELETE FROM queue WHERE job_uid = :uid")
+# a pool's spec and its slots in use in one round trip; the global pool counts every admission
+_POOL_SPEC = "(SELECT spec FROM objects WHERE kind = 'Pool' AND name = :name) AS spec"
 _POOL_FACTS = {
-    True: Prepared(select(_POOL_SPEC, _USED_ALL.scalar_subquery())),
-    False: Prepared(select(_POOL_SPEC, _USED_IN_POOL.scalar_subquery())),
+    True: Statement(f"SELECT {_POOL_SPEC}, (SELECT coalesce(sum(slots), 0) FROM admissions) AS used"),
+    False: Statement(
+        f"SELECT {_POOL_SPEC}, (SELECT coalesce(sum(slots), 0) FROM admissions WHERE pool = :name) AS used"
+    ),
 }
-_ALLOCATED = (
-    select(ADMISSIONS.c.node, func.sum(ADMISSIONS.c.slots).label("allocated")).group_by(ADMISSIONS.c.node).subquery()
-)
 # every node with the slots allocated on it, in one round trip
-_NODES = Prepared(
-    select(
-        _OBJECTS.c.name,
-        _OBJECTS.c.spec,
-        _OBJECTS.c.status,
-        _OBJECTS.c.labels,
-        func.coalesce(_ALLOCATED.c.allocated, 0).label("allocated"),
-    )
-    .select_from(_OBJECTS.outerjoin(_ALLOCATED, _ALLOCATED.c.node == _OBJECTS.c.name))
-    .where(_OBJECTS.c.kind == "Node")
+_NODES = Statement(
+    "SELECT o.name, o.spec, o.status, o.labels, coalesce(a.allocated, 0) AS allocated FROM objects AS o"
+    " LEFT OUTER JOIN (SELECT node, sum(slots) AS allocated FROM admissions GROUP BY node) AS a ON a.node = o.name"
+    " WHERE o.kind = 'Node'"
 )
-_ADMIT = Prepared(insert(ADMISSIONS).values({c.name: bindparam(c.name) for c in ADMISSIONS.c}))
-_ADMISSION = Prepared(select(ADMISSIONS).where(ADMISSIONS.c.job_uid == bindparam("uid")))
-_RELEASE = Prepared(
-    delete(ADMISSIONS).where(ADMISSIONS.c.job_uid == bindparam("uid")).returning(ADMISSIONS.c.pool, ADMISSIONS.c.slots)
+_ADMIT = Statement(
+    "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at, owner)"
+    " VALUES (:job_uid, :job_name, :pool, :slots, :node, :run_number, :admitted_at, :owner)"
 )
-_COUNT_BYPASS = Prepared(
-    update(QUEUE).where(QUEUE.c.job_uid == bindparam("uid")).values(bypass_count=QUEUE.c.bypass_count + 1)
+_ADMISSION = Statement("SELECT node, run_number, owner FROM admissions WHERE job_uid = :uid")
+_RELEASE = Statement("DELETE FROM admissions WHERE job_uid = :uid RETURNING pool, slots")
+_COUNT_BYPASS = Statement("UPDATE queue SET bypass_count = bypass_count + 1 WHERE job_uid = :uid")
+_CLAIM = Statement("UPDATE admissions SET owner = :owner WHERE job_uid = :uid AND owner IS NULL")
+_TAKE_OVER = Statement("UPDATE admissions SET owner = :owner WHERE job_uid = :uid AND owner = :previous")
+_ROUND_ROBIN_START = Statement("INSERT INTO meta (key, value) VALUES ('rr', 0)")
+_WRITTEN_SINCE = Statement("SELECT kind, name, resource_version FROM objects WHERE resource_version > :rv")
+_DELETED_SINCE = Statement(
+    "SELECT kind, name, resource_version FROM events WHERE resource_version > :rv AND reason = 'Deleted'"
 )
-_CLAIM = Prepared(
-    update(ADMISSIONS)
-    .where(ADMISSIONS.c.job_uid == bindparam("uid"), ADMISSIONS.c.owner.is_(None))
-    .values(owner=bindparam("owner"))
+_OPEN_JOBS = Statement("SELECT name FROM objects WHERE kind = 'Job' AND (phase IS NULL OR phase != 'Completed')")
+_MAY_NEED_REVISION = Statement(
+    "SELECT name FROM objects WHERE kind = 'Job' AND phase = 'Completed' AND (observed_generation IS NULL"
+    " OR observed_generation != generation OR annotations LIKE '%\"reconciler.dev/rerun\"%')"
 )
-_TAKE_OVER = Prepared(
-    update(ADMISSIONS)
-    .where(ADMISSIONS.c.job_uid == bindparam("uid"), ADMISSIONS.c.owner == bindparam("previous"))
-    .values(owner=bindparam("owner"))
-)
-_WRITTEN_SINCE = Prepared(
-    select(_OBJECTS.c.kind, _OBJECTS.c.name, _OBJECTS.c.resource_version).where(
-        _OBJECTS.c.resource_version > bindparam("rv")
-    )
-)
-_DELETED_SINCE = Prepared(
-    select(EventRow.kind, EventRow.name, EventRow.resource_version).where(
-        EventRow.resource_version > bindparam("rv"), EventRow.reason == "Deleted"
-    )
-)
+_DEPENDENCIES = Statement("SELECT name, spec FROM objects WHERE kind = 'Job' AND spec NOT LIKE '%\"dependsOn\":[]%'")
+_USED_PER_POOL = Statement("SELECT pool, sum(slots) AS used FROM admissions GROUP BY pool")
+_QUEUED_PER_POOL = Statement("SELECT pool, count(*) AS queued FROM queue GROUP BY pool")
+_USED_PER_NODE = Statement("SELECT node, sum(slots) AS used FROM admissions GROUP BY node")
 
 
 @dataclass(frozen=True)
@@ -96,7 +76,7 @@ class QueueEntry:
     node_selector: dict[str, str]
 
     @classmethod
-    def from_row(cls, row: QueueRow) -> QueueEntry:
+    def from_row(cls, row: Row) -> QueueEntry:
         return cls(
             row.job_uid,
             row.job_name,
@@ -147,17 +127,17 @@ def enqueue(
         entry = QueueEntry(uid, name, pool, slots, -priority, eligible_at, bypass_count, node_name, dict(node_selector))
         _ENQUEUE.execute(
             tx.session,
-            dict(
-                job_uid=uid,
-                job_name=name,
-                pool=pool,
-                slots=slots,
-                rank=-priority,
-                eligible_at=eligible_at,
-                bypass_count=bypass_count,
-                node_name=node_name,
-                node_selector=json.dumps(node_selector, sort_keys=True),
-            ),
+            {
+                "job_uid": uid,
+                "job_name": name,
+                "pool": pool,
+                "slots": slots,
+                "rank": -priority,
+                "eligible_at": eligible_at,
+                "bypass_count": bypass_count,
+                "node_name": node_name,
+                "node_selector": json.dumps(node_selector, sort_keys=True),
+            },
         )
     return entry
 
@@ -172,22 +152,22 @@ def queued(session: Connection, uid: str) -> QueueEntry | None:
 
 
 @functools.cache
-def _line(scope_is_pool: bool, after: bool, batch: int):
+def _line(scope_is_pool: bool, after: bool, batch: int) -> Statement:
     """A page of one scope's queue in admission order. Keyset paging (after the last row
     read) and a literal LIMIT: with a bound LIMIT or OFFSET, PostgreSQL's generic plan for a
     prepared statement cannot know the page is small and may sort the whole queue."""
-    query = select(QUEUE)
-    if scope_is_pool:
-        query = query.where(QUEUE.c.pool == bindparam("pool"))
-    if after:
-        query = query.where(tuple_(*_ORDER) > tuple_(bindparam("rank"), bindparam("eligible_at"), bindparam("uid")))
-    return Prepared(query.order_by(*_ORDER).limit(literal_column(str(int(batch)))))
+    conditions = [c for c, on in (("pool = :pool", scope_is_pool), (_AFTER, after)) if on]
+    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
+    return Statement(f"SELECT {_QUEUE} FROM queue{where} ORDER BY rank, eligible_at, job_uid LIMIT {int(batch)}")
+
+
+_AFTER = "(rank, eligible_at, job_uid) > (:rank, :eligible_at, :uid)"
 
 
 def in_line(session: Connection, pool: str | None, *, scope_is_pool: bool, batch: int = 16) -> Iterator[QueueEntry]:
     """The queue of one scope in admission order, read `batch` rows at a time as the caller
     goes on (most callers stop at the first entry or two)."""
-    params: dict = {"pool": pool}
+    params: dict[str, Any] = {"pool": pool}
     query = _line(scope_is_pool, False, batch)
     while True:
         rows = query.execute(session, params).all()
@@ -228,11 +208,7 @@ def node_facts(session: Connection, now: float | None = None) -> list[NodeFacts]
         capacity = spec.get("capacity", {}).get("slots")
         if capacity is None:
             capacity = status.get("cpuCount") or 1
-        beat = status.get("heartbeatAt")
-        fresh = (
-            beat is not None
-            and now - datetime.fromisoformat(beat.replace("Z", "+00:00")).timestamp() < NODE_READY_WINDOW
-        )
+        fresh = heartbeat_fresh(status, now)
         facts.append(
             NodeFacts(
                 row.name,
@@ -254,16 +230,16 @@ def admit(
     now = time.time()
     _ADMIT.execute(
         tx.session,
-        dict(
-            job_uid=uid,
-            job_name=name,
-            pool=pool,
-            slots=slots,
-            node=node,
-            run_number=run_number,
-            admitted_at=now,
-            owner=owner,
-        ),
+        {
+            "job_uid": uid,
+            "job_name": name,
+            "pool": pool,
+            "slots": slots,
+            "node": node,
+            "run_number": run_number,
+            "admitted_at": now,
+            "owner": owner,
+        },
     )
     dequeue(tx, uid)
     return now
@@ -298,13 +274,11 @@ def release(tx: Tx, uid: str) -> tuple[str | None, int] | None:
 
 def round_robin_turn(tx: Tx) -> int:
     """A store-wide counter for the round-robin placement strategy."""
-    from sqlalchemy import text
-
-    row = tx.session.execute(text("UPDATE meta SET value = value + 1 WHERE key = 'rr' RETURNING value")).first()
-    if row is None:
-        tx.session.execute(text("INSERT INTO meta (key, value) VALUES ('rr', 0)"))
+    turn = COUNT_UP.execute(tx.session, {"key": "rr"}).scalar()
+    if turn is None:
+        _ROUND_ROBIN_START.execute(tx.session)
         return 0
-    return int(row[0])
+    return int(turn)
 
 
 def changed_since(session: Connection, rv: int) -> list[tuple[str, str, int]]:
@@ -312,52 +286,30 @@ def changed_since(session: Connection, rv: int) -> list[tuple[str, str, int]]:
     watcher must look at (deletions are seen through their events)."""
     written = _WRITTEN_SINCE.execute(session, {"rv": rv}).all()
     deleted = _DELETED_SINCE.execute(session, {"rv": rv}).all()
-    return [tuple(r) for r in written] + [tuple(r) for r in deleted]
+    return [(r.kind, r.name, r.resource_version) for r in written + deleted]
 
 
 def open_job_names(session: Connection) -> list[str]:
     """Jobs that are not Completed (or were never reconciled): the controller's start-up work."""
-    return list(
-        session.scalars(
-            select(ObjectRow.name).where(
-                ObjectRow.kind == "Job", (ObjectRow.phase.is_(None)) | (ObjectRow.phase != "Completed")
-            )
-        )
-    )
+    return [row.name for row in _OPEN_JOBS.execute(session)]
 
 
 def job_names_needing_revision(session: Connection) -> list[str]:
     """Completed jobs that may be due a new revision: their spec changed since they were
     reconciled, or a rerun was asked for (the reconciler tells an old request from a new)."""
-    c = _OBJECTS.c
-    return list(
-        session.scalars(
-            select(c.name).where(
-                c.kind == "Job",
-                c.phase == "Completed",
-                (c.observed_generation.is_(None))
-                | (c.observed_generation != c.generation)
-                | c.annotations.like('%"reconciler.dev/rerun"%'),
-            )
-        )
-    )
+    return [row.name for row in _MAY_NEED_REVISION.execute(session)]
 
 
 def dependency_graph(session: Connection) -> dict[str, list[str]]:
     """job -> the jobs it depends on, for waking dependents when a job completes. Specs
     without dependencies (canonical JSON: `"dependsOn":[]`) are not even parsed."""
-    c = _OBJECTS.c
-    rows = session.execute(select(c.name, c.spec).where(c.kind == "Job", c.spec.not_like('%"dependsOn":[]%')))
+    rows = _DEPENDENCIES.execute(session)
     return {name: [d["job"] for d in json.loads(spec).get("dependsOn", [])] for name, spec in rows}
 
 
 def usage(session: Connection) -> tuple[dict[str | None, int], dict[str | None, int], dict[str | None, int]]:
     """(slots used per pool, jobs queued per pool, slots allocated per node), for `get`."""
-    used = dict(
-        session.execute(select(ADMISSIONS.c.pool, func.sum(ADMISSIONS.c.slots)).group_by(ADMISSIONS.c.pool)).all()
-    )
-    queued_ = dict(session.execute(select(QUEUE.c.pool, func.count()).group_by(QUEUE.c.pool)).all())
-    nodes = dict(
-        session.execute(select(ADMISSIONS.c.node, func.sum(ADMISSIONS.c.slots)).group_by(ADMISSIONS.c.node)).all()
-    )
+    used = {row.pool: int(row.used) for row in _USED_PER_POOL.execute(session)}
+    queued_ = {row.pool: int(row.queued) for row in _QUEUED_PER_POOL.execute(session)}
+    nodes = {row.node: int(row.used) for row in _USED_PER_NODE.execute(session)}
     return used, queued_, nodes

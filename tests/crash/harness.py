@@ -32,7 +32,6 @@ from typing import Any
 import psutil
 import pytest
 import yaml
-from sqlmodel import Session, select
 
 from reconciler.agent.logs import run_dir
 from reconciler.agent.wrapper import WRAPPER_NAME
@@ -40,7 +39,7 @@ from reconciler.api.meta import to_epoch
 from reconciler.controller.nodes import local_node_name
 from reconciler.store import Store
 from reconciler.store import repository as repo
-from reconciler.store.tables import AdmissionRow, EventRow, QueueRow
+from reconciler.store.dbapi import Statement
 from tests.data.inprocess import cli
 from tests.helpers import Result, wait_until
 
@@ -245,20 +244,19 @@ class Env:
     def wait_completed(self, names: Iterable[str], timeout: float = 30.0) -> dict[str, dict]:
         return {n: self.wait_phase(n, "Completed", timeout=timeout) for n in names}
 
-    def rows(self, query) -> list:
-        """Table rows as SQLModel objects (`sqlmodel.select(AdmissionRow)` and the like)."""
+    def rows(self, sql: str, **params: Any) -> list:
+        """Table rows as named tuples (columns as attributes), read in one read transaction."""
         with self.store.read() as conn:
-            session = conn if isinstance(conn, Session) else Session(bind=conn)
-            return list(session.exec(query).all())
+            return Statement(sql).execute(conn, params).all()
 
-    def admissions(self) -> list[AdmissionRow]:
-        return self.rows(select(AdmissionRow))
+    def admissions(self) -> list:
+        return self.rows("SELECT * FROM admissions")
 
-    def queue(self) -> list[QueueRow]:
-        return self.rows(select(QueueRow).order_by(QueueRow.rank, QueueRow.eligible_at, QueueRow.job_uid))
+    def queue(self) -> list:
+        return self.rows("SELECT * FROM queue ORDER BY rank, eligible_at, job_uid")
 
-    def events(self, name: str) -> list[EventRow]:
-        return self.rows(select(EventRow).where(EventRow.name == name).order_by(EventRow.id))
+    def events(self, name: str) -> list:
+        return self.rows("SELECT * FROM events WHERE name = :name ORDER BY id", name=name)
 
     def run_dir(self, name: str, number: int) -> Path:
         return run_dir(self.root / "state", name, self.obj(name).uid, number)

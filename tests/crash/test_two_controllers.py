@@ -11,12 +11,14 @@ import time
 from dataclasses import dataclass
 
 import pytest
-from sqlmodel import select
 
-from reconciler.store.tables import AdmissionRow, ObjectRow, QueueRow
+from reconciler.store.dbapi import Statement
 from tests.crash.harness import Env, intervals, job, marked, marker_runs, max_overlap, pool
 
 JOBS = [f"w{i}" for i in range(8)]
+QUEUED = Statement("SELECT job_name FROM queue")
+PHASES = Statement("SELECT name, phase FROM objects WHERE kind = 'Job'")
+HELD = Statement("SELECT job_name FROM admissions")
 
 
 @dataclass
@@ -45,11 +47,9 @@ def two_controllers(tmp_path_factory) -> Outcome:
         deadline = time.monotonic() + 60
         while True:
             with env.store.read() as conn:
-                queued = [n for (n,) in conn.execute(select(QueueRow.job_name)).all()]
-                phases = dict(
-                    conn.execute(select(ObjectRow.name, ObjectRow.phase).where(ObjectRow.kind == "Job")).all()
-                )
-                held = conn.execute(select(AdmissionRow.job_name)).all()
+                queued = [n for (n,) in QUEUED.execute(conn)]
+                phases = dict(PHASES.execute(conn).all())
+                held = HELD.execute(conn).all()
             peak = max(peak, len(held))
             ghosts |= {(n, phases.get(n)) for n in queued if phases.get(n) != "Queued"}
             if all(p == "Completed" for p in phases.values()):
