@@ -110,7 +110,7 @@ def _apply(tx: Tx, loaded: Loaded, *, force: bool, prune: bool, selector: list[R
     for (change, _), obj in zip(creations, repo.create_many(tx, [c for _, c in creations]), strict=True):
         change.new = obj
     if events:
-        repo.record_events(tx, [(_written(o), reason, message) for o, reason, message in events])
+        repo.record_events(tx, *(repo.ObjectEvent(_written(o), reason, message) for o, reason, message in events))
     if prune:
         applied = {(m.kind.kind, m.name) for m in manifests}
         for key, obj in sorted(stored.items()):
@@ -195,12 +195,14 @@ def delete_object(tx: Tx, obj: StoredObject) -> str:
     if obj.kind == "Job" and phase in LIVE_PHASES:
         if obj.deleted_at is None:
             updated = repo.update_object(tx, obj, deleted_at=time.time())
-            repo.record_event(tx, updated, "Deleting", "deletion requested; stopping the running process tree")
+            repo.record_events(
+                tx, repo.ObjectEvent(updated, "Deleting", "deletion requested; stopping the running process tree")
+            )
         return "deleting"
     repo.remove(tx, obj)  # first: it allocates the resourceVersion, which ends a read-only attempt before any write
     if obj.kind == "Job":
         sched.dequeue(tx, obj.uid)  # a deleted job must not hold its place in line
-    repo.record_event(tx, obj, "Deleted", f"{obj.kind.lower()} deleted")
+    repo.record_events(tx, repo.ObjectEvent(obj, "Deleted", f"{obj.kind.lower()} deleted"))
     return "deleted"
 
 

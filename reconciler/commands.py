@@ -40,7 +40,9 @@ def cancel(store: Store, name: str) -> str:
         revision = str(status.get("revision", 1))
         if obj.annotations.get(CANCEL) != revision:
             obj = repo.update_object(tx, obj, annotations={**obj.annotations, CANCEL: revision})
-            repo.record_event(tx, obj, "CancelRequested", f"cancellation of revision {revision} requested")
+            repo.record_events(
+                tx, repo.ObjectEvent(obj, "CancelRequested", f"cancellation of revision {revision} requested")
+            )
     return "cancel requested"
 
 
@@ -50,11 +52,13 @@ def set_suspend(store: Store, name: str, suspend: bool) -> str:
         if bool(obj.spec.get("suspend")) == suspend:
             return "unchanged"
         obj = repo.update_object(tx, obj, spec={**obj.spec, "suspend": suspend})
-        repo.record_event(
+        repo.record_events(
             tx,
-            obj,
-            "SuspendRequested" if suspend else "ResumeRequested",
-            "suspend requested" if suspend else "resume requested",
+            repo.ObjectEvent(
+                obj,
+                "SuspendRequested" if suspend else "ResumeRequested",
+                "suspend requested" if suspend else "resume requested",
+            ),
         )
     return "suspended" if suspend else "resumed"
 
@@ -67,7 +71,10 @@ def rerun(store: Store, name: str, *, downstream: bool) -> str:
             raise Conflict(f'job "{name}" is {phase}; only a completed job can be rerun')
         token = f"{time.time():.6f}" + (DOWNSTREAM_SUFFIX if downstream else "")
         obj = repo.update_object(tx, obj, annotations={**obj.annotations, RERUN: token})
-        repo.record_event(tx, obj, "RerunRequested", "rerun requested" + (" with its dependents" if downstream else ""))
+        repo.record_events(
+            tx,
+            repo.ObjectEvent(obj, "RerunRequested", "rerun requested" + (" with its dependents" if downstream else "")),
+        )
     return "rerun requested"
 
 
@@ -145,5 +152,5 @@ def run_job(store: Store, one_off: OneOff) -> str:
             annotations={CREATED_BY: "run"},
             status=dict(new_job_status(format_time(utcnow()))),
         )
-        repo.record_event(tx, obj, "Created", "job created by run")
+        repo.record_events(tx, repo.ObjectEvent(obj, "Created", "job created by run"))
     return job.metadata.name

@@ -96,7 +96,7 @@ def _worker(url: str, name: str, writes: int, via: str, gate: Any, results: Any)
                 try:
                     with store.write() as tx:
                         obj = repo.update_object(tx, current, labels={**current.labels, "counter": str(counter)})
-                        repo.record_event(tx, obj, "Configured", f"counter {counter}")
+                        repo.record_events(tx, repo.ObjectEvent(obj, "Configured", f"counter {counter}"))
                     new_rv, written = obj.resource_version, counter
                 except Conflict:
                     new_rv = None

@@ -56,7 +56,7 @@ def _create(store: Store, name: str, *, kind: str = "Job", spec: dict | None = N
             annotations={"note": "x"},
             status={"phase": "Waiting"} if kind == "Job" else None,
         )
-        repo.record_event(tx, obj, "Created", f"{kind.lower()} created")
+        repo.record_events(tx, repo.ObjectEvent(obj, "Created", f"{kind.lower()} created"))
     return obj
 
 
@@ -152,7 +152,7 @@ def test_create_many_is_create_for_many(store):
                 for i in range(3)
             ],
         )
-        repo.record_events(tx, [(o, "Created", "bulk") for o in made])
+        repo.record_events(tx, *(repo.ObjectEvent(o, "Created", "bulk") for o in made))
     assert {o.resource_version for o in made} == {store.change_seq()}
     with store.read() as conn:
         stored = repo.list_objects(conn, kind="Job")
@@ -193,12 +193,12 @@ def test_a_stale_update_raises_conflict_and_changes_nothing(store):
     obj = _create(store, "web")
     with store.write() as tx:
         fresh = repo.update_object(tx, obj, labels={"app": "first"})
-        repo.record_event(tx, fresh, "Configured", "first")
+        repo.record_events(tx, repo.ObjectEvent(fresh, "Configured", "first"))
     seq = store.change_seq()
 
     with pytest.raises(Conflict, match="has been modified"), store.write() as tx:
         stale = repo.update_object(tx, obj, spec={**SPEC, "priority": 9}, labels={"app": "second"})
-        repo.record_event(tx, stale, "Configured", "second")  # never reached
+        repo.record_events(tx, repo.ObjectEvent(stale, "Configured", "second"))  # never reached
     with pytest.raises(Conflict), store.write() as tx:
         repo.remove(tx, obj)
 
@@ -219,7 +219,7 @@ def test_remove_is_a_compare_and_swap(store):
     obj = _create(store, "gone")
     with store.write() as tx:
         repo.remove(tx, obj)
-        repo.record_event(tx, obj, "Deleted", "job deleted")
+        repo.record_events(tx, repo.ObjectEvent(obj, "Deleted", "job deleted"))
     with store.read() as conn:
         assert repo.get(conn, kind="Job", name="gone") is None
     assert _events(store, "gone")[-1] == ("Deleted", "job deleted")
@@ -231,7 +231,7 @@ def test_remove_is_a_compare_and_swap(store):
 def test_events_are_written_in_the_same_transaction(store):
     with pytest.raises(BoomError), store.write() as tx:
         obj = repo.create(tx, kind="Job", name="ghost", spec=SPEC, labels={}, annotations={})
-        repo.record_event(tx, obj, "Created", "job created")
+        repo.record_events(tx, repo.ObjectEvent(obj, "Created", "job created"))
         raise BoomError
     with store.read() as conn:
         assert repo.get(conn, kind="Job", name="ghost") is None
@@ -242,7 +242,7 @@ def test_events_are_written_in_the_same_transaction(store):
     seq = store.change_seq()
     with pytest.raises(BoomError), store.write() as tx:
         updated = repo.update_object(tx, obj, spec={**SPEC, "priority": 1})
-        repo.record_event(tx, updated, "Configured", "spec changed")
+        repo.record_events(tx, repo.ObjectEvent(updated, "Configured", "spec changed"))
         raise BoomError
     with store.read() as conn:
         stored = repo.get(conn, kind="Job", name="real")

@@ -106,7 +106,7 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     ctx.status["observedGeneration"] = ctx.obj.generation
     ctx.status["specHash"] = revisions.spec_hash(ctx.obj.spec_text)
     obj = repo.update_object(tx, ctx.obj, status=cast(dict[str, Any], ctx.status))
-    repo.record_typed_events(tx, ((obj, e.reason, e.message, e.warning) for e in ctx.events))
+    repo.record_events(tx, *(repo.ObjectEvent(obj, e.reason, e.message, e.warning) for e in ctx.events))
     ctx.obj, ctx.written = obj, True
     ctx.ops.clear()
     ctx.events.clear()

@@ -74,7 +74,7 @@ class Endings:
             if sched.release(tx, ctx.uid) is not None:
                 ctx.released(ctx.spec.pool, ctx.spec.slots)
             repo.remove(tx, ctx.obj)
-            repo.record_event(tx, ctx.obj, "Deleted", "job deleted")
+            repo.record_events(tx, repo.ObjectEvent(ctx.obj, "Deleted", "job deleted"))
         self.wake_dependents(ctx.name)
         return DONE
 

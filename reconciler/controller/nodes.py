@@ -37,7 +37,7 @@ def heartbeat(store: Store, node: str, owner: str, now: float) -> bool:
                 labels={"reconciler.dev/hostname": socket.gethostname()[:63]},
                 annotations={"reconciler.dev/managed-by": "agent"},
             )
-            repo.record_event(tx, obj, "Registered", f"node {node} registered by its agent")
+            repo.record_events(tx, repo.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
         allocated = next((f.allocated for f in sched.node_facts(tx.session, now) if f.name == node), 0)
         stamp = from_epoch(now)
         previous = obj.status or {}

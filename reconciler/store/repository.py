@@ -293,29 +293,31 @@ def remove(tx: Tx, current: StoredObject) -> None:
         raise Conflict(f'{current.kind.lower()} "{current.name}" was modified meanwhile; try again')
 
 
-def record_event(tx: Tx, obj: StoredObject, reason: str, message: str, *, warning: bool = False) -> None:
-    record_typed_events(tx, [(obj, reason, message, warning)])
+@dataclass(frozen=True, slots=True)
+class ObjectEvent:
+    """One event about an object, as record_events writes it."""
+
+    obj: StoredObject
+    reason: str
+    message: str
+    warning: bool = False
 
 
-def record_events(tx: Tx, entries: Iterable[tuple[StoredObject, str, str]], *, warning: bool = False) -> None:
-    """`record_event` for many (object, reason, message) at once, in one statement, in order."""
-    record_typed_events(tx, ((obj, reason, message, warning) for obj, reason, message in entries))
-
-
-def record_typed_events(tx: Tx, entries: Iterable[tuple[StoredObject, str, str, bool]]) -> None:
-    """Events given as (object, reason, message, warning), in one statement, in order."""
+def record_events(tx: Tx, *events: ObjectEvent) -> None:
+    """Append events in the caller's transaction (so they commit with the change they
+    record), in order, in one statement."""
     rows = [
         {
             "resource_version": tx.rv(),
             "time": time.time(),
-            "kind": obj.kind,
-            "name": obj.name,
-            "uid": obj.uid,
-            "type": "Warning" if warning else "Normal",
-            "reason": reason,
-            "message": message,
+            "kind": e.obj.kind,
+            "name": e.obj.name,
+            "uid": e.obj.uid,
+            "type": "Warning" if e.warning else "Normal",
+            "reason": e.reason,
+            "message": e.message,
         }
-        for obj, reason, message, warning in entries
+        for e in events
     ]
     if len(rows) == 1:
         _INSERT_EVENT.execute(tx.session, rows[0])
