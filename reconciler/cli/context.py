@@ -23,7 +23,7 @@ class Context:
 
     @cached_property
     def store(self) -> Store:
-        from ..store import Store  # imported lazily: `--help` must not pay for the store
+        from ..store import Store  # imported when a verb needs it: `--help` and `explain` do not
 
         return Store(self.store_url)
 
