@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 
 from ..api.job import JobSpec
+from ..files import make_private_dirs
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import has_legacy_runs, run_dir
 from .logtrim import LogTrimmer
@@ -59,7 +60,7 @@ class LocalAgent:
     def __init__(self, node: str, state_dir: Path, on_exit: Callable[[str], None]):
         self.node = node
         self.state_dir = Path(state_dir)
-        (self.state_dir / "runs").mkdir(parents=True, exist_ok=True, mode=0o700)
+        make_private_dirs(self.state_dir / "runs")
         self._legacy_runs = has_legacy_runs(self.state_dir)  # else run_dir needs no look at the disk
         self._on_exit = on_exit
         self._watcher = ExitWatcher()

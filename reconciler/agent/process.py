@@ -27,6 +27,7 @@ from reconciler.agent.groups import (
 )
 from reconciler.agent.identity import ProcessIdentity, is_alive, same_process
 from reconciler.agent.wrapper import wrapper_argv
+from reconciler.files import make_private_dirs
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,8 @@ def spawn_run(
     run_dir = pathlib.Path(run_dir)
     try:
         os.mkdir(run_dir, 0o700)  # the common case: a new run, its parent in place
-    except FileNotFoundError:
-        run_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except FileNotFoundError:  # the state folder was deleted meanwhile: made again, private
+        make_private_dirs(run_dir)
     except FileExistsError:  # a restart of this run: a leftover record would end it at once
         (run_dir / "exit").unlink(missing_ok=True)
     os.chmod(run_dir, 0o700)  # mkdir's mode is masked by umask and not applied if it existed

@@ -84,7 +84,7 @@ def controller(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with controller_running(store, workers=workers) as running:
-        err(f"controller running on node {running.node} (store {store.url})")
+        err(f"controller running on node {running.node} (store {store.display_url})")
         if watch:
             from ..store import Store
             from .gitops import watch_folder

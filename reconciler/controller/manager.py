@@ -12,7 +12,7 @@ from ..clock import Clock, RealClock
 from ..store import Store
 from ..store import scheduling as sched
 from ..store.feed import ChangeFeed
-from ..threads import critical
+from ..threads import critical, fatal
 from . import faults
 from .job import JobReconciler
 from .nodes import HEARTBEAT_INTERVAL, heartbeat, local_node_name
@@ -89,6 +89,11 @@ class Controller:
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL
         while not self._stop.wait(WATCH_INTERVAL):
             faults.point("watcher-dies")
+            if self.store.file_replaced():
+                fatal(
+                    f"the store file {self.store.path} was deleted or replaced under this controller; stopping, "
+                    "for its writes would go to a file no other process reads (start it again on the new store)"
+                )
             if time.monotonic() >= next_beat:
                 try:
                     if heartbeat(self.store, self.node, self.owner, self.clock.now()):

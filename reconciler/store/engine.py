@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import sqlite3
 import threading
 import time
@@ -16,6 +17,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from ..errors import InvalidInput
+from ..files import make_private_dirs
 from .dbapi import Connection, Statement, StoreError
 
 BUSY_TIMEOUT_MS = 30_000
@@ -38,6 +41,30 @@ def default_store_url() -> str:
     return os.environ.get("RECONCILER_STORE") or f"sqlite:///{state_home() / 'state.db'}"
 
 
+ACCEPTED_URLS = "sqlite:///PATH (a SQLite file) or postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
+_SQLITE_URL = "sqlite:///"
+_POSTGRESQL_URLS = ("postgresql://", "postgres://", "postgresql+psycopg://")
+_PASSWORD = re.compile(r"(?<=://)([^:/@]*):[^@/]*@")
+_PASSWORD_PARAM = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
+
+
+def redacted(url: str) -> str:
+    """A store URL as it may be printed or logged: any password shown as ***."""
+    return _PASSWORD_PARAM.sub(r"\1***", _PASSWORD.sub(r"\1:***@", url))
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL, None for a PostgreSQL one; InvalidInput (exit 2, one line
+    naming the accepted forms) for anything else: an empty URL, another database, a SQLite
+    URL without a file (`sqlite://`, in memory: nothing would outlive the process and no
+    other process could see it) or with two slashes (`sqlite:/x.db`)."""
+    if url.startswith(_SQLITE_URL) and len(url) > len(_SQLITE_URL):
+        return Path(url[len(_SQLITE_URL) :])
+    if url.startswith(_POSTGRESQL_URLS) and not url.endswith("://"):
+        return None
+    raise InvalidInput(f"invalid store URL {redacted(url)!r}: use {ACCEPTED_URLS}")
+
+
 def _owner_only_file(path: Path) -> None:
     """Create the database folder 0700 and file 0600 before SQLite opens it (its -wal and
     -shm files copy the file's mode).
@@ -48,7 +75,7 @@ def _owner_only_file(path: Path) -> None:
     connections unlocked; another process closing its last connection would take itself
     for the last one, checkpoint and delete the -wal file, and the first Store would go on
     committing into an unlinked WAL that nobody else can see."""
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    make_private_dirs(path.parent)
     try:
         fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
     except FileExistsError:
@@ -130,7 +157,7 @@ def _transaction(conn: Connection, sqlite_begin: str) -> Iterator[None]:
 
 class Store:
     def __init__(self, url: str | None = None):
-        self.url = url or default_store_url()
+        self.url = default_store_url() if url is None else url
         self.is_sqlite = self.url.startswith("sqlite")
         self.own_writes: set[int] = set()  # resourceVersions this process wrote: watchers skip them
         # Writers of this process queue here rather than in SQLite's busy handler, which
@@ -142,15 +169,33 @@ class Store:
         self._write_conn: Connection | None = None
         self._kept: list[Connection] = []
         self._kept_lock = threading.Lock()
-        self.path: Path | None = None
-        if self.is_sqlite and "///" in self.url:
-            self.path = Path(self.url.split("///", 1)[1])
+        self.path = _sqlite_path(self.url)
+        self._file: tuple[int, int] | None = None  # (device, inode) of the SQLite file this store opened
+        if self.path is not None:
             _owner_only_file(self.path)
-        elif self.url.startswith(("postgresql://", "postgres://", "postgresql+psycopg://")):
-            self._conninfo = "postgresql://" + self.url.split("://", 1)[1]
         else:
-            raise ValueError(f"unsupported store URL {self.url!r}: use sqlite:///PATH or postgresql://...")
+            self._conninfo = "postgresql://" + self.url.split("://", 1)[1]
         self._migrate()
+        if self.path is not None:
+            found = os.stat(self.path)
+            self._file = (found.st_dev, found.st_ino)
+
+    @property
+    def display_url(self) -> str:
+        """The URL as it may be printed: without its password."""
+        return redacted(self.url)
+
+    def file_replaced(self) -> bool:
+        """True when the SQLite file this store opened was deleted or replaced since: its
+        connections would go on writing to a file no other process reads (a new one in its
+        place starts empty). Always False on PostgreSQL."""
+        if self._file is None or self.path is None:
+            return False
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            return True
+        return (found.st_dev, found.st_ino) != self._file
 
     @property
     def state_dir(self) -> Path:
