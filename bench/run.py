@@ -9,7 +9,8 @@ reference in this one run, on this machine (these machines are noisy: only ratio
 Figures: 1 dag (DAG throughput vs make -j N), 2 latency (dependency latency on a chain),
 3 admission (admission cost at queue depth), 4 apply (10,000 manifests, then the unchanged
 re-apply), 5 idle (controller CPU with waiting jobs), 6 memory (peak RSS with 100,000 stored
-jobs), 8 cli (the read verbs' wall time), 7 pg (figures 1 and 3 on PostgreSQL). Prints
+jobs), 8 cli (the read verbs' wall time), 9 apply-one (one job into 1,000 and 100,000 stored
+jobs), 7 pg (figures 1 and 3 on PostgreSQL). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
 """
@@ -35,6 +36,7 @@ FULL = {
     "idle": dict(jobs=5000, settle=10.0, seconds=30.0),
     "memory": dict(jobs=100_000, active=1000, settle=5.0),
     "cli": dict(jobs=2000, rounds=15),
+    "apply-one": dict(small=1000, large=100_000, rounds=5),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -44,8 +46,9 @@ SMALL = {
     "idle": dict(jobs=200, settle=0.5, seconds=2.0),
     "memory": dict(jobs=2000, active=20, settle=0.5),
     "cli": dict(jobs=100, rounds=2),
+    "apply-one": dict(small=100, large=1000, rounds=2),
 }
-NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "cli", "pg")
+NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "pg")
 APPLY_AIMS = (10.0, 3.0)
 
 
@@ -114,7 +117,7 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, cli, dag, idle, latency, memory
+    from bench import admission, apply_one, cli, dag, idle, latency, memory
 
     s = sizes
     out = {
@@ -147,6 +150,16 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
             (
                 "8 CLI read verbs (sqlite)",
                 lambda: [cli.row(s["cli"]["jobs"], s["cli"]["rounds"], full=sizes is FULL)],
+            )
+        ],
+        "apply-one": [
+            (
+                "9 apply one job into a large store (sqlite)",
+                lambda: [
+                    apply_one.row(
+                        s["apply-one"]["small"], s["apply-one"]["large"], s["apply-one"]["rounds"], full=sizes is FULL
+                    )
+                ],
             )
         ],
         "pg": [

@@ -12,6 +12,7 @@ from typing import Any
 from .api.annotations import MANAGED_BY, system_annotations, user_annotations
 from .api.kinds import KINDS, KindInfo
 from .api.meta import dump, format_time, utcnow
+from .api.pool import GLOBAL_POOL
 from .api.revisions import execution_hash
 from .api.status import ACTIVE_PHASES, LIVE_PHASES, new_job_status
 from .api.validation import validate_apply
@@ -21,6 +22,7 @@ from .selectors import Requirement, matches
 from .store import Store, StoredObject
 from .store import repository as repo
 from .store import scheduling as sched
+from .store.dbapi import Connection
 from .store.engine import Tx
 
 
@@ -83,15 +85,13 @@ class _ReadOnly(Tx):
 def _apply(tx: Tx, loaded: Loaded, *, force: bool, prune: bool, selector: list[Requirement] | None) -> list[Change]:
     manifests = loaded.manifests
     session = tx.session
-    stored = {
-        (info.kind, obj.name): obj for info in KINDS.values() for obj in repo.list_objects(session, kind=info.kind)
-    }
-    problems = loaded.problems + validate_apply(
-        manifests,
-        {name: o.spec for (kind, name), o in stored.items() if kind == "Job"},
-        {name: o.spec for (kind, name), o in stored.items() if kind == "Pool"},
-        loaded.refused,
-    )
+    # what the applied objects touch, not the whole store: an apply into a store of 100,000
+    # jobs costs what it costs into an empty one (only --prune must see every object)
+    if prune:
+        stored = {(i.kind, o.name): o for i in KINDS.values() for o in repo.list_objects(session, kind=i.kind)}
+    else:
+        stored = {(o.kind, o.name): o for o in _named_objects(session, manifests)}
+    problems = loaded.problems + validate_apply(manifests, repo.SpecView(session, stored.values()), loaded.refused)
     if problems:
         raise invalid(problems)
 
@@ -121,6 +121,14 @@ def _apply(tx: Tx, loaded: Loaded, *, force: bool, prune: bool, selector: list[R
             delete_object(tx, obj)
             changes.append(Change(KINDS[obj.kind], obj.name, "pruned", old=obj))
     return changes
+
+
+def _named_objects(session: Connection, manifests: list[Manifest]) -> list[StoredObject]:
+    """The stored objects the manifests name (a few statements per kind, whatever the number)."""
+    by_kind: dict[str, list[str]] = {}
+    for m in manifests:
+        by_kind.setdefault(m.kind.kind, []).append(m.name)
+    return [o for kind, names in by_kind.items() for o in repo.list_objects(session, kind=kind, names=names)]
 
 
 def _written(obj: StoredObject | Change) -> StoredObject:
@@ -188,7 +196,8 @@ def delete_object(tx: Tx, obj: StoredObject) -> str:
     """Delete now, or, for a job whose process may be alive, mark it for deletion so the
     controller stops the process tree first (like a Kubernetes finalizer). Returns what happened."""
     if obj.kind == "Pool":
-        users = [o.name for o in repo.list_objects(tx.session, kind="Job") if o.spec.get("pool") == obj.name]
+        # no job names the global pool: it limits every job, and can go whenever
+        users = [] if obj.name == GLOBAL_POOL else [name for name, _ in repo.jobs_in_pool(tx.session, obj.name)]
         if users:
             raise Conflict(f'pool "{obj.name}" is used by job(s) {", ".join(users[:5])}; delete or move them first')
     phase = (obj.status or {}).get("phase")

@@ -133,14 +133,13 @@ def run_job(store: Store, one_off: OneOff) -> str:
         problems = field_problems(exc)
         raise InvalidInput("; ".join(problems), problems) from None
     with store.write() as tx:
-        stored_jobs = {o.name: o.spec for o in repo.list_objects(tx.session, kind="Job")}
         if one_off.name is None:
-            numbers = [int(m.group(1)) for n in stored_jobs if (m := _AUTO_NAME.fullmatch(n))]
+            taken = repo.names_starting(tx.session, kind="Job", prefix="job-")
+            numbers = [int(m.group(1)) for n in taken if (m := _AUTO_NAME.fullmatch(n))]
             job.metadata.name = f"job-{max(numbers, default=0) + 1}"
-        elif job.metadata.name in stored_jobs:
+        elif repo.version(tx.session, kind="Job", name=job.metadata.name) is not None:
             raise Conflict(f'jobs "{job.metadata.name}" already exists')
-        pools = {o.name: o.spec for o in repo.list_objects(tx.session, kind="Pool")}
-        problems = validate_apply([Built(KINDS["Job"], job)], stored_jobs, pools)
+        problems = validate_apply([Built(KINDS["Job"], job)], repo.SpecView(tx.session))
         if problems:
             raise InvalidInput(problems[0], problems)
         obj = repo.create(

@@ -21,6 +21,8 @@ FIGURES = [
     "4 apply, unchanged again (sqlite)",
     "5 idle cost (sqlite)",
     "6 memory (sqlite)",
+    "8 CLI get job NAME (sqlite)",
+    "9 apply one job into a large store (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",

@@ -3,7 +3,7 @@ capacities. Pure: the caller passes the stored specs in and gets problems back."
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -53,9 +53,20 @@ def _capacity(pool_spec: dict[str, Any] | None) -> int | None:
     return None if slots == "unlimited" else int(slots)
 
 
-def find_cycle(graph: dict[str, list[str]], starts: list[str]) -> list[str] | None:
-    """A dependency cycle reachable from `starts`, as [a, b, ..., a], or None (iterative DFS)."""
+class Stored(Protocol):
+    """What the checks read of the store, asked for by name so that an apply reads only what
+    it touches (a store's repository.SpecView is one)."""
+
+    def job(self, name: str) -> dict[str, Any] | None: ...
+    def pool(self, name: str) -> dict[str, Any] | None: ...
+    def jobs_in_pool(self, pool: str) -> Iterable[tuple[str, dict[str, Any]]]: ...  # global: every job
+
+
+def find_cycle(edges: Callable[[str], list[str]], starts: list[str]) -> list[str] | None:
+    """A dependency cycle reachable from `starts`, as [a, b, ..., a], or None (iterative
+    DFS; `edges` is asked only for the jobs the walk reaches)."""
     state: dict[str, int] = {}  # 1 = on the current path, 2 = finished
+    children_of: dict[str, list[str]] = {}
     for start in starts:
         if state.get(start):
             continue
@@ -66,7 +77,8 @@ def find_cycle(graph: dict[str, list[str]], starts: list[str]) -> list[str] | No
             if index == 0:
                 state[node] = 1
                 path.append(node)
-            children = graph.get(node, [])
+                children_of[node] = edges(node)
+            children = children_of[node]
             if index < len(children):
                 stack.append((node, index + 1))
                 child = children[index]
@@ -82,8 +94,7 @@ def find_cycle(graph: dict[str, list[str]], starts: list[str]) -> list[str] | No
 
 def validate_apply(
     manifests: Sequence[Candidate],
-    stored_jobs: dict[str, dict[str, Any]],
-    stored_pools: dict[str, dict[str, Any]],
+    stored: Stored,
     refused: Collection[tuple[str, str]] = (),
 ) -> list[str]:
     """Problems of the apply set as `file:line: field: message`, empty when it may be stored.
@@ -100,19 +111,15 @@ def validate_apply(
             )
         seen[key] = m
 
-    pools = dict(stored_pools.items())
-    pools.update({m.name: m.obj.spec.model_dump(by_alias=True) for m in manifests if m.kind.kind == "Pool"})
+    new_pools = {m.name: m.obj.spec.model_dump(by_alias=True) for m in manifests if m.kind.kind == "Pool"}
     new_jobs = {m.name: m for m in manifests if m.kind.kind == "Job"}
-    # stored jobs as stored, unless this apply replaces them (their entries are set below)
-    others = [(name, spec) for name, spec in stored_jobs.items() if name not in new_jobs]
-    graph = {name: [d["job"] for d in spec.get("dependsOn", [])] for name, spec in others}
-    job_slots = {name: (spec.get("pool"), spec.get("slots", 1)) for name, spec in others}
-    global_cap = _capacity(pools.get(GLOBAL_POOL))
 
+    def pool(name: str) -> dict[str, Any] | None:
+        return new_pools[name] if name in new_pools else stored.pool(name)
+
+    global_cap = _capacity(pool(GLOBAL_POOL))
     for name, m in new_jobs.items():
         spec = m.obj.spec
-        graph[name] = [d.job for d in spec.depends_on]
-        job_slots[name] = (spec.pool, spec.slots)
         edges: dict[str, list[str]] = {}
         for i, dep in enumerate(spec.depends_on):
             if dep.job in edges and sorted(edges[dep.job]) != sorted(dep.outcomes):
@@ -122,16 +129,16 @@ def validate_apply(
             edges.setdefault(dep.job, list(dep.outcomes))
             if dep.job == name:
                 problems.append(f"{m.where('spec', 'dependsOn', i, 'job')}: a job cannot depend on itself")
-            elif dep.job not in new_jobs and dep.job not in stored_jobs and ("Job", dep.job) not in refused:
+            elif dep.job not in new_jobs and ("Job", dep.job) not in refused and stored.job(dep.job) is None:
                 problems.append(
                     f"{m.where('spec', 'dependsOn', i, 'job')}: job {dep.job!r} does not exist "
                     "(neither stored nor in this apply)"
                 )
-        if spec.pool is not None and spec.pool not in pools:
-            if ("Pool", spec.pool) in refused:
-                continue
-            problems.append(f"{m.where('spec', 'pool')}: pool {spec.pool!r} does not exist")
-        elif spec.pool is not None and (cap := _capacity(pools[spec.pool])) is not None and spec.slots > cap:
+        named = pool(spec.pool) if spec.pool is not None else None
+        if spec.pool is not None and named is None:
+            if ("Pool", spec.pool) not in refused:
+                problems.append(f"{m.where('spec', 'pool')}: pool {spec.pool!r} does not exist")
+        elif spec.pool is not None and (cap := _capacity(named)) is not None and spec.slots > cap:
             problems.append(
                 f"{m.where('spec', 'slots')}: {spec.slots} slots can never fit pool {spec.pool!r} ({cap} slots)"
             )
@@ -140,16 +147,39 @@ def validate_apply(
                 f"{m.where('spec', 'slots')}: {spec.slots} slots can never fit the global limit ({global_cap} slots)"
             )
 
-    cycle = find_cycle(graph, sorted(new_jobs))
+    def edges_of(name: str) -> list[str]:  # the new version's edges, else the stored job's
+        if name in new_jobs:
+            return [d.job for d in new_jobs[name].obj.spec.depends_on]
+        spec = stored.job(name)
+        return [d["job"] for d in spec.get("dependsOn", [])] if spec is not None else []
+
+    cycle = find_cycle(edges_of, sorted(new_jobs))
     if cycle:
         m = new_jobs.get(cycle[0]) or next(new_jobs[n] for n in cycle if n in new_jobs)
         problems.append(f"{m.where('spec', 'dependsOn')}: dependency cycle: {' -> '.join(cycle)}")
 
     for m in manifests:  # a pool shrunk below a job that names it would strand that job forever
-        if m.kind.kind != "Pool" or (cap := _capacity(pools[m.name])) is None:
-            continue
-        for job, (pool, slots) in sorted(job_slots.items()):
-            if (pool == m.name or m.name == GLOBAL_POOL) and slots > cap:
-                problems.append(f"{m.where('spec', 'slots')}: {cap} slots is less than job {job!r} needs ({slots})")
-                break
+        cap = _capacity(new_pools[m.name]) if m.kind.kind == "Pool" else None
+        too_big = _first_that_needs_more(m.name, cap, new_jobs, stored) if cap is not None else None
+        if too_big is not None:
+            job, slots = too_big
+            problems.append(f"{m.where('spec', 'slots')}: {cap} slots is less than job {job!r} needs ({slots})")
     return problems
+
+
+def _first_that_needs_more(
+    pool: str, cap: int, new_jobs: dict[str, Candidate], stored: Stored
+) -> tuple[str, int] | None:
+    """The first job (by name) naming `pool` (every job, for global) that needs more than
+    `cap` slots: the applied versions, and the stored jobs, which are read only when the
+    pool shrinks below what it was (else they fit already)."""
+    every = pool == GLOBAL_POOL
+    needs = {n: c.obj.spec.slots for n, c in new_jobs.items() if every or c.obj.spec.pool == pool}
+    stored_spec = stored.pool(pool)
+    before = _capacity(stored_spec)
+    # a new pool has no stored users (only global is implicit: unlimited until stored)
+    if (stored_spec is not None or every) and (before is None or cap < before):
+        for name, spec in stored.jobs_in_pool(pool):
+            if name not in new_jobs:
+                needs[name] = int(spec.get("slots", 1))
+    return next(((n, slots) for n, slots in sorted(needs.items()) if slots > cap), None)

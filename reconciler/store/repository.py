@@ -7,12 +7,13 @@ import functools
 import json
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from ..api.meta import API_VERSION, format_time
+from ..api.pool import GLOBAL_POOL
 from ..errors import Conflict
 from .dbapi import Connection, Row, Statement
 from .engine import Tx
@@ -125,6 +126,58 @@ def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[st
         if row is not None:
             found[name] = Observed(row.uid, json.loads(row.status) if row.status else {}, row.spec)
     return found
+
+
+_SPEC = Statement("SELECT spec FROM objects WHERE kind = :kind AND name = :name")
+# A job's canonical spec spells its pool `"pool":"NAME"` (names are DNS labels: no LIKE wildcards)
+_JOBS_IN_POOL = Statement("SELECT name, spec FROM objects WHERE kind = 'Job' AND spec LIKE :pattern ORDER BY name")
+_JOB_SPECS = Statement("SELECT name, spec FROM objects WHERE kind = 'Job' ORDER BY name")
+
+
+def jobs_in_pool(session: Connection, pool: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(name, spec) of the jobs that name `pool` (every job, for the global pool)."""
+    if pool == GLOBAL_POOL:
+        rows = _JOB_SPECS.execute(session).all()
+    else:
+        rows = _JOBS_IN_POOL.execute(session, {"pattern": f'%"pool":"{pool}"%'}).all()
+    for row in rows:
+        spec = json.loads(row.spec)
+        if pool == GLOBAL_POOL or spec.get("pool") == pool:  # the text matched; the spec decides
+            yield row.name, spec
+
+
+class SpecView:
+    """Stored specs by name, each read when first asked for and then kept: what the checks
+    of an apply read (api.validation.Stored), so that an apply reads what it touches, not
+    the whole store."""
+
+    def __init__(self, session: Connection, known: Iterable[StoredObject] = ()):
+        self._session = session
+        self._specs: dict[tuple[str, str], dict[str, Any] | None] = {(o.kind, o.name): o.spec for o in known}
+
+    def _spec(self, kind: str, name: str) -> dict[str, Any] | None:
+        key = (kind, name)
+        if key not in self._specs:
+            row = _SPEC.execute(self._session, {"kind": kind, "name": name}).first()
+            self._specs[key] = json.loads(row.spec) if row else None
+        return self._specs[key]
+
+    def job(self, name: str) -> dict[str, Any] | None:
+        return self._spec("Job", name)
+
+    def pool(self, name: str) -> dict[str, Any] | None:
+        return self._spec("Pool", name)
+
+    def jobs_in_pool(self, pool: str) -> Iterator[tuple[str, dict[str, Any]]]:
+        return jobs_in_pool(self._session, pool)
+
+
+_NAMES_STARTING = Statement("SELECT name FROM objects WHERE kind = :kind AND name LIKE :pattern")
+
+
+def names_starting(session: Connection, *, kind: str, prefix: str) -> list[str]:
+    """Names of the objects of a kind that start with `prefix` (a DNS label: no wildcards)."""
+    return [row.name for row in _NAMES_STARTING.execute(session, {"kind": kind, "pattern": f"{prefix}%"}).all()]
 
 
 _LIST = Statement(f"SELECT {_OBJECT} FROM objects WHERE kind = :kind ORDER BY name")
