@@ -174,7 +174,7 @@ def controller_running(store: Store, *, workers: int = 1) -> Iterator[Controller
 
 # -- wait -------------------------------------------------------------------------------------
 
-WAITABLE = ("Succeeded", "Completed", "Failed", "TimedOut", "Cancelled", "Aborted", "Lost")
+WAITABLE = (Phase.COMPLETED, *Outcome)  # wait --for condition=...: Completed, or an outcome
 
 
 def _status(job: StoredObject) -> JobStatusDict:
@@ -186,7 +186,7 @@ def wait_state(status: JobStatusDict, condition: str, *, stale: bool = False) ->
     Completed outcome). A `stale` completion (see `stale_jobs`) is still pending."""
     if status.get("phase") != Phase.COMPLETED or stale:
         return "pending"
-    if condition == "Completed":
+    if condition == Phase.COMPLETED:
         return "met"
     return "met" if status.get("outcome") == condition else "never"
 

@@ -253,6 +253,14 @@ def next_revision(status: JobStatusDict, accepted_at: str) -> None:
     status["conditions"] = [c for c in status.get("conditions", []) if c.get("type") not in _REVISION_CONDITIONS]
 
 
+def shown_state(status: JobStatusDict | dict[str, Any] | None) -> str:
+    """What `get` shows of a job (API.md 1.2): its outcome once Completed, its phase before."""
+    phase = phase_of(status)
+    if phase == Phase.COMPLETED:
+        return str((status or {}).get("outcome") or phase)
+    return str(phase)
+
+
 def phase_of(status: JobStatusDict | dict[str, Any] | None) -> Phase:
     """The phase of a stored status (a job never reconciled yet is Waiting)."""
     return Phase((status or {}).get("phase") or Phase.WAITING)

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol, TextIO
 
-from ..api.status import Outcome, Phase
+from ..api.status import Outcome, Phase, shown_state
 
 if TYPE_CHECKING:
     from ..converge import Watched
@@ -24,12 +24,7 @@ TERMINAL_STYLE = {
 
 def state_of(job: Watched) -> str:
     """What `up` shows for a job: its outcome once Completed, its phase before."""
-    if job.deleted:
-        return "Deleted"
-    status = job.status
-    if status.get("phase") == Phase.COMPLETED:
-        return status.get("outcome") or Phase.COMPLETED
-    return status.get("phase") or Phase.WAITING
+    return "Deleted" if job.deleted else shown_state(job.status)
 
 
 class Progress(Protocol):

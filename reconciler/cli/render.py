@@ -8,6 +8,8 @@ from collections.abc import Callable, Iterable
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from ..api.status import shown_state
+
 if TYPE_CHECKING:
     from ..store import StoredObject
 
@@ -48,9 +50,7 @@ def job_state(obj: StoredObject) -> str:
     status = obj.status or {}
     if obj.deleted_at is not None:
         return "Terminating"
-    if status.get("phase") == "Completed":
-        return status.get("outcome") or "Completed"
-    return status.get("phase") or "Waiting"
+    return shown_state(status)
 
 
 def attempts(status: dict[str, Any]) -> int:
