@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .api.annotations import CANCEL, CREATED_BY, DOWNSTREAM_SUFFIX, RERUN
+from .api.annotations import CANCEL, CANCEL_REASON, CREATED_BY, DOWNSTREAM_SUFFIX, RERUN
 from .api.job import Job
 from .api.kinds import KINDS
 from .api.meta import dump, format_time, utcnow
@@ -31,7 +31,9 @@ def _job(tx: Tx, name: str) -> StoredObject:
     return obj
 
 
-def cancel(store: Store, name: str) -> str:
+def cancel(store: Store, name: str, *, by: str | None = None) -> str:
+    """Ask for the job's current revision to be cancelled; `by` says who or what asked, and
+    the cancelled job's message says it."""
     with store.write() as tx:
         obj = _job(tx, name)
         status = obj.status or {}
@@ -39,10 +41,13 @@ def cancel(store: Store, name: str) -> str:
             return f"already completed ({status.get('outcome')})"
         revision = str(status.get("revision", 1))
         if obj.annotations.get(CANCEL) != revision:
-            obj = repo.update_object(tx, obj, annotations={**obj.annotations, CANCEL: revision})
-            repo.record_events(
-                tx, repo.ObjectEvent(obj, "CancelRequested", f"cancellation of revision {revision} requested")
-            )
+            annotations = {k: v for k, v in obj.annotations.items() if k != CANCEL_REASON}
+            annotations[CANCEL] = revision
+            if by:
+                annotations[CANCEL_REASON] = by
+            obj = repo.update_object(tx, obj, annotations=annotations)
+            asked = f"cancellation of revision {revision} requested" + (f" ({by})" if by else "")
+            repo.record_events(tx, repo.ObjectEvent(obj, "CancelRequested", asked))
     return "cancel requested"
 
 

@@ -9,12 +9,14 @@ import json
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from dataclasses import dataclass
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from .api.quantity import parse_duration
 from .api.revisions import stale_completions
 from .api.status import JobStatusDict, Outcome, Phase
+from .commands import cancel
 from .errors import NotFound
 from .selectors import Requirement, matches
 from .store import Store, StoredObject
@@ -114,11 +116,12 @@ def stale_jobs(session: Any, objs: list[StoredObject]) -> set[str]:
 
 @dataclass
 class Converged:
-    """How `converge` ended."""
+    """How `converge` ended, and what it stopped on its way out."""
 
     jobs: dict[str, Watched]
-    timed_out: bool = False
-    stopped: bool = False  # `stop` was set (a signal)
+    ending: str = "settled"  # settled | timed out | stopped | interrupted | failed fast
+    failed: str | None = None  # with fail_fast: the job whose failure ended it
+    cancelled: list[str] = field(default_factory=list)  # what it stopped, for `ending`
 
     @property
     def unsettled(self) -> list[str]:
@@ -126,7 +129,10 @@ class Converged:
 
     @property
     def all_succeeded(self) -> bool:
-        return not self.timed_out and not self.stopped and all(w.succeeded for w in self.jobs.values())
+        return self.ending == "settled" and all(w.succeeded for w in self.jobs.values())
+
+
+STOP_MARGIN = 15.0  # beyond the longest stopGracePeriod: the wrapper's record and the writes
 
 
 def converge(
@@ -136,27 +142,89 @@ def converge(
     timeout: float | None,
     stop: threading.Event,
     on_change: Callable[[dict[str, Watched], set[str]], None] = lambda *_: None,
+    fail_fast: bool = False,
 ) -> Converged:
-    """Run a controller in this process until every named job is settled, `timeout` passes
-    or `stop` is set. Services keep running after it returns (the next controller adopts
-    them), and so do runs interrupted by Ctrl-C (KeyboardInterrupt passes through)."""
+    """Run a controller in this process until every named job is settled. If it ends any
+    other way (`timeout` passes, `stop` is set, Ctrl-C, or with `fail_fast` a job fails),
+    it stops what it started: every named job not yet Completed is cancelled, saying by
+    what, and followed until it is, so that no process is left behind. Services that
+    settled (Running) keep running after a settled end; the next controller adopts them. A
+    second Ctrl-C while stopping leaves the rest running (KeyboardInterrupt passes through)."""
     with controller_running(store):
-        deadline = None if timeout is None else time.monotonic() + timeout
         watch = JobWatch(store, names)
         on_change(watch.jobs, set(names))
-        look = True  # whether to check for convergence: at first and after every change
-        while not stop.is_set():
-            if changed := watch.poll():
-                on_change(watch.jobs, changed)
-                look = True
-            if look:
-                look = False
-                if watch.all_settled():
-                    return Converged(watch.jobs)
-            if deadline is not None and time.monotonic() >= deadline:
-                return Converged(watch.jobs, timed_out=True)
-            stop.wait(LOOK_INTERVAL)
-        return Converged(watch.jobs, stopped=True)
+        try:
+            result = _follow(watch, timeout, stop, on_change, fail_fast)
+        except KeyboardInterrupt:
+            result = Converged(watch.jobs, "interrupted")
+        if result.ending != "settled":
+            result.cancelled = _stop_unsettled(store, watch, _stopped_by(result, timeout), on_change)
+        return result
+
+
+def _follow(
+    watch: JobWatch,
+    timeout: float | None,
+    stop: threading.Event,
+    on_change: Callable[[dict[str, Watched], set[str]], None],
+    fail_fast: bool,
+) -> Converged:
+    deadline = None if timeout is None else time.monotonic() + timeout
+    look = True  # whether to check for convergence: at first and after every change
+    while not stop.is_set():
+        if changed := watch.poll():
+            on_change(watch.jobs, changed)
+            look = True
+            failed = sorted(n for n in changed if fail_fast and _failed(watch.jobs[n]))
+            if failed:
+                return Converged(watch.jobs, "failed fast", failed=failed[0])
+        if look:
+            look = False
+            if watch.all_settled():
+                return Converged(watch.jobs)
+        if deadline is not None and time.monotonic() >= deadline:
+            return Converged(watch.jobs, "timed out")
+        stop.wait(LOOK_INTERVAL)
+    return Converged(watch.jobs, "stopped")
+
+
+def _failed(job: Watched) -> bool:
+    return job.status.get("phase") == Phase.COMPLETED and job.status.get("outcome") != Outcome.SUCCEEDED
+
+
+def _stopped_by(result: Converged, timeout: float | None) -> str:
+    """What a job cancelled on the way out is told (its message: cancelled by ...)."""
+    if result.ending == "failed fast":
+        outcome = result.jobs[result.failed or ""].status.get("outcome")
+        return f"up --fail-fast: job {result.failed} ended {outcome}"
+    if result.ending == "timed out":
+        return f"up: timed out after {timeout:g}s"
+    return "up: interrupted" if result.ending == "interrupted" else "up: stopped by a signal"
+
+
+def _stop_unsettled(
+    store: Store, watch: JobWatch, by: str, on_change: Callable[[dict[str, Watched], set[str]], None]
+) -> list[str]:
+    """Cancel the followed jobs that are not Completed and follow them until they are (their
+    processes gone), or until the longest of their grace periods has passed with a margin."""
+    names = sorted(n for n, w in watch.jobs.items() if not w.deleted and w.status.get("phase") != Phase.COMPLETED)
+    for name in names:
+        with suppress(NotFound):  # deleted meanwhile: nothing to stop
+            cancel(store, name, by=by)
+    deadline = time.monotonic() + _longest_grace(store, names) + STOP_MARGIN
+    while time.monotonic() < deadline:
+        if changed := watch.poll():
+            on_change(watch.jobs, changed)
+        if all(watch.jobs[n].deleted or watch.jobs[n].status.get("phase") == Phase.COMPLETED for n in names):
+            break
+        time.sleep(LOOK_INTERVAL)
+    return names
+
+
+def _longest_grace(store: Store, names: list[str]) -> float:
+    with store.read() as session:
+        specs = [o.spec for o in repo.list_objects(session, kind="Job", names=names)]
+    return max((parse_duration(s.get("stopGracePeriod", "10s")) for s in specs), default=0.0)
 
 
 @contextmanager

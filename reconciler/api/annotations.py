@@ -6,6 +6,7 @@ from __future__ import annotations
 SYSTEM_PREFIX = "reconciler.dev/"  # annotations under it are the system's, kept across applies
 
 CANCEL = "reconciler.dev/cancel-revision"  # value: the revision to cancel
+CANCEL_REASON = "reconciler.dev/cancel-reason"  # value: who or what asked (the job's message says it)
 RERUN = "reconciler.dev/rerun"  # value: a token; a new token asks for a new revision
 DOWNSTREAM_SUFFIX = ";downstream"  # on the rerun token: dependents run again after it too
 MANAGED_BY = "reconciler.dev/managed-by"  # "apply" marks objects that `apply --prune` may delete

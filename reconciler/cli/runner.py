@@ -6,6 +6,8 @@ import logging
 import signal
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import typer
@@ -13,38 +15,75 @@ import typer
 from .context import ctx_of, duration_of, err
 
 if TYPE_CHECKING:
+    from ..converge import Watched
     from ..store import Store
 
 
-def _converge(store: Store, names: list[str], timeout: float | None) -> int:
+def _converge(
+    store: Store,
+    names: list[str],
+    timeout: float | None,
+    *,
+    fail_fast: bool = False,
+    junit: Path | None = None,
+    suite: str = "reconciler up",
+) -> int:
     """Reconcile in this process until every named job is settled; 0 if all run jobs
     Succeeded and every service is Running. Services keep running after `up` returns (the
-    next controller adopts them)."""
+    next controller adopts them). On a timeout, Ctrl-C, SIGTERM or (with `fail_fast`) a
+    failed job, what it started is stopped first, and it says so."""
     from ..converge import converge
     from .progress import make_progress, summary
 
     progress = make_progress()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    started = time.time()
     try:
-        result = converge(store, names, timeout=timeout, stop=stop, on_change=progress.update)
-    except KeyboardInterrupt:
-        err("interrupted; runs keep going and are adopted by the next controller")
+        result = converge(store, names, timeout=timeout, stop=stop, on_change=progress.update, fail_fast=fail_fast)
+    except KeyboardInterrupt:  # a second Ctrl-C, while stopping
+        err("interrupted again; what still runs is adopted by the next controller")
         return 130
     finally:
         progress.close()
-    if result.timed_out:
-        err(f"error: timed out after {timeout:g}s; jobs not completed: {', '.join(result.unsettled)}")
-        return 1
+    if junit is not None:
+        _write_junit(store, result.jobs, junit, suite=suite, started=started)
+    if result.cancelled:
+        err(f"stopped {len(result.cancelled)} job(s) it started: {', '.join(result.cancelled)}")
+    if result.ending == "timed out":
+        err(f"error: timed out after {timeout:g}s")
+    elif result.ending == "failed fast":
+        err(f"error: job {result.failed} did not succeed (--fail-fast)")
     err(summary(result.jobs))
+    if result.ending == "interrupted":
+        return 130
     return 0 if result.all_succeeded else 1
+
+
+def _write_junit(store: Store, jobs: dict[str, Watched], path: Path, *, suite: str, started: float) -> None:
+    from ..errors import ReconcilerError
+    from ..reads import run_logs
+    from .junit import STDERR_TAIL, report
+
+    def tail(name: str) -> str:
+        try:
+            return "".join(run_logs(store, name, None).read("stderr", tail=STDERR_TAIL))
+        except ReconcilerError:  # no run, or one that never started: nothing to show
+            return ""
+
+    path.write_bytes(report(jobs, suite=suite, started=started, wall=time.time() - started, tail=tail))
+    err(f"wrote {path}")
 
 
 def up(
     ctx: typer.Context,
     filename: list[str] = typer.Option([], "-f", "--filename"),
     recursive: bool = typer.Option(False, "-R", "--recursive"),
-    timeout: str | None = typer.Option(None, "--timeout", help="Give up (exit 1) after this long."),
+    timeout: str | None = typer.Option(
+        None, "--timeout", help="Give up after this long: stop what it started, exit 1."
+    ),
+    junit: Path | None = typer.Option(None, "--junit", help="Write a JUnit XML report here (a testcase per job)."),
+    fail_fast: bool = typer.Option(False, "--fail-fast", help="Once a job fails, cancel the rest; exit 1."),
 ) -> None:
     """Apply, then reconcile in the foreground until every applied job is Completed."""
     from ..apply import apply_manifests
@@ -57,7 +96,8 @@ def up(
         if c.action != "unchanged":
             err(f"{c.kind.qualified}/{c.name} {c.action}")
     names = [c.name for c in changes if c.kind.kind == "Job"]
-    raise typer.Exit(_converge(store, names, limit))
+    suite = "reconciler up -f " + " ".join(filename)
+    raise typer.Exit(_converge(store, names, limit, fail_fast=fail_fast, junit=junit, suite=suite))
 
 
 def controller(

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from ..api import revisions
-from ..api.annotations import CANCEL
+from ..api.annotations import CANCEL, CANCEL_REASON
 from ..api.job import JobSpec
 from ..api.meta import from_epoch, to_epoch
 from ..api.status import JobStatusDict, Phase, RunDict, phase_of
@@ -86,6 +86,11 @@ class Ctx:
 
     def cancel_requested(self) -> bool:
         return self.obj.annotations.get(CANCEL) == str(self.revision)
+
+    def cancel_message(self) -> str:
+        """The cancelled job's message: who or what asked, when they said."""
+        by = self.obj.annotations.get(CANCEL_REASON)
+        return f"cancelled by {by}" if by else "cancelled by request"
 
     def spec_changed(self) -> bool:
         return revisions.spec_changed(self.obj)

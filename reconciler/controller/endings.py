@@ -36,7 +36,7 @@ class Endings:
         self._completed_here: set[str] = set()  # completions of this process, not yet looked at again
 
     def write(self, ctx: Ctx) -> None:
-        with self.store.write() as tx:
+        with self.store.write(known=True) as tx:
             commit(tx, ctx)
 
     def stop_watching(self, name: str) -> None:
@@ -69,7 +69,7 @@ class Endings:
     def finalize_delete(self, ctx: Ctx) -> Result:
         self.stop_watching(ctx.name)
         self.admitted.pop(ctx.uid, None)
-        with self.store.write() as tx:
+        with self.store.write(known=True) as tx:
             sched.dequeue(tx, ctx.uid)
             if sched.release(tx, ctx.uid) is not None:
                 ctx.released(ctx.spec.pool, ctx.spec.slots)

@@ -132,7 +132,7 @@ class JobReconciler:
             ctx.released(ctx.spec.pool, ctx.spec.slots)
             return DONE
         if ctx.cancel_requested():
-            return self.endings.complete(ctx, "Cancelled", "Cancelled", "cancelled by request")
+            return self.endings.complete(ctx, "Cancelled", "Cancelled", ctx.cancel_message())
         if deadlines.passed(ctx.job_deadline(), ctx.now):
             message = f"the job exceeded its timeout of {ctx.spec.timeout:g}s"
             return self.endings.complete(ctx, "TimedOut", "DeadlineExceeded", message)
@@ -291,7 +291,7 @@ class JobReconciler:
             # no room in a finite scope: the decision can only be "wait", so spare the write
             # lock; a release of slots wakes the first in line
             return self._wait_in_line(ctx)
-        with self.store.write() as tx:
+        with self.store.write(known=True) as tx:
             if repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
                 raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
             me = self.endings.enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume

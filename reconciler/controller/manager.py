@@ -55,7 +55,7 @@ class Controller:
 
     def start(self) -> Controller:
         heartbeat(self.store, self.node, self.owner, self.clock.now())
-        self._feed = ChangeFeed(self.store, skip_own=True)
+        self._feed = ChangeFeed(self.store, skip_known=True)
         with self.store.read() as session:
             for job, deps in sched.dependency_graph(session).items():
                 for dep in deps:
@@ -85,7 +85,7 @@ class Controller:
         heartbeat, here rather than through the work queue, where a backlog of thousands of
         jobs could hold it past the node's readiness window."""
         # start() opens the feed before it lists the open jobs, so no change falls in between
-        feed = self._feed if self._feed is not None else ChangeFeed(self.store, skip_own=True)
+        feed = self._feed if self._feed is not None else ChangeFeed(self.store, skip_known=True)
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL
         while not self._stop.wait(WATCH_INTERVAL):
             faults.point("watcher-dies")

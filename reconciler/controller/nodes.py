@@ -26,7 +26,7 @@ def heartbeat(store: Store, node: str, owner: str, now: float) -> bool:
     """Register the node if it is new, then record it Ready with its allocation. True when
     the node just became Ready (new, or its last heartbeat had gone stale): jobs queued as
     Unschedulable may fit now."""
-    with store.write() as tx:
+    with store.write(known=True) as tx:  # the controller wakes whom a return of its node concerns
         obj = repo.get(tx.session, kind="Node", name=node)
         if obj is None:
             obj = repo.create(

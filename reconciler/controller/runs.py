@@ -48,7 +48,7 @@ class RunSteps:
         if ctx.obj.deleted_at is not None:
             return "Deleted", "the job is being deleted"
         if ctx.cancel_requested():
-            return "Cancelled", "cancelled by request"
+            return "Cancelled", ctx.cancel_message()
         if deadlines.passed(ctx.job_deadline(), ctx.now):
             return "DeadlineExceeded", f"the job exceeded its timeout of {ctx.spec.timeout:g}s"
         if ctx.spec.suspend:
@@ -115,7 +115,7 @@ class RunSteps:
             return True  # claimed at admission
         if held.owner is not None and not owner_gone(held.owner):
             return False
-        with self.store.write() as tx:
+        with self.store.write(known=True) as tx:
             return sched.claim_spawn(tx, ctx.uid, self.owner, take_over_from=held.owner)
 
     def _new_run(

@@ -159,7 +159,7 @@ class Store:
     def __init__(self, url: str | None = None):
         self.url = default_store_url() if url is None else url
         self.is_sqlite = self.url.startswith("sqlite")
-        self.own_writes: set[int] = set()  # resourceVersions this process wrote: watchers skip them
+        self.known_writes: set[int] = set()  # resourceVersions written with known=True: the change feed skips them
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 25 ms and turns contention between threads into latency.
         self._writer = threading.Lock()
@@ -281,7 +281,11 @@ class Store:
         return conn
 
     @contextmanager
-    def write(self) -> Iterator[Tx]:
+    def write(self, *, known: bool = False) -> Iterator[Tx]:
+        """A write transaction. `known`: the writer acts on what it writes itself (the
+        controller's reconcile steps), so this process's change feed need not tell it: its
+        resourceVersion goes into `known_writes`. Every other write, by whatever part of
+        this process (a verb, a folder's applies), is seen by the change feed."""
         with self._writer:
             conn = self._writer_connection()
             conn.begin("BEGIN IMMEDIATE")
@@ -296,8 +300,8 @@ class Store:
                 commit = not tx.discarded
             finally:
                 conn.end(commit=commit)
-            if commit and tx.changed:
-                self.own_writes.add(tx.rv())
+            if commit and tx.changed and known:
+                self.known_writes.add(tx.rv())
 
     def change_seq(self) -> int:
         """The cheap "did anything change" probe other processes poll."""

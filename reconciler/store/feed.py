@@ -19,10 +19,11 @@ class Change:
 
 
 class ChangeFeed:
-    def __init__(self, store: Store, *, skip_own: bool = False):
-        """`skip_own`: leave out this process's own writes (the controller knows of them)."""
+    def __init__(self, store: Store, *, skip_known: bool = False):
+        """`skip_known`: leave out the writes made with `store.write(known=True)` (the
+        controller's own steps, which act on what they write)."""
         self.store = store
-        self.skip_own = skip_own
+        self.skip_known = skip_known
         self.seq = store.change_seq()
 
     def poll(self) -> list[Change]:
@@ -34,8 +35,8 @@ class ChangeFeed:
             rows = sched.changed_since(session, self.seq)
         changes = [Change(kind, name, rv) for kind, name, rv in rows]
         self.seq = max([current, *(c.resource_version for c in changes)])
-        if self.skip_own:
-            own = self.store.own_writes
-            changes = [c for c in changes if c.resource_version not in own]
-            self.store.own_writes = {rv for rv in own if rv > self.seq}
+        if self.skip_known:
+            known = self.store.known_writes
+            changes = [c for c in changes if c.resource_version not in known]
+            self.store.known_writes = {rv for rv in known if rv > self.seq}
         return changes

@@ -1,0 +1,112 @@
+"""`up`, the CI verb (issue 10): on a timeout, Ctrl-C or SIGTERM, and with --fail-fast once a
+job fails, it stops what it started, says so, and leaves no process behind; --junit writes
+a report the common CI report viewers read."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import psutil
+from junitparser import Failure, JUnitXml
+
+from tests.helpers import wait_until
+
+from .conftest import job_yaml
+
+LONG = "sleep 300"
+
+
+def runs_alive(env) -> list[int]:
+    """Pids of run wrappers of this test that are alive."""
+    alive = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info.get("cmdline") or []
+        if len(cmd) > 4 and cmd[3] == "reconciler-run" and cmd[4].startswith(str(env.root)):
+            alive.append(proc.info["pid"])
+    return alive
+
+
+def test_up_timeout_stops_what_it_started(env):
+    """It used to exit and leave the job's process running."""
+    path = env.write("jobs.yaml", job_yaml("long", f"shell: {LONG}\nstopGracePeriod: 1s"))
+    result = env.cli("up", "-f", str(path), "--timeout", "2s", timeout=120)
+    assert result.code == 1, result
+    assert "error: timed out after 2s" in result.stderr
+    assert "stopped 1 job(s) it started: long" in result.stderr
+    status = env.status("long")
+    assert (status["phase"], status["outcome"]) == ("Completed", "Cancelled"), status
+    assert status["message"] == "cancelled by up: timed out after 2s"
+    assert runs_alive(env) == []
+
+
+def test_up_fail_fast_cancels_the_rest_and_says_by_what(env):
+    path = env.write(
+        "jobs.yaml",
+        job_yaml("bad", "shell: sleep 0.5; exit 3")
+        + "---\n"
+        + job_yaml("long", f"shell: {LONG}\nstopGracePeriod: 1s")
+        + "---\n"
+        + job_yaml("after-long", "command: ['true']\ndependsOn: [long]"),
+    )
+    result = env.cli("up", "-f", str(path), "--fail-fast", "--timeout", "60s", timeout=120)
+    assert result.code == 1, result
+    assert "job bad did not succeed (--fail-fast)" in result.stderr
+    jobs = {name: env.status(name) for name in ("bad", "long", "after-long")}
+    assert jobs["bad"]["outcome"] == "Failed"
+    for name in ("long", "after-long"):
+        assert jobs[name]["outcome"] == "Cancelled", jobs[name]
+        assert jobs[name]["message"] == "cancelled by up --fail-fast: job bad ended Failed"
+    assert runs_alive(env) == []
+
+
+def test_ctrl_c_stops_what_it_started(env):
+    path = env.write("jobs.yaml", job_yaml("long", f"shell: {LONG}\nstopGracePeriod: 1s"))
+    up = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", "up", "-f", str(path)],
+        env={**os.environ, "RECONCILER_STORE": env.url},
+        cwd=env.root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        env.wait_phase("long", "Running")
+        up.send_signal(signal.SIGINT)
+        _, stderr = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 130, stderr
+    assert "stopped 1 job(s) it started: long" in stderr
+    assert env.status("long")["message"] == "cancelled by up: interrupted"
+    wait_until(lambda: runs_alive(env) == [], timeout=10, message="no run left")
+
+
+def test_junit_report_has_a_testcase_per_job_and_failures_with_their_why(env):
+    path = env.write(
+        "jobs.yaml",
+        job_yaml("ok", "shell: sleep 0.2")
+        + "---\n"
+        + job_yaml("bad", "shell: echo first line >&2; echo the reason it failed >&2; exit 3")
+        + "---\n"
+        + job_yaml("after-bad", "command: ['true']\ndependsOn: [bad]"),
+    )
+    report = env.root / "report.xml"
+    result = env.cli("up", "-f", str(path), "--junit", str(report), timeout=120)
+    assert result.code == 1 and f"wrote {report}" in result.stderr, result
+    suites = list(JUnitXml.fromfile(str(report)))
+    assert len(suites) == 1
+    (suite,) = suites
+    assert (suite.tests, suite.failures) == (3, 2)
+    cases = {case.name: case for case in suite}
+    assert set(cases) == {"ok", "bad", "after-bad"}
+    assert cases["ok"].is_passed and cases["ok"].time >= 0.2
+    (failure,) = [r for r in cases["bad"].result if isinstance(r, Failure)]
+    assert failure.type == "Failed"
+    assert failure.message.startswith("Failed, BackoffLimitExceeded, exit code 3 (run 1)")
+    assert "the reason it failed" in (failure.text or "")
+    (aborted,) = [r for r in cases["after-bad"].result if isinstance(r, Failure)]
+    assert aborted.type == "Aborted" and "DependencyUnsatisfied" in aborted.message
