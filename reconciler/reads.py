@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from .api.kinds import resolve_kind
-from .api.status import RunDict
+from .api.node import heartbeat_fresh, observed_status
+from .api.status import Phase, RunDict
 from .errors import InvalidInput, NotFound, ReconcilerError
 from .selectors import Requirement, matches
 from .store import Store, StoredObject
@@ -42,6 +43,10 @@ def objects(store: Store, kind: str, names: list[str], selector: list[Requiremen
         label = info.kind
     if label in ("Pool", "Node"):
         _with_usage(store, label, found)
+    if label == "Node":
+        _as_observed(found)
+    if label == "Job":
+        _with_paths_checked(store, found)
     if names:
         present = {o.name for o in found}
         if missing := [n for n in names if n not in present]:
@@ -64,6 +69,45 @@ def _with_usage(store: Store, label: str, objs: list[StoredObject]) -> None:
         else:
             status["allocated"] = {"slots": int(allocated.get(o.name, 0) or 0)}
         o.status = status
+
+
+def _as_observed(nodes: list[StoredObject]) -> None:
+    """Nodes as they stand now: Ready Unknown once their heartbeat is stale."""
+    now = time.time()
+    for node in nodes:
+        node.status = observed_status(node.status, now)
+
+
+def _with_paths_checked(store: Store, jobs: list[StoredObject]) -> None:
+    """A path that waiting jobs wait for is checked every poll interval by the controller's
+    path watcher, which writes nothing until the path appears (a write per job per second
+    would be most of an idle controller's cost). Its node's heartbeat records when it last
+    checked them all: an unsatisfied path wait of a Waiting job was last checked then."""
+    waiting = [
+        job
+        for job in jobs
+        if (job.status or {}).get("phase") == Phase.WAITING
+        and any(w.get("type") == "path" and not w.get("satisfied") for w in (job.status or {}).get("waits", []))
+    ]
+    if not waiting:
+        return
+    now = time.time()
+    with store.read() as session:
+        nodes = repo.list_objects(session, kind="Node")
+    statuses = [n.status or {} for n in nodes]
+    stamps = [s["pathsCheckedAt"] for s in statuses if heartbeat_fresh(s, now) and s.get("pathsCheckedAt")]
+    if not stamps:
+        return
+    checked = max(stamps)  # RFC 3339 UTC with milliseconds: in order as text
+    for job in waiting:
+        status = dict(job.status or {})
+        status["waits"] = [
+            {**w, "lastCheckedAt": checked}
+            if w.get("type") == "path" and not w.get("satisfied") and checked > (w.get("lastCheckedAt") or "")
+            else w
+            for w in status.get("waits", [])
+        ]
+        job.status = status
 
 
 def events(store: Store, names: list[str], limit: int = 1000) -> list[Any]:
@@ -95,7 +139,12 @@ def describe(store: Store, kind: str, name: str) -> tuple[StoredObject, list[Any
         obj = repo.get(session, kind=info.kind, name=name)
         if obj is None:
             raise NotFound(f'{info.plural} "{name}" not found')
-        return obj, repo.events(session, kind=info.kind, name=name, limit=50)
+        found = repo.events(session, kind=info.kind, name=name, limit=50)
+    if obj.kind == "Node":
+        _as_observed([obj])
+    if obj.kind == "Job":
+        _with_paths_checked(store, [obj])
+    return obj, found
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .meta import API_VERSION, MAX_SLOTS, Condition, ObjectMeta, Strict, Time, to_epoch
+from .meta import API_VERSION, MAX_SLOTS, Condition, ObjectMeta, Strict, Time, from_epoch, to_epoch
 from .quantity import CPU, Size
 
 
@@ -31,6 +31,10 @@ class NodeStatus(Strict):
     allocated: Allocated = Field(default_factory=Allocated)
     cpu_count: int | None = Field(default=None, description="CPUs the node's agent reported; the slot default.")
     agent: str | None = Field(default=None, description="Identity of the agent process serving the node.")
+    paths_checked_at: Time | None = Field(
+        default=None,
+        description="When the controller on this node last checked every path that waiting jobs wait for.",
+    )
 
 
 READY_WINDOW = 40.0  # seconds without a heartbeat before a node is NotReady
@@ -40,6 +44,27 @@ def heartbeat_fresh(status: dict[str, Any] | None, now: float) -> bool:
     """A node is Ready while its agent's last heartbeat is younger than READY_WINDOW."""
     beat = (status or {}).get("heartbeatAt")
     return beat is not None and now - to_epoch(beat) < READY_WINDOW
+
+
+def observed_status(status: dict[str, Any] | None, now: float) -> dict[str, Any]:
+    """The node's status as it stands at `now`: what its agent last wrote, with the Ready
+    condition Unknown once the heartbeat is older than READY_WINDOW (as Kubernetes shows a
+    node whose kubelet stopped posting). An agent that is gone cannot write that itself;
+    every reader derives it the same way (`get`, `describe`, placement)."""
+    observed = dict(status or {})
+    if heartbeat_fresh(observed, now) or "conditions" not in observed:
+        return observed
+    beat = observed.get("heartbeatAt")
+    since = from_epoch(to_epoch(beat) + READY_WINDOW) if beat else None
+    stale = {
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": f"the node's agent posted no heartbeat for {READY_WINDOW:g}s (last: {beat or 'never'})",
+        "lastTransitionTime": since,
+    }
+    observed["conditions"] = [stale if c.get("type") == "Ready" else c for c in observed["conditions"]]
+    return observed
 
 
 class Node(Strict):

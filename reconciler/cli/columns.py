@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 from .render import age, attempts, job_state
@@ -12,13 +11,11 @@ if TYPE_CHECKING:
 
 
 def _ready(obj: StoredObject) -> str:
-    """Ready only while heartbeats are fresh: a node whose agent stopped is NotReady."""
-    from ..api.node import heartbeat_fresh
-
+    """Ready only while its Ready condition, as observed now (reads.objects), says True: a
+    node whose agent stopped is NotReady, as kubectl shows it."""
     status = obj.status or {}
     ready = next((c for c in status.get("conditions", []) if c.get("type") == "Ready"), None)
-    fresh = heartbeat_fresh(status, time.time())
-    state = "Ready" if ready and ready.get("status") == "True" and fresh else ("NotReady" if ready else "Unknown")
+    state = "Ready" if ready and ready.get("status") == "True" else ("NotReady" if ready else "Unknown")
     return state + (",SchedulingDisabled" if obj.spec.get("unschedulable") else "")
 
 

@@ -96,7 +96,9 @@ class Controller:
                 )
             if time.monotonic() >= next_beat:
                 try:
-                    if heartbeat(self.store, self.node, self.owner, self.clock.now()):
+                    if heartbeat(
+                        self.store, self.node, self.owner, self.clock.now(), paths_swept_at=self.jobs.paths.swept_at
+                    ):
                         # Ready again (or registered again): a write of this process, which the
                         # change feed skips, so the jobs that found no node are woken here
                         self._wake_first_in_line()

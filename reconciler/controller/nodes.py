@@ -22,7 +22,7 @@ def local_node_name() -> str:
     return name or "localhost"
 
 
-def heartbeat(store: Store, node: str, owner: str, now: float) -> bool:
+def heartbeat(store: Store, node: str, owner: str, now: float, *, paths_swept_at: float | None = None) -> bool:
     """Register the node if it is new, then record it Ready with its allocation. True when
     the node just became Ready (new, or its last heartbeat had gone stale): jobs queued as
     Unschedulable may fit now."""
@@ -59,5 +59,7 @@ def heartbeat(store: Store, node: str, owner: str, now: float) -> bool:
             "cpuCount": os.cpu_count() or 1,
             "agent": owner,
         }
+        if paths_swept_at is not None:  # readers show it as the last check of paths still watched
+            status["pathsCheckedAt"] = from_epoch(paths_swept_at)
         repo.update_object(tx, obj, status=status)
     return became_ready

@@ -25,6 +25,7 @@ class PathWatch:
         self._groups: dict[float, dict[str, list[tuple[str, str | None]]]] = {}  # interval -> job -> paths
         self._next: dict[float, float] = {}  # interval -> when its next sweep is due (monotonic)
         self._stop = False
+        self.swept_at: float | None = None  # when the last sweep checked every path (wall clock)
         self._thread = critical("path-watch", self._run)
         self._thread.start()
 
@@ -78,6 +79,8 @@ class PathWatch:
                     self._next.pop(interval)
                     self._groups.pop(interval, None)
             appeared = [job for job, paths in jobs if any(check_path(path, kind)[0] for path, kind in paths)]
+            if jobs:
+                self.swept_at = self._clock.now()
             for job in appeared:
                 self.forget(job)
                 self._wake(job)

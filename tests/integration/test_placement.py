@@ -83,3 +83,27 @@ def test_a_job_without_a_node_runs_once_the_node_registers_again(sqlite_url, tmp
         controller.stop()
         store.dispose()
         other.dispose()
+
+
+def test_get_and_describe_agree_on_a_node_whose_heartbeat_went_stale(sqlite_url):
+    """describe showed the stored `Ready True` while get said NotReady: both now show the
+    node as it stands, Ready Unknown once its agent posted nothing for 40 s."""
+    import time
+
+    from reconciler.controller.nodes import heartbeat
+    from reconciler.store import Store
+    from tests.data.inprocess import cli
+
+    store = Store(sqlite_url)
+    try:
+        heartbeat(store, "gone", "elsewhere:1:0", time.time() - 300)  # its agent's last word, 5 minutes ago
+        heartbeat(store, "here", "elsewhere:2:0", time.time())
+    finally:
+        store.dispose()
+    rows = {line.split()[0]: line.split()[1] for line in cli("get", "nodes", store=sqlite_url).stdout.splitlines()[1:]}
+    assert rows == {"gone": "NotReady", "here": "Ready"}
+    described = cli("describe", "node", "gone", store=sqlite_url).stdout
+    assert "status: Unknown" in described and "NodeStatusUnknown" in described
+    assert "status: 'True'" not in described
+    (ready,) = json.loads(cli("get", "node", "gone", "-o", "json", store=sqlite_url).stdout)["status"]["conditions"]
+    assert (ready["type"], ready["status"], ready["reason"]) == ("Ready", "Unknown", "NodeStatusUnknown")

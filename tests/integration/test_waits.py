@@ -180,3 +180,44 @@ def test_a_slow_probe_holds_up_no_other_job(env):
             os.close(fd)
         except OSError:
             pass
+
+
+def test_a_watched_paths_last_check_moves_on(sqlite_url, tmp_path, monkeypatch):
+    """The path watcher checks a missing path every interval without writing the job; its
+    "last checked" froze at the first check. Readers now show when the watcher last checked
+    every path (its node's heartbeat records it)."""
+    from pathlib import Path
+
+    from reconciler.api.meta import to_epoch
+    from reconciler.apply import apply_manifests
+    from reconciler.controller import manager
+    from reconciler.manifests import parse_text
+    from reconciler.reads import describe
+    from reconciler.store import Store
+    from reconciler.store import repository as repo
+    from tests.helpers import wait_until
+
+    monkeypatch.setattr(manager, "HEARTBEAT_INTERVAL", 0.2)
+    store = Store(sqlite_url)
+    text = job_yaml(
+        "waits", f"command: ['true']\nwaitFor: {{conditions: [{{path: '{tmp_path / 'never'}', interval: 100ms}}]}}"
+    )
+    manifests, problems = parse_text(text, "w.yaml", Path(tmp_path))
+    assert not problems
+    apply_manifests(store, manifests)
+    controller = manager.Controller(store).start()
+    try:
+
+        def last_checked() -> float | None:
+            obj, _ = describe(store, "job", "waits")
+            checks = [w for w in (obj.status or {}).get("waits", []) if w.get("lastCheckedAt")]
+            return to_epoch(checks[0]["lastCheckedAt"]) if checks else None
+
+        first = wait_until(last_checked, message="a first check recorded")
+        wait_until(lambda: (last_checked() or 0) > first + 0.5, timeout=15, message="the last check moved on")
+        with store.read() as session:
+            stored = repo.get(session, kind="Job", name="waits")
+        assert to_epoch(stored.status["waits"][0]["lastCheckedAt"]) <= first + 0.5  # derived, not written per check
+    finally:
+        controller.stop()
+        store.dispose()
