@@ -275,3 +275,18 @@ def test_service_example_is_a_service(applied_copy):
     assert web["type"] == "service" and isinstance(web["port"], int)
     assert web["workingDir"] == str(folder / "public") and (folder / "public" / "index.html").is_file()
     assert "fetch-index" in jobs and jobs["fetch-index"]["spec"]["waitFor"]["conditions"][0]["probe"]
+
+
+def test_the_github_workflow_runs_up_with_a_junit_report_and_publishes_it():
+    """.github/workflows/examples-ci.yml is the CI example issue 10 asks for: a valid
+    workflow whose steps install reconciler, run `up -f examples/ci --junit`, and publish
+    the report even when a job failed (up then exits 1)."""
+    workflow = yaml.safe_load((ROOT / ".github" / "workflows" / "examples-ci.yml").read_text())
+    assert set(workflow) >= {"name", True, "jobs"}  # YAML 1.1 reads the key `on` as True
+    (job,) = workflow["jobs"].values()
+    steps = job["steps"]
+    runs = " ".join(step.get("run", "") for step in steps)
+    assert "pip install ." in runs
+    assert "reconciler up -f examples/ci" in runs and "--junit report.xml" in runs
+    publish = next(step for step in steps if "junit-report" in step.get("uses", ""))
+    assert publish["with"]["report_paths"] == "report.xml" and "cancelled()" in publish["if"]
