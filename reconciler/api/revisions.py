@@ -5,6 +5,7 @@ answer. Pure: the caller passes the objects in."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -65,6 +66,18 @@ def dep_state(uid: str, status: JobStatusDict | Mapping[str, Any]) -> DepState:
         status.get("outcome"),
         bool(status.get("propagate", True)),
     )
+
+
+def seen_by_dependents(job: Versioned) -> DepState:
+    """What a dependent sees of this job: its status, except that a completion is no answer
+    while a new revision of the job is asked for (its spec changed, a rerun) and not started
+    yet. The dependent waits for that revision instead of being decided on the outcome it
+    replaces, which would run it before its dependency's new run and again after it, or end it
+    Aborted on a failure that is being rerun (`rerun --failed` asks for both at once)."""
+    state = dep_state(job.uid, job.status or {})
+    if state.phase == Phase.COMPLETED and own_revision_due(job) is not None:
+        return dataclasses.replace(state, phase=Phase.WAITING, outcome=None)
+    return state
 
 
 def spec_changed(job: Versioned) -> bool:

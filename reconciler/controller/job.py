@@ -411,9 +411,10 @@ class JobReconciler:
 
 
 def _read_dep_states(session: Any, names: list[str]) -> DepStates:
-    """The states of the named jobs (None for a job that does not exist), in one snapshot."""
+    """The states of the named jobs as their dependents see them (None for a job that does not
+    exist), in one snapshot."""
     found = repo.statuses(session, kind="Job", names=names) if names else {}
-    return {name: revisions.dep_state(o.uid, o.status) if (o := found.get(name)) else None for name in names}
+    return {name: revisions.seen_by_dependents(o) if (o := found.get(name)) else None for name in names}
 
 
 def _request(entry: sched.QueueEntry | None) -> admission.Request | None:

@@ -104,16 +104,28 @@ def version(session: Connection, *, kind: str, name: str) -> int | None:
     return None if found is None else int(found)
 
 
-_STATUS = Statement("SELECT name, uid, status, spec FROM objects WHERE kind = :kind AND name = :name")
+_STATUS = Statement(
+    "SELECT name, uid, generation, annotations, status, spec FROM objects WHERE kind = :kind AND name = :name"
+)
 
 
 @dataclass(frozen=True)
 class Observed:
-    """What followers of an object's progress read: no labels or annotations decoded."""
+    """What followers of an object's progress read: no labels decoded, annotations only when
+    asked for. Enough to tell whether a completion still describes the current version of a
+    job (api/revisions.py's Versioned)."""
 
+    name: str
     uid: str
+    generation: int
     status: dict[str, Any]
     spec_text: str
+    annotations_text: str
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        found: dict[str, str] = json.loads(self.annotations_text)
+        return found
 
 
 def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[str, Observed]:
@@ -124,7 +136,8 @@ def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[st
     for name in names:
         row = _STATUS.execute(session, {"kind": kind, "name": name}).first()
         if row is not None:
-            found[name] = Observed(row.uid, json.loads(row.status) if row.status else {}, row.spec)
+            status = json.loads(row.status) if row.status else {}
+            found[name] = Observed(row.name, row.uid, row.generation, status, row.spec, row.annotations)
     return found
 
 

@@ -143,3 +143,29 @@ def test_rerun_with_and_without_downstream(env):
     )
     assert jobs["b"]["status"]["dependencies"][0]["revision"] == 3
     assert all(j["status"]["outcome"] == "Succeeded" for j in jobs.values())
+
+
+def test_a_dependency_and_its_dependent_changed_at_once_run_once_in_order(env):
+    """Both specs change in one apply, the dependent listed (and so looked at) first: it must
+    not run on the dependency's old completion and then again after its new run."""
+
+    def pipeline(version: str) -> str:
+        return docs(
+            job_yaml("child", f"command: [echo, child-{version}]\ndependsOn: [base]"),
+            job_yaml("base", f"command: [echo, {version}]"),
+        )
+
+    env.controller()
+    env.apply("pipeline.yaml", pipeline("v1"))
+    env.wait_completed()
+    env.apply("pipeline.yaml", pipeline("v2"))
+    for name in ("base", "child"):
+        env.wait_status(name, lambda s: s.get("revision") == 2 and s.get("phase") == "Completed", what="rev 2")
+    jobs = env.jobs()
+    assert _runs(jobs["base"]) == [(1, 1), (2, 2)]
+    assert _runs(jobs["child"]) == [(1, 1), (2, 2)]
+    assert (
+        epoch(jobs["child"]["status"]["runs"][1]["startedAt"])
+        >= epoch(jobs["base"]["status"]["runs"][1]["finishedAt"]) - STAMP
+    )
+    assert jobs["child"]["status"]["dependencies"][0]["revision"] == 2
