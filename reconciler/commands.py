@@ -15,10 +15,11 @@ from .api.annotations import CANCEL, CANCEL_REASON, CREATED_BY, DOWNSTREAM_SUFFI
 from .api.job import Job
 from .api.kinds import KINDS
 from .api.meta import dump, format_time, utcnow
-from .api.status import Phase, new_job_status
+from .api.status import Outcome, Phase, new_job_status
 from .api.validation import Built, validate_apply
 from .errors import Conflict, InvalidInput, NotFound
 from .manifests import field_problems
+from .selectors import Requirement, matches
 from .store import Store, StoredObject
 from .store import repository as repo
 from .store.engine import Tx
@@ -74,12 +75,7 @@ def rerun(store: Store, name: str, *, downstream: bool) -> str:
         phase = (obj.status or {}).get("phase") or Phase.WAITING
         if phase != Phase.COMPLETED:
             raise Conflict(f'job "{name}" is {phase}; only a completed job can be rerun')
-        token = f"{time.time():.6f}" + (DOWNSTREAM_SUFFIX if downstream else "")
-        obj = repo.update_object(tx, obj, annotations={**obj.annotations, RERUN: token})
-        repo.record_events(
-            tx,
-            repo.ObjectEvent(obj, "RerunRequested", "rerun requested" + (" with its dependents" if downstream else "")),
-        )
+        _request_rerun(tx, obj, _rerun_token(downstream))
     return "rerun requested"
 
 
@@ -158,3 +154,54 @@ def run_job(store: Store, one_off: OneOff) -> str:
         )
         repo.record_events(tx, repo.ObjectEvent(obj, "Created", "job created by run"))
     return job.metadata.name
+
+
+def rerun_failed(store: Store, selector: list[Requirement] | None) -> list[str]:
+    """`rerun --failed`: every completed job (matching `selector`) whose outcome is not
+    Succeeded runs again, and what depends on it after it; requested in one transaction.
+    Returns their names (none: nothing was written)."""
+    return _rerun_all(store, selector, failed_only=True, downstream=True)
+
+
+def rerun_selected(store: Store, selector: list[Requirement], *, downstream: bool) -> list[str]:
+    """`rerun -l SEL`: every job matching `selector`, in one transaction; a Conflict, and
+    nothing requested, when one of them is not completed."""
+    return _rerun_all(store, selector, failed_only=False, downstream=downstream)
+
+
+def _rerun_all(store: Store, selector: list[Requirement] | None, *, failed_only: bool, downstream: bool) -> list[str]:
+    def chosen(obj: StoredObject) -> bool:
+        if selector is not None and not matches(selector, obj.labels):
+            return False
+        status = obj.status or {}
+        return not failed_only or (
+            obj.deleted_at is None
+            and status.get("phase") == Phase.COMPLETED
+            and status.get("outcome") != Outcome.SUCCEEDED
+        )
+
+    with store.read() as session:  # the whole store is looked at without holding the write lock
+        names = [o.name for o in repo.list_objects(session, kind="Job") if chosen(o)]
+    if not names:
+        return []
+    with store.write() as tx:  # what was picked is checked again where it is written
+        objs = [o for o in repo.list_objects(tx.session, kind="Job", names=names) if chosen(o)]
+        if busy := [o for o in objs if (o.status or {}).get("phase") != Phase.COMPLETED]:
+            states = ", ".join(f"{o.name} is {(o.status or {}).get('phase') or Phase.WAITING}" for o in busy)
+            raise Conflict(f"only completed jobs can be rerun: {states}")
+        token = _rerun_token(downstream)
+        for obj in objs:
+            _request_rerun(tx, obj, token)
+    return [o.name for o in objs]
+
+
+def _rerun_token(downstream: bool) -> str:
+    """A new token asks for a new revision; the suffix lets dependents follow."""
+    return f"{time.time():.6f}" + (DOWNSTREAM_SUFFIX if downstream else "")
+
+
+def _request_rerun(tx: Tx, obj: StoredObject, token: str) -> None:
+    obj = repo.update_object(tx, obj, annotations={**obj.annotations, RERUN: token})
+    downstream = token.endswith(DOWNSTREAM_SUFFIX)
+    message = "rerun requested" + (" with its dependents" if downstream else "")
+    repo.record_events(tx, repo.ObjectEvent(obj, "RerunRequested", message))

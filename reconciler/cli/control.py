@@ -43,15 +43,40 @@ def resume(ctx: typer.Context, refs: list[str] = typer.Argument(...)) -> None:
 
 def rerun(
     ctx: typer.Context,
-    refs: list[str] = typer.Argument(...),
+    refs: list[str] = typer.Argument(None, help="job/NAME ..."),
     downstream: bool = typer.Option(False, "--downstream", help="Jobs depending on it run again after it."),
+    failed: bool = typer.Option(
+        False, "--failed", help="Every completed job whose outcome is not Succeeded, with its dependents."
+    ),
+    selector: str | None = typer.Option(
+        None, "-l", "--selector", help="Every job matching it; with --failed, the failed ones among them."
+    ),
 ) -> None:
-    """Run completed jobs again at a new revision."""
-    from ..commands import rerun as do_rerun
+    """Run completed jobs again at a new revision.
 
-    for ref in refs:
-        name = _job_name(ref)
-        typer.echo(f"job.reconciler.dev/{name} {do_rerun(ctx_of(ctx).store, name, downstream=downstream)}")
+    Name them (job/NAME...), select them (-l), or take every completed job whose outcome is not
+    Succeeded (--failed), whose dependents then run again after it."""
+    from ..commands import rerun as do_rerun
+    from ..commands import rerun_failed, rerun_selected
+
+    store = ctx_of(ctx).store
+    if refs and (failed or selector):
+        raise InvalidInput("rerun: give job/NAME..., or select with -l SELECTOR or --failed, not both")
+    if refs:
+        for ref in refs:
+            name = _job_name(ref)
+            typer.echo(f"job.reconciler.dev/{name} {do_rerun(store, name, downstream=downstream)}")
+        return
+    if failed:
+        names = rerun_failed(store, selector_of(selector))
+    elif selector:
+        names = rerun_selected(store, selector_of(selector) or [], downstream=downstream)
+    else:
+        raise InvalidInput("rerun: name jobs (job/NAME), or use -l SELECTOR or --failed")
+    if not names:
+        err("No failed jobs found." if failed else "No resources found.")
+    for name in names:
+        typer.echo(f"job.reconciler.dev/{name} rerun requested")
 
 
 def wait(
