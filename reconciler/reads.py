@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,14 +27,22 @@ EVENTS = ("events", "event", "ev")
 class Listing:
     kind: str  # Job, Pool, Node, Notifier, or Service (jobs of type service)
     objects: list[StoredObject]
+    missing: list[str] = field(default_factory=list)  # names asked for that do not exist (when not strict)
 
 
-def objects(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> Listing:
-    """The objects of a kind (all, or the named ones: NotFound names every missing one),
-    filtered by a label selector; pools and nodes with their usage."""
+def objects(
+    store: Store, kind: str, names: list[str], selector: list[Requirement] | None, *, strict: bool = True
+) -> Listing:
+    """The objects of a kind (all, or the named ones: NotFound names every missing one, or,
+    unless `strict`, the listing does), filtered by a label selector; pools and nodes with
+    their usage."""
     if kind.lower() in SERVICES:
         with store.read() as session:
-            found = [o for o in repo.list_objects(session, kind="Job") if o.spec.get("type") == "service"]
+            found = [
+                o
+                for o in repo.list_objects(session, kind="Job")
+                if o.spec.get("type") == "service" and (not names or o.name in names)
+            ]
         label = "Service"
     else:
         info = resolve_kind(kind)
@@ -47,13 +55,17 @@ def objects(store: Store, kind: str, names: list[str], selector: list[Requiremen
         _as_observed(found)
     if label == "Job":
         _with_paths_checked(store, found)
-    if names:
-        present = {o.name for o in found}
-        if missing := [n for n in names if n not in present]:
-            raise NotFound("; ".join(f'{label.lower()}s "{n}" not found' for n in missing))
+    present = {o.name for o in found}
+    missing = [n for n in names if n not in present]
+    if missing and strict:
+        raise NotFound("; ".join(not_found(label, n) for n in missing))
     if selector:
         found = [o for o in found if matches(selector, o.labels)]
-    return Listing(label, found)
+    return Listing(label, found, missing)
+
+
+def not_found(label: str, name: str) -> str:
+    return f'{label.lower()}s "{name}" not found'
 
 
 def _with_usage(store: Store, label: str, objs: list[StoredObject]) -> None:

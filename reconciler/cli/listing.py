@@ -2,53 +2,97 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
+from ..errors import InvalidInput
 from .columns import COLUMNS
-from .render import age, dump_json, dump_yaml, table
+from .render import age, as_list, dump_json, dump_yaml, table
 from .render import output as render_output
 
 if TYPE_CHECKING:
+    from ..reads import Listing
     from ..selectors import Requirement
     from ..store import Store
 
 EVENT_HEADERS = ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
 
 
-def _events(store: Store, names: list[str], fmt: str | None) -> str:
+def _event_items(rows: list[Any]) -> list[dict[str, Any]]:
     from ..api.meta import from_epoch
-    from ..reads import events
 
-    rows = events(store, names)
-    if fmt in ("json", "yaml"):
-        items = [
-            {
-                "type": r.type,
-                "reason": r.reason,
-                "message": r.message,
-                "involvedObject": {"kind": r.kind, "name": r.name, "uid": r.uid},
-                "lastTimestamp": from_epoch(r.time),
-                "resourceVersion": str(r.resource_version),
-            }
-            for r in rows
-        ]
-        payload = {"apiVersion": "v1", "kind": "List", "items": items}
-        return dump_json(payload) if fmt == "json" else dump_yaml(payload)
+    return [
+        {
+            "type": r.type,
+            "reason": r.reason,
+            "message": r.message,
+            "involvedObject": {"kind": r.kind, "name": r.name, "uid": r.uid},
+            "lastTimestamp": from_epoch(r.time),
+            "resourceVersion": str(r.resource_version),
+        }
+        for r in rows
+    ]
+
+
+def _event_table(rows: list[Any]) -> str:
     return table(
         EVENT_HEADERS, ([age(r.time), r.type, r.reason, f"{r.kind.lower()}/{r.name}", r.message] for r in rows)
     )
 
 
+def _structured(items: list[dict[str, Any]], fmt: str) -> str:
+    payload = as_list(items)
+    return dump_json(payload) if fmt == "json" else dump_yaml(payload)
+
+
+def targets(kind: str, names: list[str]) -> list[tuple[str, list[str]]]:
+    """What `get` was asked for, as (kind, names) in the order given, each kind once (plural:
+    `jobs`, `services`, `events`). As kubectl: `jobs,pools NAME...` looks every name up in
+    each kind; `job/a pool/b` names each object with its kind, and then every argument must."""
+    words = [kind, *names]
+    if any("/" in w for w in words):
+        pairs = [w.partition("/") for w in words]
+        if not all(sep and k and n for k, sep, n in pairs):
+            raise InvalidInput(
+                "get: give KIND NAME... or KIND/NAME..., not both (e.g. get jobs a b, or get job/a pool/b)"
+            )
+        grouped: dict[str, list[str]] = {}
+        for k, _, n in pairs:
+            grouped.setdefault(_plural(k), []).append(n)
+        return list(grouped.items())
+    kinds = [w for w in kind.split(",") if w]
+    if not kinds:
+        raise InvalidInput(f"get {kind!r}: name a kind, e.g. jobs or jobs,pools")
+    return [(k, list(names)) for k in dict.fromkeys(_plural(w) for w in kinds)]
+
+
+def _plural(word: str) -> str:
+    """One spelling per kind, so `job,jobs` is one kind; an unknown word is refused here, before
+    anything is printed."""
+    from ..api.kinds import resolve_kind
+    from ..reads import EVENTS, SERVICES
+
+    if word.lower() in EVENTS:
+        return "events"
+    if word.lower() in SERVICES:
+        return "services"
+    return resolve_kind(word).plural
+
+
 def print_listing(
     store: Store, kind: str, names: list[str], selector: list[Requirement] | None, fmt: str | None
 ) -> None:
+    """One kind as before (a missing name is NotFound, before anything is printed); several
+    through print_kinds."""
     from ..api.kinds import KINDS
-    from ..reads import EVENTS, objects
+    from ..reads import EVENTS, events, objects
 
-    if kind.lower() in EVENTS:
-        typer.echo(_events(store, names, fmt))
+    if kind in EVENTS:
+        if fmt in ("json", "yaml"):
+            typer.echo(_structured(_event_items(events(store, names)), fmt))
+        elif fmt != "name":  # events are not objects: they have no names to print
+            typer.echo(_event_table(events(store, names)))
         return
     listing = objects(store, kind, names, selector)
     if fmt in ("json", "yaml", "name"):
@@ -61,9 +105,64 @@ def print_listing(
     if not listing.objects:
         typer.echo("No resources found.", err=True)
         return
+    typer.echo(_object_table(listing, fmt == "wide", qualified=False))
+
+
+def _object_table(listing: Listing, wide: bool, *, qualified: bool) -> str:
+    """A kind's table; with `qualified` (several kinds shown) each NAME is `kind.group/name`,
+    as kubectl prints it then."""
+    from ..api.kinds import KINDS
+
     headers, wide_headers, row = COLUMNS[listing.kind]
-    wide = fmt == "wide"
-    typer.echo(table(headers + (wide_headers if wide else []), (row(o, wide) for o in listing.objects)))
+    rows = (row(o, wide) for o in listing.objects)
+    if qualified:
+        rows = ([f"{KINDS[o.kind].qualified}/{r[0]}", *r[1:]] for o, r in zip(listing.objects, rows, strict=True))
+    return table(headers + (wide_headers if wide else []), rows)
+
+
+def print_kinds(
+    store: Store, wanted: list[tuple[str, list[str]]], selector: list[Requirement] | None, fmt: str | None
+) -> None:
+    """Several kinds, as kubectl prints them: each kind's table in turn, a blank line between
+    them; one List for json and yaml; every name for -o name. A name missing from one kind is
+    an error on stderr (exit 3) after what was found is printed."""
+    from ..api.kinds import KINDS
+    from ..reads import EVENTS, Listing, events, not_found, objects
+
+    sections: list[Listing | list[Any]] = []  # a kind's listing, or the event rows asked for
+    missing: list[str] = []
+    for kind, names in wanted:
+        if kind in EVENTS:
+            sections.append(events(store, names))
+            continue
+        listing = objects(store, kind, names, selector, strict=False)
+        missing += [not_found(listing.kind, n) for n in listing.missing]
+        sections.append(listing)
+    found = [s for s in sections if (s.objects if isinstance(s, Listing) else s)]
+    if fmt in ("json", "yaml"):
+        items = [
+            item
+            for s in sections
+            for item in ([o.manifest() for o in s.objects] if isinstance(s, Listing) else _event_items(s))
+        ]
+        typer.echo(_structured(items, fmt))
+    elif fmt == "name":
+        lines = [f"{KINDS[o.kind].qualified}/{o.name}" for s in found if isinstance(s, Listing) for o in s.objects]
+        if lines:
+            typer.echo("\n".join(lines))
+    elif found:
+        several = len(found) > 1
+        tables = [
+            _object_table(s, fmt == "wide", qualified=several) if isinstance(s, Listing) else _event_table(s)
+            for s in found
+        ]
+        typer.echo("\n\n".join(tables))
+    elif not missing:
+        typer.echo("No resources found.", err=True)
+    if missing:
+        for line in missing:
+            typer.echo(f"error: {line}", err=True)
+        raise typer.Exit(3)
 
 
 def watch_listing(

@@ -105,21 +105,30 @@ def _comparable(document: dict[str, Any]) -> dict[str, Any]:
 
 def get(
     ctx: typer.Context,
-    kind: str = typer.Argument(..., help="jobs | pools | nodes | notifiers | services | events"),
+    kind: str = typer.Argument(
+        ..., help="jobs | pools | nodes | notifiers | services | events; several as jobs,pools; or KIND/NAME..."
+    ),
     names: list[str] = typer.Argument(None),
     selector: str | None = typer.Option(None, "-l", "--selector"),
     output: str | None = typer.Option(None, "-o", "--output", help="wide | yaml | json | name"),
     watch: bool = typer.Option(False, "-w", "--watch", help="After listing, print changes as they happen."),
 ) -> None:
-    """List objects."""
-    from .listing import print_listing, watch_listing
+    """List objects of one kind or several (jobs,pools: a table each, or one List)."""
+    from .listing import print_kinds, print_listing, targets, watch_listing
 
     if output not in (None, *OUTPUTS):
         raise InvalidInput(f"--output {output!r}: must be one of {', '.join(OUTPUTS)}")
+    wanted = targets(kind, names or [])
+    if watch and len(wanted) > 1:
+        raise InvalidInput("get -w: watch one kind at a time")
     store = ctx_of(ctx).store
-    print_listing(store, kind, names or [], selector_of(selector), output)
+    if len(wanted) > 1:
+        print_kinds(store, wanted, selector_of(selector), output)
+        return
+    kind, names = wanted[0]
+    print_listing(store, kind, names, selector_of(selector), output)
     if watch:
-        watch_listing(store, kind, names or [], selector_of(selector), output)
+        watch_listing(store, kind, names, selector_of(selector), output)
 
 
 def describe(ctx: typer.Context, kind: str = typer.Argument(...), name: str | None = typer.Argument(None)) -> None:
