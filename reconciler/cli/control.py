@@ -17,28 +17,47 @@ def _job_name(ref: str) -> str:
     return name
 
 
-def cancel(ctx: typer.Context, refs: list[str] = typer.Argument(..., help="job/NAME ...")) -> None:
+def _targets(ctx: typer.Context, verb: str, refs: list[str] | None, selector: str | None) -> list[str]:
+    """The jobs a control verb acts on: named (job/NAME...), or every job matching -l."""
+    if bool(refs) == bool(selector):
+        raise InvalidInput(f"{verb}: name jobs (job/NAME...) or select them with -l SELECTOR, one of the two")
+    if refs:
+        return [_job_name(ref) for ref in refs]
+    from ..reads import objects
+
+    found = objects(ctx_of(ctx).store, "jobs", [], selector_of(selector)).objects
+    if not found:
+        err("No resources found.")
+    return [o.name for o in found]
+
+
+SELECTOR = typer.Option(None, "-l", "--selector", help="Every job matching this label selector.")
+
+
+def cancel(
+    ctx: typer.Context, refs: list[str] = typer.Argument(None, help="job/NAME ..."), selector: str | None = SELECTOR
+) -> None:
     """Cancel jobs: a running process tree is stopped; the job ends Cancelled."""
     from ..commands import cancel as do_cancel
 
-    for ref in refs:
-        typer.echo(f"job.reconciler.dev/{_job_name(ref)} {do_cancel(ctx_of(ctx).store, _job_name(ref))}")
+    for name in _targets(ctx, "cancel", refs, selector):
+        typer.echo(f"job.reconciler.dev/{name} {do_cancel(ctx_of(ctx).store, name)}")
 
 
-def suspend(ctx: typer.Context, refs: list[str] = typer.Argument(...)) -> None:
+def suspend(ctx: typer.Context, refs: list[str] = typer.Argument(None), selector: str | None = SELECTOR) -> None:
     """Pause jobs: no new run is admitted; an active run is stopped and keeps its place."""
     from ..commands import set_suspend
 
-    for ref in refs:
-        typer.echo(f"job.reconciler.dev/{_job_name(ref)} {set_suspend(ctx_of(ctx).store, _job_name(ref), True)}")
+    for name in _targets(ctx, "suspend", refs, selector):
+        typer.echo(f"job.reconciler.dev/{name} {set_suspend(ctx_of(ctx).store, name, True)}")
 
 
-def resume(ctx: typer.Context, refs: list[str] = typer.Argument(...)) -> None:
+def resume(ctx: typer.Context, refs: list[str] = typer.Argument(None), selector: str | None = SELECTOR) -> None:
     """Resume suspended jobs."""
     from ..commands import set_suspend
 
-    for ref in refs:
-        typer.echo(f"job.reconciler.dev/{_job_name(ref)} {set_suspend(ctx_of(ctx).store, _job_name(ref), False)}")
+    for name in _targets(ctx, "resume", refs, selector):
+        typer.echo(f"job.reconciler.dev/{name} {set_suspend(ctx_of(ctx).store, name, False)}")
 
 
 def rerun(

@@ -132,3 +132,39 @@ def test_delete_while_queued_gives_up_its_place_in_line(env, controller):
     status = env.wait_phase("later", "Completed", timeout=15)
     assert status["outcome"] == "Succeeded"
     assert env.admissions() == [] and env.queue() == []
+
+
+def labelled(manifest: dict, **labels: str) -> dict:
+    manifest["metadata"]["labels"] = labels
+    return manifest
+
+
+def test_controls_select_jobs_by_label(env, controller):
+    for name, team in [("a1", "a"), ("a2", "a"), ("b1", "b")]:
+        env.apply(labelled(job(name, "exec sleep 60", stopGracePeriod="1s"), team=team))
+    for name in ("a1", "a2", "b1"):
+        env.wait_running(name)
+
+    suspended = env.cli("suspend", "-l", "team=a").stdout.splitlines()
+    assert suspended == ["job.reconciler.dev/a1 suspended", "job.reconciler.dev/a2 suspended"], suspended
+    env.wait_phase("a1", "Suspended")
+    env.wait_phase("a2", "Suspended")
+    assert env.status("b1")["phase"] == "Running", "a job outside the selector was touched"
+
+    assert env.cli("resume", "-l", "team=a").stdout.splitlines() == [
+        "job.reconciler.dev/a1 resumed",
+        "job.reconciler.dev/a2 resumed",
+    ]
+    env.wait_running("a1", run=2)
+    env.wait_running("a2", run=2)
+
+    cancelled = env.cli("cancel", "-l", "team in (a, b)").stdout.splitlines()
+    assert [line.split()[0] for line in cancelled] == [f"job.reconciler.dev/{n}" for n in ("a1", "a2", "b1")]
+    done = env.wait_completed(["a1", "a2", "b1"])
+    assert {n: s["outcome"] for n, s in done.items()} == dict.fromkeys(("a1", "a2", "b1"), "Cancelled")
+
+    nothing = env.cli("cancel", "-l", "team=nobody")
+    assert (nothing.stdout, nothing.stderr.strip()) == ("", "No resources found.")
+    for args in (("cancel",), ("suspend", "job/a1", "-l", "team=a"), ("resume", "-l", "team in (a")):
+        refused = env.cli(*args, ok=False)
+        assert refused.code == 2 and refused.stderr.startswith("error:"), (args, refused.stderr)
