@@ -50,9 +50,9 @@ for verb in (resources.apply, resources.diff, resources.get, resources.describe,
 
 def _register_optional() -> None:
     """Verb groups that live in their own modules."""
-    from . import control, explain, runner
+    from . import control, explain, nodes, runner
 
-    for module in (explain, control, runner):
+    for module in (explain, control, runner, nodes):
         module.register(app)
 
 

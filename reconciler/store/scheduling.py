@@ -320,3 +320,25 @@ def round_robin_next(session: Connection) -> int:
     node must not use up a turn."""
     last = META.execute(session, {"key": "rr"}).scalar()
     return 0 if last is None else int(last) + 1
+
+
+_ON_NODE = Statement(
+    "SELECT job_uid, job_name, run_number, slots FROM admissions WHERE node = :node ORDER BY job_name, job_uid"
+)
+
+
+@dataclass(frozen=True)
+class NodeAdmission:
+    """An admission holding slots on one node: what `drain` waits for."""
+
+    uid: str
+    name: str
+    run_number: int
+    slots: int
+
+
+def admissions_on(session: Connection, node: str) -> list[NodeAdmission]:
+    return [
+        NodeAdmission(row.job_uid, row.job_name, row.run_number, row.slots)
+        for row in _ON_NODE.execute(session, {"node": node}).all()
+    ]

@@ -25,13 +25,9 @@ from reconciler.store import Store
 from reconciler.store import repository as repo
 from tests.data.inprocess import cli
 
-from .conftest import docs, job_yaml
+from .conftest import docs, job_yaml, node_yaml
 
 AGENT = "elsewhere:1:0"  # the nodes' agents: not this process
-
-
-def node_yaml(name: str, slots: int) -> str:
-    return f"apiVersion: reconciler.dev/v1alpha1\nkind: Node\nmetadata: {{name: {name}}}\nspec: {{capacity: {{slots: {slots}}}}}\n"
 
 
 def apply(store: Store, text: str, tmp_path: Path) -> None:
@@ -163,9 +159,7 @@ def test_a_manifest_stored_before_the_strategy_field_applies_unchanged(sqlite_ur
             obj = repo.get(session, kind="Job", name="old")
         assert obj is not None and obj.generation == 1 and obj.spec_text == old_spec
         # given, it is stored, and that is a new version
-        path.write_text(
-            job_yaml("old", "command: ['true']\nplacement: {nodeSelector: {disk: ssd}, strategy: binpack}")
-        )
+        path.write_text(job_yaml("old", "command: ['true']\nplacement: {nodeSelector: {disk: ssd}, strategy: binpack}"))
         assert cli("apply", "-f", str(path), store=sqlite_url).stdout == "job.reconciler.dev/old configured\n"
         with store.read() as session:
             obj = repo.get(session, kind="Job", name="old")
