@@ -11,7 +11,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from .api.annotations import CANCEL, CANCEL_REASON, CREATED_BY, DOWNSTREAM_SUFFIX, RERUN
+from .api.annotations import CANCEL, CANCEL_REASON, CREATED_BY, DOWNSTREAM_SUFFIX, LOST_RUN, RERUN
 from .api.job import Job
 from .api.kinds import KINDS
 from .api.meta import dump, format_time, utcnow
@@ -22,6 +22,7 @@ from .manifests import field_problems
 from .selectors import Requirement, matches
 from .store import Store, StoredObject
 from .store import repository as repo
+from .store import scheduling as sched
 from .store.engine import Tx
 
 
@@ -205,3 +206,74 @@ def _request_rerun(tx: Tx, obj: StoredObject, token: str) -> None:
     downstream = token.endswith(DOWNSTREAM_SUFFIX)
     message = "rerun requested" + (" with its dependents" if downstream else "")
     repo.record_events(tx, repo.ObjectEvent(obj, "RerunRequested", message))
+
+
+# -- node maintenance: cordon, uncordon, drain ---------------------------------------------------
+
+
+def _node(tx: Tx, name: str) -> StoredObject:
+    obj = repo.get(tx.session, kind="Node", name=name)
+    if obj is None:
+        raise NotFound(f'nodes "{name}" not found')
+    return obj
+
+
+def _set_unschedulable(tx: Tx, obj: StoredObject, unschedulable: bool) -> str:
+    if bool(obj.spec.get("unschedulable")) == unschedulable:
+        return "unchanged"
+    obj = repo.update_object(tx, obj, spec={**obj.spec, "unschedulable": unschedulable})
+    if unschedulable:
+        event = repo.ObjectEvent(obj, "Cordoned", "cordoned: no new run is placed here")
+    else:
+        event = repo.ObjectEvent(obj, "Uncordoned", "uncordoned: new runs may be placed here again")
+    repo.record_events(tx, event)
+    return "cordoned" if unschedulable else "uncordoned"
+
+
+def set_unschedulable(store: Store, name: str, unschedulable: bool) -> str:
+    """`cordon` (True) and `uncordon` (False): cordoned | uncordoned | unchanged. Runs placed
+    there before go on; placement skips a cordoned node."""
+    with store.write() as tx:
+        return _set_unschedulable(tx, _node(tx, name), unschedulable)
+
+
+DRAIN_EVENT_RUNS = 10  # runs named in the node's event; each job's own event names its run
+
+
+@dataclass(frozen=True)
+class Drained:
+    """What `drain` did in its one transaction; the waiting is `converge.wait_drained`."""
+
+    node: str
+    cordoned: str  # cordoned | unchanged
+    declared_lost: list[tuple[str, int]]  # (job, run number) that --force declared lost
+
+
+def drain(store: Store, name: str, *, force: bool) -> Drained:
+    """Cordon the node and, with `force`, record on every job holding slots there that its
+    run is lost (annotation LOST_RUN, "RUN@NODE"): the operator's word that nothing of it runs
+    any more. The controller stops what is left and records the run Lost (NodeLost). One
+    transaction: the runs marked are every run placed there, for none can be placed after
+    the cordon."""
+    with store.write() as tx:
+        cordoned = _set_unschedulable(tx, _node(tx, name), True)
+        lost: list[tuple[str, int]] = []
+        if not force:
+            return Drained(name, cordoned, lost)
+        for held in sched.admissions_on(tx.session, name):
+            job = repo.get(tx.session, kind="Job", name=held.name)
+            if job is None or job.uid != held.uid:
+                continue
+            lost.append((held.name, held.run_number))
+            mark = f"{held.run_number}@{name}"
+            if job.annotations.get(LOST_RUN) == mark:
+                continue  # asked before: it stands
+            job = repo.update_object(tx, job, annotations={**job.annotations, LOST_RUN: mark})
+            message = f"node {name} drained with --force: run {held.run_number} declared lost"
+            repo.record_events(tx, repo.ObjectEvent(job, "NodeDrained", message, warning=True))
+        if lost:
+            runs = ", ".join(f"job/{job} run {number}" for job, number in lost[:DRAIN_EVENT_RUNS])
+            more = f" and {len(lost) - DRAIN_EVENT_RUNS} more" if len(lost) > DRAIN_EVENT_RUNS else ""
+            event = repo.ObjectEvent(_node(tx, name), "DrainForced", f"drain --force: declared lost {runs}{more}")
+            repo.record_events(tx, event)
+    return Drained(name, cordoned, lost)

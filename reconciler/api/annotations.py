@@ -11,6 +11,17 @@ RERUN = "reconciler.dev/rerun"  # value: a token; a new token asks for a new rev
 DOWNSTREAM_SUFFIX = ";downstream"  # on the rerun token: dependents run again after it too
 MANAGED_BY = "reconciler.dev/managed-by"  # "apply" marks objects that `apply --prune` may delete
 CREATED_BY = "reconciler.dev/created-by"  # "run" for jobs made by `reconciler run`
+# `drain --force` on a job holding slots on the node: value "RUN@NODE", the admission's run
+# number and node. The operator's word that nothing of that run lives any more: the controller
+# stops what is left of it and records it Lost (NodeLost). The run number scopes it: a later
+# run of the job is never touched.
+LOST_RUN = "reconciler.dev/lost-run"
+
+
+def lost_run(annotations: dict[str, str]) -> tuple[int, str] | None:
+    """(run number, node) that `drain --force` declared lost, if any."""
+    number, sep, node = annotations.get(LOST_RUN, "").partition("@")
+    return (int(number), node) if sep and number.isdigit() else None
 
 
 def user_annotations(annotations: dict[str, str]) -> dict[str, str]:

@@ -125,9 +125,27 @@ class WaitFor(Strict):
         return self
 
 
+PlacementStrategy = Literal["spread", "binpack", "round-robin"]
+DEFAULT_STRATEGY: PlacementStrategy = "spread"
+
+
 class Placement(Strict):
     node_name: Name | None = Field(default=None, description="Pin the job to this node.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="Only nodes carrying all these labels.")
+    # Unset means spread, and is stored unset, as logLimit is: a default written into every
+    # stored spec would make an unchanged manifest applied again after the upgrade a new
+    # version (and a completed job run again).
+    strategy: PlacementStrategy | None = Field(
+        default=None,
+        description="Which candidate node a run goes to: spread (default: the most free share of its slots), "
+        "binpack (the fewest free slots that still fit), round-robin (the next node in name order, by a "
+        "store-wide counter that survives restarts).",
+    )
+
+    @property
+    def chosen_strategy(self) -> PlacementStrategy:
+        """strategy, or its default."""
+        return DEFAULT_STRATEGY if self.strategy is None else self.strategy
 
 
 class Resources(Strict):

@@ -50,9 +50,9 @@ for verb in (resources.apply, resources.diff, resources.get, resources.describe,
 
 def _register_optional() -> None:
     """Verb groups that live in their own modules."""
-    from . import control, explain, graph, runner
+    from . import control, explain, graph, nodes, runner
 
-    for module in (explain, control, runner, graph):
+    for module in (explain, control, runner, graph, nodes):
         module.register(app)
 
 

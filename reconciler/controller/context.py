@@ -33,6 +33,7 @@ class Ctx:
     wake_pools: dict[str | None, int] = field(default_factory=dict)  # released slots per scope (None = global)
     dep_states: dict[str, revisions.DepState | None] | None = None  # dependency states read with the job, if any
     written: bool = False  # a commit made `obj` the latest stored state
+    annotations: dict[str, str] | None = None  # new annotations, written with the status (a request spent)
 
     def __post_init__(self) -> None:
         if not self.status:  # a private copy: decoding the stored text is cheaper than deepcopy
@@ -110,9 +111,9 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
         op(tx)
     ctx.status["observedGeneration"] = ctx.obj.generation
     ctx.status["specHash"] = revisions.spec_hash(ctx.obj.spec_text)
-    obj = repo.update_object(tx, ctx.obj, status=cast(dict[str, Any], ctx.status))
+    obj = repo.update_object(tx, ctx.obj, status=cast(dict[str, Any], ctx.status), annotations=ctx.annotations)
     repo.record_events(tx, *(repo.ObjectEvent(obj, e.reason, e.message, e.warning) for e in ctx.events))
-    ctx.obj, ctx.written = obj, True
+    ctx.obj, ctx.written, ctx.annotations = obj, True, None
     ctx.ops.clear()
     ctx.events.clear()
     return obj

@@ -52,7 +52,6 @@ class JobReconciler:
         wake: Callable[..., None],
         owner: str,
         rand: random.Random | None = None,
-        strategy: str = "spread",
     ):
         self.store = store
         self.agent = agent
@@ -60,7 +59,6 @@ class JobReconciler:
         self.rand = rand or random.Random()
         self.wake = wake
         self.owner = owner
-        self.strategy = strategy
         self._specs: dict[str, JobSpec] = {}
         self.paths = PathWatch(wake, clock)
         self.probes = Probes(wake)
@@ -303,16 +301,18 @@ class JobReconciler:
             decision = admission.decide(admission.Request(me.uid, me.name, me.slots, me.bypass_count), scopes)
             placed = None
             if decision.admit:
-                turn = sched.round_robin_turn(tx) if self.strategy == "round-robin" else 0
-                selector = spec.placement.node_selector
+                strategy = spec.placement.chosen_strategy
+                round_robin = strategy == "round-robin"
                 placed = place(
                     nodes,
                     slots=spec.slots,
                     node_name=spec.placement.node_name,
-                    selector=selector,
-                    strategy=self.strategy,
-                    turn=turn,
+                    selector=spec.placement.node_selector,
+                    strategy=strategy,
+                    turn=sched.round_robin_next(tx.session) if round_robin else 0,
                 )
+                if round_robin and placed.node is not None:
+                    sched.round_robin_turn(tx)  # taken only by a job placed: the rotation survives restarts
             if placed is not None and placed.node is not None:
                 number = max((r["number"] for r in status.get("runs", [])), default=0) + 1
                 owner = self.owner if placed.node == self.agent.node else None

@@ -32,7 +32,6 @@ class Controller:
         node: str | None = None,
         workers: int = 1,
         clock: Clock | None = None,
-        strategy: str = "spread",
     ):
         self.store = store
         self.clock = clock or RealClock()
@@ -45,7 +44,6 @@ class Controller:
             self.agent,
             clock=self.clock,
             owner=self.owner,
-            strategy=strategy,
             wake=self.queue.add,
         )
         self.runner = Runner(self.queue, self.jobs, workers=workers)

@@ -10,9 +10,12 @@ import random
 from pathlib import Path
 
 from ..agent.local import ExitRecord, LocalAgent, ProcessIdentity, StartFailed, owner_gone
+from ..api.annotations import LOST_RUN, lost_run
 from ..api.meta import from_epoch, to_epoch
+from ..api.node import heartbeat_fresh
 from ..api.status import Phase, RunDict, RunOutcome
 from ..store import Store
+from ..store import repository as repo
 from ..store import scheduling as sched
 from . import deadlines, faults
 from .context import Ctx
@@ -51,11 +54,25 @@ class RunSteps:
             return "Cancelled", ctx.cancel_message()
         if deadlines.passed(ctx.job_deadline(), ctx.now):
             return "DeadlineExceeded", f"the job exceeded its timeout of {ctx.spec.timeout:g}s"
+        run = ctx.open_run()
+        if run is not None and (lost := drained(ctx, run["number"], run.get("node"))) is not None:
+            return lost
         if ctx.spec.suspend:
             return "Suspended", "suspended"
         if ctx.spec_changed():
             return "SpecChanged", "the spec changed (apply --force)"
         return None
+
+    def node_served(self, node: str | None, now: float) -> bool:
+        """Whether a live agent serves `node` (its heartbeat is fresh). A run there is that
+        agent's to stop; on a node nobody serves, `drain --force` alone proves it gone."""
+        if node == self.agent.node:
+            return True
+        if node is None:
+            return False
+        with self.store.read() as session:
+            obj = repo.get(session, kind="Node", name=node)
+        return obj is not None and heartbeat_fresh(obj.status, now)
 
     def run_dir(self, ctx: Ctx, number: int) -> Path:
         return self.agent.run_dir(ctx.name, ctx.uid, number)
@@ -72,6 +89,9 @@ class RunSteps:
             self.endings.write(ctx)
             return AGAIN
         if held.node != self.agent.node:
+            lost = drained(ctx, held.run_number, held.node)
+            if lost is not None and not self.node_served(held.node, ctx.now):
+                return self.unstarted(ctx, lost)
             return requeue_after(OTHER_AGENT_POLL)  # another node's agent starts it
         if not self._claim(ctx, held):
             # another live controller owns this spawn: it starts the run (or already has, and
@@ -84,6 +104,8 @@ class RunSteps:
         if identity is None and exited is None:
             if (stop := self.stop_reason(ctx)) is not None:
                 return self.after_stop(ctx, stop, run=None)
+            if (lost := drained(ctx, number, held.node)) is not None:
+                return self.unstarted(ctx, lost)
             faults.point("after-admission")
             try:
                 identity = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
@@ -132,12 +154,28 @@ class RunSteps:
         ctx.status.setdefault("runs", []).append(run)
         return run
 
+    def unstarted(self, ctx: Ctx, lost: Stop) -> Result:
+        """`drain --force` reached an admission whose run never started: the run does not
+        start there. Not an attempt (no process ran): the slots go back and the job returns
+        to its old place in line. The request is spent with this write, for the next
+        admission will carry the same run number."""
+        self._release(ctx)
+        ctx.annotations = {k: v for k, v in ctx.obj.annotations.items() if k != LOST_RUN}
+        message = f"{lost[1]}; it had not started, so it goes back in line"
+        ctx.move(Phase.QUEUED, "NodeDrained", message)
+        self.endings.enqueue(ctx)
+        self.endings.write(ctx)
+        return AGAIN
+
     # -- Running -------------------------------------------------------------------------
     def running(self, ctx: Ctx) -> Result:
         run = ctx.open_run()
         if run is None:
             raise RuntimeError(f"job {ctx.name} is Running without an open run")
         if run.get("node") != self.agent.node:
+            lost = drained(ctx, run["number"], run.get("node"))
+            if lost is not None and not self.node_served(run.get("node"), ctx.now):
+                return self.after_stop(ctx, lost, run=run)  # nobody to stop it: the operator's word suffices
             return requeue_after(OTHER_AGENT_POLL)  # only the run's own agent can see its processes
         identity, run_dir = _identity(run), self.run_dir(ctx, run["number"])
         alive = identity is not None and self.agent.alive(identity)
@@ -203,6 +241,13 @@ class RunSteps:
     def stopping(self, ctx: Ctx) -> Result:
         run, stop = ctx.open_run(), ctx.status.get("stop") or {}
         if run is not None and run.get("node") != self.agent.node:
+            lost = drained(ctx, run["number"], run.get("node"))
+            if lost is not None and not self.node_served(run.get("node"), ctx.now):
+                # the stop cannot be finished by anyone, and need not be: the run is Lost, and
+                # the job goes where its stop leads (a stop of the run itself ends in NodeLost)
+                why = stop.get("reason", "Cancelled")
+                stop_of: Stop = lost if why in ("RunTimeout", "Exited", "NodeLost") else (why, stop.get("message", ""))
+                return self.after_stop(ctx, stop_of, run=run, lost=lost[1])
             return requeue_after(OTHER_AGENT_POLL)
         identity = _identity(run) if run else None
         if run is not None and identity is not None and self.agent.alive(identity):
@@ -227,12 +272,23 @@ class RunSteps:
             return self._ended(ctx, run, exited)
         return self.after_stop(ctx, reason, run=run, exited=exited)
 
-    def after_stop(self, ctx: Ctx, stop: Stop, run: RunDict | None, exited: ExitRecord | None = None) -> Result:
+    def after_stop(
+        self, ctx: Ctx, stop: Stop, run: RunDict | None, exited: ExitRecord | None = None, *, lost: str | None = None
+    ) -> Result:
         """The run (if any) is over and its processes are gone: record it, release the slots,
-        then go where the stop reason leads."""
+        then go where the stop reason leads. `lost` says why the run is recorded Lost
+        (NodeLost) whatever stopped it: `drain --force` proved it gone where nobody could."""
         reason, message = stop
+        if reason == "NodeLost":
+            if run is None:
+                return self.unstarted(ctx, stop)
+            lost = message
         if run is not None:
-            if reason in ("RunTimeout", "DeadlineExceeded"):
+            if lost is not None:
+                code, sig = (exited.exit_code, exited.signal) if exited else (None, None)
+                self._close_run(ctx, run, RunOutcome.LOST, code, sig, "NodeLost")
+                ctx.note("Exited", f"run {run['number']} ended Lost: {lost}", warning=True)
+            elif reason in ("RunTimeout", "DeadlineExceeded"):
                 self._timed_out(ctx, run)
                 self._close_run(ctx, run, RunOutcome.TIMED_OUT, -1, None, reason)
             else:
@@ -242,6 +298,8 @@ class RunSteps:
         ctx.status.pop("stop", None)
         if reason == "RunTimeout":
             return self._decide(ctx, RunEnd(RunOutcome.TIMED_OUT, -1), message)
+        if reason == "NodeLost":  # counts against retry.limit like any failed attempt; retried per onLost
+            return self._decide(ctx, RunEnd(RunOutcome.LOST, reason="NodeLost"), message)
         if reason == "Deleted":
             return self.endings.finalize_delete(ctx)
         if reason == "Suspended":
@@ -329,3 +387,10 @@ def _close_run(ctx: Ctx, run: RunDict, outcome: str, code: int | None, signal: i
         run["signal"] = signal
     if reason:
         run["reason"] = reason
+
+
+def drained(ctx: Ctx, number: int, node: str | None) -> Stop | None:
+    """The stop `drain --force` asks for, when its request names this run on this node."""
+    if lost_run(ctx.obj.annotations) != (number, node):
+        return None
+    return "NodeLost", f"node {node} was drained with --force: run {number} declared lost"

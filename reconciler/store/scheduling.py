@@ -13,7 +13,7 @@ from typing import Any
 
 from ..api.node import heartbeat_fresh
 from .dbapi import Connection, Row, Statement
-from .engine import COUNT_UP, Tx
+from .engine import COUNT_UP, META, Tx
 
 # Statements built once: on the reconcile loop's path, building a statement per call costs
 # more than SQLite's work.
@@ -313,3 +313,32 @@ def usage(session: Connection) -> tuple[dict[str | None, int], dict[str | None, 
     queued_ = {row.pool: int(row.queued) for row in _QUEUED_PER_POOL.execute(session)}
     nodes = {row.node: int(row.used) for row in _USED_PER_NODE.execute(session)}
     return used, queued_, nodes
+
+
+def round_robin_next(session: Connection) -> int:
+    """The turn `round_robin_turn` would take now, without taking it: a job that finds no
+    node must not use up a turn."""
+    last = META.execute(session, {"key": "rr"}).scalar()
+    return 0 if last is None else int(last) + 1
+
+
+_ON_NODE = Statement(
+    "SELECT job_uid, job_name, run_number, slots FROM admissions WHERE node = :node ORDER BY job_name, job_uid"
+)
+
+
+@dataclass(frozen=True)
+class NodeAdmission:
+    """An admission holding slots on one node: what `drain` waits for."""
+
+    uid: str
+    name: str
+    run_number: int
+    slots: int
+
+
+def admissions_on(session: Connection, node: str) -> list[NodeAdmission]:
+    return [
+        NodeAdmission(row.job_uid, row.job_name, row.run_number, row.slots)
+        for row in _ON_NODE.execute(session, {"node": node}).all()
+    ]

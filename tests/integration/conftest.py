@@ -291,3 +291,11 @@ def held_until(path: Path, then: str = "") -> str:
     """A job spec line whose run lasts until the test creates `path` (polled by the run)."""
     tail = f"; {then}" if then else ""
     return f"shell: \"while [ ! -e '{path}' ]; do sleep 0.05; done{tail}\""
+
+
+def node_yaml(name: str, slots: int) -> str:
+    """A Node manifest; it stays NotReady until something posts its heartbeat."""
+    return (
+        f"apiVersion: reconciler.dev/v1alpha1\nkind: Node\nmetadata:\n  name: {name}\n"
+        f"spec:\n  capacity: {{slots: {slots}}}\n"
+    )
