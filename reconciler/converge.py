@@ -229,12 +229,12 @@ def _longest_grace(store: Store, names: list[str]) -> float:
 
 
 @contextmanager
-def controller_running(store: Store, *, workers: int = 1) -> Iterator[Controller]:
+def controller_running(store: Store, *, workers: int = 1, address: str | None = None) -> Iterator[Controller]:
     """A controller (the reconcile loop and this machine's agent) running in this process
     for the duration of the block."""
     from .controller.manager import Controller  # not for `wait`, which imports this module too
 
-    controller = Controller(store, workers=workers).start()
+    controller = Controller(store, workers=workers, address=address).start()
     try:
         yield controller
     finally:

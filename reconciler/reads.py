@@ -3,6 +3,7 @@ HTTP API will answer with it. Nothing here writes."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -37,12 +38,7 @@ def objects(
     unless `strict`, the listing does), filtered by a label selector; pools and nodes with
     their usage."""
     if kind.lower() in SERVICES:
-        with store.read() as session:
-            found = [
-                o
-                for o in repo.list_objects(session, kind="Job")
-                if o.spec.get("type") == "service" and (not names or o.name in names)
-            ]
+        found = [s for s in service_registry(store) if not names or s.name in names]
         label = "Service"
     else:
         info = resolve_kind(kind)
@@ -62,6 +58,55 @@ def objects(
     if selector:
         found = [o for o in found if matches(selector, o.labels)]
     return Listing(label, found, missing)
+
+
+def service_registry(store: Store) -> list[StoredObject]:
+    """The service registry (`get services`, `GET /services`): a Service for each service
+    job whose run is alive and, when it has a readiness probe, passed its last probe; with
+    the node that runs it, the node's address and the port. Derived at read time from the
+    jobs and nodes, never stored: it cannot disagree with them."""
+    with store.read() as session:
+        jobs = [o for o in repo.list_objects(session, kind="Job") if o.spec.get("type") == "service"]
+        nodes = {n.name: n.status or {} for n in repo.list_objects(session, kind="Node")} if jobs else {}
+    entries = []
+    for job in jobs:
+        status = job.status or {}
+        runs = status.get("runs") or []
+        run = runs[-1] if runs and not runs[-1].get("finishedAt") else None
+        if status.get("phase") != Phase.RUNNING or run is None or job.deleted_at is not None:
+            continue  # between runs, stopping, or never started: nothing to reach
+        has_probe = job.spec.get("readiness") is not None
+        if has_probe and not status.get("ready"):
+            continue
+        node = run.get("node") or status.get("nodeName")
+        entry = {
+            "name": job.name,
+            "node": node,
+            "address": nodes.get(node or "", {}).get("address"),
+            "port": job.spec.get("port"),
+            "run": run.get("number"),
+            "ready": True,
+            "readinessProbe": has_probe,
+            "startedAt": run.get("startedAt"),
+        }
+        spec = {"job": job.name}
+        entries.append(
+            StoredObject(
+                kind="Service",
+                name=job.name,
+                uid=job.uid,
+                generation=job.generation,
+                resource_version=job.resource_version,
+                labels=job.labels,
+                annotations={},
+                spec=spec,
+                status=entry,
+                created_at=job.created_at,
+                deleted_at=None,
+                spec_text=json.dumps(spec),
+            )
+        )
+    return entries
 
 
 def not_found(label: str, name: str) -> str:

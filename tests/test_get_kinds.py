@@ -25,7 +25,23 @@ def store(sqlite_url, tmp_path) -> str:
         doc("Notifier", "chat", {"url": "https://hooks.example/jobs"}),
     )
     ok("apply", "-f", manifest, store=sqlite_url)
+    _live(sqlite_url, "web")
     return sqlite_url
+
+
+def _live(url: str, name: str) -> None:
+    """What a controller writes once a service's run started: it is in the registry."""
+    from reconciler.store import Store
+    from reconciler.store import repository as repo
+
+    store = Store(url)
+    try:
+        with store.write() as tx:
+            obj = repo.get(tx.session, kind="Job", name=name)
+            run = {"number": 1, "revision": 1, "node": "n1", "startedAt": "2026-11-30T00:00:00.000Z"}
+            repo.update_object(tx, obj, status={"phase": "Running", "nodeName": "n1", "runs": [run]})
+    finally:
+        store.dispose()
 
 
 def test_tables_of_several_kinds(store):
@@ -113,18 +129,18 @@ def test_names_with_several_kinds(store):
 def test_events_and_services_in_the_list(store):
     out = ok("get", "services,events", store=store).stdout
     services, events = out.split("\n\n")
-    assert services.splitlines()[0].split() == ["NAME", "STATUS", "NODE", "PORT", "AGE"]
-    assert services.splitlines()[1].split()[0] == "job.reconciler.dev/web"
+    assert services.splitlines()[0].split() == ["NAME", "NODE", "ADDRESS", "PORT", "RUN", "READY", "AGE"]
+    assert services.splitlines()[1].split()[:2] == ["service.reconciler.dev/web", "n1"]
     assert events.splitlines()[0].split()[:3] == ["LAST", "SEEN", "TYPE"]
     assert "job/build" in events
     listing = json.loads(ok("get", "services,events", "web", "-o", "json", store=store).stdout)
-    assert (listing["items"][0]["kind"], listing["items"][0]["metadata"]["name"]) == ("Job", "web")
+    assert (listing["items"][0]["kind"], listing["items"][0]["metadata"]["name"]) == ("Service", "web")
     events = listing["items"][1:]
     assert events and {e["involvedObject"]["name"] for e in events} == {"web"}  # the named object's events
     # a name a kind lacks: for services, the same NotFound as for any kind
     assert cli("get", "services,events", "build", store=store).code == 3
     # services by name list only those (they listed every service before)
-    assert ok("get", "services", "web", "-o", "name", store=store).stdout.splitlines() == ["job.reconciler.dev/web"]
+    assert ok("get", "services", "web", "-o", "name", store=store).stdout.splitlines() == ["service.reconciler.dev/web"]
     # events have no names of their own: -o name lists none
     assert ok("get", "events", "-o", "name", store=store).stdout == ""
     assert ok("get", "jobs,events", "-o", "name", store=store).stdout.splitlines()[-1] == "job.reconciler.dev/web"

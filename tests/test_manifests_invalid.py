@@ -295,6 +295,48 @@ CASES: list[Case] = [
     one(
         "port-not-a-number", job('  command: ["true"]\n  type: service\n  port: http  # <--\n'), "spec.port", "integer"
     ),
+    one(
+        "restart-on-run-job",
+        job('  command: ["true"]\n  restart: {delay: 1s}  # <--\n'),
+        "spec.restart",
+        "only allowed on a service job",
+    ),
+    one(
+        "readiness-on-run-job",
+        job('  command: ["true"]\n  readiness: {probe: {command: ["true"]}}  # <--\n'),
+        "spec.readiness",
+        "only allowed on a service job",
+    ),
+    one(
+        "restart-bad-duration",
+        job('  command: ["true"]\n  type: service\n  restart:\n    resetAfter: soon  # <--\n'),
+        "spec.restart.resetAfter",
+        "duration",
+    ),
+    one(
+        "readiness-without-probe",
+        job('  command: ["true"]\n  type: service\n  readiness:  # <--\n    interval: 5s\n'),
+        "spec.readiness.probe",
+        "required",
+    ),
+    one(
+        "readiness-fatal-on-error",
+        job(
+            '  command: ["true"]\n  type: service\n  readiness:\n'
+            '    probe: {command: ["true"], fatalOnError: true}  # <--\n'
+        ),
+        "spec.readiness.probe.fatalOnError",
+        "unknown field",
+    ),
+    one(
+        "readiness-interval-too-short",
+        job(
+            '  command: ["true"]\n  type: service\n  readiness:\n'
+            '    probe: {command: ["true"]}\n    interval: 10ms  # <--\n'
+        ),
+        "spec.readiness.interval",
+        "100ms",
+    ),
     # --- pools ----------------------------------------------------------------------------
     one("pool-global", job('  command: ["true"]\n  pool: global  # <--\n'), "spec.pool", "global"),
     one("pool-unknown", job('  command: ["true"]\n  pool: gpu  # <--\n'), "spec.pool", "does not exist"),

@@ -103,6 +103,36 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
         Store(store_url)
 
 
+def test_a_version_1_store_is_upgraded_in_place_keeping_its_admissions(store_url):
+    from reconciler.store import scheduling as sched
+    from reconciler.store.dbapi import StoreError
+
+    s = Store(store_url)
+    with s.write() as tx:  # back to the schema of version 1: admissions had no port
+        Statement("DROP INDEX ix_admissions_node_port").execute(tx.session)
+        Statement("ALTER TABLE admissions DROP COLUMN port").execute(tx.session)
+        _SET_SCHEMA.execute(tx.session, {"v": 1})
+        Statement(
+            "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at)"
+            " VALUES ('u1', 'old', NULL, 1, 'n1', 1, 0)"
+        ).execute(tx.session)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 2
+        with upgraded.read() as conn:
+            assert sched.admission(conn, "u1") == sched.Admission("n1", 1, None)
+        with upgraded.write() as tx:
+            sched.admit(tx, uid="u2", name="web", pool=None, slots=1, node="n1", run_number=1, port=8080)
+        with pytest.raises(StoreError), upgraded.write() as tx:  # one service per port and node
+            sched.admit(tx, uid="u3", name="web2", pool=None, slots=1, node="n1", run_number=1, port=8080)
+        with upgraded.read() as conn:
+            assert sched.ports_taken(conn) == {"n1": {8080: "web"}}
+    finally:
+        upgraded.dispose()
+
+
 def test_the_cli_refuses_a_newer_store_with_one_line(sqlite_url):
     s = Store(sqlite_url)
     with s.write() as tx:

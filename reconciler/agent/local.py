@@ -18,6 +18,7 @@ from ..files import make_private_dirs
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import has_legacy_runs, run_dir
 from .logtrim import LogTrimmer
+from .ports import port_free
 from .process import (
     ExitRecord,
     StartFailed,
@@ -146,6 +147,11 @@ class LocalAgent:
     def started_at(identity: ProcessIdentity) -> float:
         """Wall-clock start of a found process (an adopted run's startedAt)."""
         return wall_clock_start(identity.pid) or identity.start_time
+
+    @staticmethod
+    def port_free(port: int) -> bool:
+        """Whether nothing listens on `port` on this node."""
+        return port_free(port)
 
     @staticmethod
     def note_stderr(run_dir: Path, line: str) -> None:

@@ -148,6 +148,49 @@ class Placement(Strict):
         return DEFAULT_STRATEGY if self.strategy is None else self.strategy
 
 
+class Restart(Strict):
+    """A service's restart backoff: `delay` doubles with each run that lived shorter than
+    `resetAfter`, up to `maxDelay`; a run that lived `resetAfter` resets it."""
+
+    delay: Duration = Field(default=spelled("1s"), description="Before the restart that follows a healthy run.")
+    max_delay: Duration = Field(default=spelled("5m"), description="Cap on the doubling delay.")
+    reset_after: Duration = Field(
+        default=spelled("10m"),
+        description="A run that lived this long resets the delay; shorter ones make the job CrashLoop.",
+    )
+
+
+class ReadinessProbe(Strict):
+    command: list[OsString] = Field(
+        min_length=1, description="argv of the probe, run directly (no shell); exit 0 means ready."
+    )
+    timeout: Duration = Field(default=spelled("5s"), description="Longest one probe may run.")
+    output_limit: Size = Field(
+        default=spelled("4Ki"), le=MAX_OUTPUT_LIMIT, description="Bytes of probe output kept as the diagnostic."
+    )
+
+
+class Readiness(Strict):
+    probe: ReadinessProbe
+    interval: PollInterval = Field(
+        default=spelled("5s"), description="Time between probes of a live run (jittered 90-110%); at least 100ms."
+    )
+
+    def as_wait_probe(self) -> WaitCondition:
+        """The same probe in the shape the probe runner takes (its values are validated)."""
+        probe = Probe.model_construct(
+            command=self.probe.command,
+            timeout=self.probe.timeout,
+            interval=self.interval,
+            output_limit=self.probe.output_limit,
+            fatal_on_error=False,
+        )
+        return WaitCondition.model_construct(probe=probe)
+
+
+DEFAULT_RESTART = Restart()
+
+
 class Resources(Strict):
     cpu: CPU | None = Field(default=None, description="Defaults: run 1, service 2.")
     memory: Size | None = Field(default=None, description="Defaults: run 512Mi, service 1Gi.")
@@ -196,6 +239,13 @@ class JobSpec(Strict):
         default="run", description="run: one-shot; service: long-running, restarted."
     )
     port: int | None = Field(default=None, ge=1, le=65535, description="Service only: where it listens.")
+    # Service only. Unset means the defaults, stored unset (see logLimit).
+    restart: Restart | None = Field(
+        default=None, description="Service only: restart backoff; default delay 1s, maxDelay 5m, resetAfter 10m."
+    )
+    readiness: Readiness | None = Field(
+        default=None, description="Service only: a probe that gates the service's entry in the registry."
+    )
     artifact: Artifact | None = None
     depends_on: list[Dependency] = Field(default_factory=list)
     wait_for: WaitFor | None = Field(default=None, description="Gates the first run only.")
@@ -244,12 +294,17 @@ class JobSpec(Strict):
                 raise ValueError(f"the value of {key} contains a NUL byte, which no process environment can hold")
         return env
 
-    @field_validator("port")
+    @field_validator("port", "restart", "readiness")
     @classmethod
-    def _port_on_service(cls, port: int | None, info: ValidationInfo) -> int | None:
-        if port is not None and info.data.get("type", "run") != "service":
-            raise ValueError("port is only allowed on a service job (type: service)")
-        return port
+    def _service_only(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("type", "run") != "service":
+            raise ValueError(f"{info.field_name} is only allowed on a service job (type: service)")
+        return value
+
+    @property
+    def restart_policy(self) -> Restart:
+        """restart, or its defaults."""
+        return DEFAULT_RESTART if self.restart is None else self.restart
 
     @field_validator("pool")
     @classmethod

@@ -22,8 +22,13 @@ class KindInfo:
 
     @property
     def qualified(self) -> str:
-        """`job.reconciler.dev`, as kubectl prints it."""
-        return f"{self.kind.lower()}.reconciler.dev"
+        return qualified(self.kind)
+
+
+def qualified(kind: str) -> str:
+    """`job.reconciler.dev`, as kubectl prints it; also for kinds that are only read
+    (Service, the registry's entries)."""
+    return f"{kind.lower()}.reconciler.dev"
 
 
 KINDS: dict[str, KindInfo] = {

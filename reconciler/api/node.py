@@ -31,6 +31,9 @@ class NodeStatus(Strict):
     allocated: Allocated = Field(default_factory=Allocated)
     cpu_count: int | None = Field(default=None, description="CPUs the node's agent reported; the slot default.")
     agent: str | None = Field(default=None, description="Identity of the agent process serving the node.")
+    address: str | None = Field(
+        default=None, description="Where the node's services are reached; the service registry publishes it."
+    )
     paths_checked_at: Time | None = Field(
         default=None,
         description="When the controller on this node last checked every path that waiting jobs wait for.",

@@ -141,7 +141,13 @@ class JobStatus(Strict):
         default=True, description="Whether this revision makes dependents that consumed an older one run again."
     )
     node_name: str | None = None
-    next_run_at: Time | None = None
+    next_run_at: Time | None = Field(default=None, description="During Backoff, or a service's restart delay.")
+    restarts: int | None = Field(
+        default=None, description="Service: how often it was restarted (runs dropped from `runs` included)."
+    )
+    ready: bool | None = Field(
+        default=None, description="Service with readiness: whether the live run's last probe passed."
+    )
     start_time: Time | None = None
     completion_time: Time | None = None
     runs: list[RunRecord] = Field(default_factory=list)
@@ -222,6 +228,8 @@ class JobStatusDict(TypedDict, total=False):
     propagate: bool
     nodeName: str
     nextRunAt: str
+    restarts: int
+    ready: bool
     startTime: str
     completionTime: str
     runs: list[RunDict]
@@ -231,7 +239,17 @@ class JobStatusDict(TypedDict, total=False):
 
 
 # What a revision's progress consists of: cleared when a new revision starts.
-_REVISION_FIELDS = ("eligibleAt", "startTime", "completionTime", "nextRunAt", "admission", "nodeName", "stop")
+_REVISION_FIELDS = (
+    "eligibleAt",
+    "startTime",
+    "completionTime",
+    "nextRunAt",
+    "admission",
+    "nodeName",
+    "stop",
+    "restarts",
+    "ready",
+)
 _REVISION_CONDITIONS = frozenset({"Completed", "Succeeded"})
 
 

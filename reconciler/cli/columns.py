@@ -53,7 +53,16 @@ def notifier_row(o: StoredObject, _wide: bool) -> list[Any]:
 
 def service_row(o: StoredObject, _wide: bool) -> list[Any]:
     s = o.status or {}
-    return [o.name, job_state(o), s.get("nodeName") or "", o.spec.get("port") or "", age(o.created_at)]
+    ready = "True" if s.get("readinessProbe") else "-"  # listed means ready; "-": it has no probe
+    return [
+        o.name,
+        s.get("node") or "",
+        s.get("address") or "",
+        s.get("port") or "",
+        s.get("run"),
+        ready,
+        age(s.get("startedAt")),
+    ]
 
 
 COLUMNS = {
@@ -65,5 +74,5 @@ COLUMNS = {
     "Pool": (["NAME", "SLOTS", "USED", "QUEUED", "AGE"], ["MAX-BYPASS"], pool_row),
     "Node": (["NAME", "STATUS", "SLOTS", "ALLOCATED", "AGE"], ["HEARTBEAT", "LABELS"], node_row),
     "Notifier": (["NAME", "TARGET", "EVENTS", "AGE"], [], notifier_row),
-    "Service": (["NAME", "STATUS", "NODE", "PORT", "AGE"], [], service_row),
+    "Service": (["NAME", "NODE", "ADDRESS", "PORT", "RUN", "READY", "AGE"], [], service_row),
 }

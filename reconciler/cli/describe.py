@@ -62,6 +62,15 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
         ("Run Timeout", spec.get("runTimeout") or "none"),
         ("Suspend", spec.get("suspend")),
     ]
+    if spec.get("type") == "service":
+        summary.append(("Port", spec.get("port") or "none"))
+        restart = {"delay": "1s", "maxDelay": "5m", "resetAfter": "10m", **spec.get("restart", {})}
+        summary.append(("Restart", " ".join(f"{k}={v}" for k, v in restart.items())))
+        if readiness := spec.get("readiness"):
+            probe = readiness.get("probe", {})
+            summary.append(
+                ("Readiness", f"{' '.join(probe.get('command', []))} every {readiness.get('interval', '5s')}")
+            )
     placement = spec.get("placement", {})
     if placement.get("nodeName") or placement.get("nodeSelector"):
         summary.append(("Placement", dump_yaml(placement).strip().replace("\n", "; ")))
@@ -77,6 +86,8 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
         ("Eligible", status.get("eligibleAt")),
         ("Node", status.get("nodeName")),
         ("Next Run", status.get("nextRunAt")),
+        ("Restarts", status.get("restarts")),
+        ("Ready", status.get("ready")),
         ("Started", status.get("startTime")),
         ("Completed", status.get("completionTime")),
     ]

@@ -85,7 +85,7 @@ def print_listing(
 ) -> None:
     """One kind as before (a missing name is NotFound, before anything is printed); several
     through print_kinds."""
-    from ..api.kinds import KINDS
+    from ..api.kinds import qualified as kind_name
     from ..reads import EVENTS, events, objects
 
     if kind in EVENTS:
@@ -96,9 +96,7 @@ def print_listing(
         return
     listing = objects(store, kind, names, selector)
     if fmt in ("json", "yaml", "name"):
-        text = render_output(
-            listing.objects, fmt, lambda o: KINDS[o.kind].qualified, single=bool(names) and len(names) == 1
-        )
+        text = render_output(listing.objects, fmt, lambda o: kind_name(o.kind), single=bool(names) and len(names) == 1)
         if text:
             typer.echo(text)
         return
@@ -111,12 +109,12 @@ def print_listing(
 def _object_table(listing: Listing, wide: bool, *, qualified: bool) -> str:
     """A kind's table; with `qualified` (several kinds shown) each NAME is `kind.group/name`,
     as kubectl prints it then."""
-    from ..api.kinds import KINDS
+    from ..api.kinds import qualified as kind_name
 
     headers, wide_headers, row = COLUMNS[listing.kind]
     rows = (row(o, wide) for o in listing.objects)
     if qualified:
-        rows = ([f"{KINDS[o.kind].qualified}/{r[0]}", *r[1:]] for o, r in zip(listing.objects, rows, strict=True))
+        rows = ([f"{kind_name(o.kind)}/{r[0]}", *r[1:]] for o, r in zip(listing.objects, rows, strict=True))
     return table(headers + (wide_headers if wide else []), rows)
 
 
@@ -126,7 +124,7 @@ def print_kinds(
     """Several kinds, as kubectl prints them: each kind's table in turn, a blank line between
     them; one List for json and yaml; every name for -o name. A name missing from one kind is
     an error on stderr (exit 3) after what was found is printed."""
-    from ..api.kinds import KINDS
+    from ..api.kinds import qualified as kind_name
     from ..reads import EVENTS, Listing, events, not_found, objects
 
     sections: list[Listing | list[Any]] = []  # a kind's listing, or the event rows asked for
@@ -147,7 +145,7 @@ def print_kinds(
         ]
         typer.echo(_structured(items, fmt))
     elif fmt == "name":
-        lines = [f"{KINDS[o.kind].qualified}/{o.name}" for s in found if isinstance(s, Listing) for o in s.objects]
+        lines = [f"{kind_name(o.kind)}/{o.name}" for s in found if isinstance(s, Listing) for o in s.objects]
         if lines:
             typer.echo("\n".join(lines))
     elif found:

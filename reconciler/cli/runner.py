@@ -12,11 +12,28 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from ..errors import InvalidInput
 from .context import ctx_of, duration_of, err
 
 if TYPE_CHECKING:
     from ..converge import Watched
     from ..store import Store
+
+
+def _address(text: str) -> str:
+    """--node-address: an IP address or a host name, as other machines reach this one."""
+    import ipaddress
+    import re
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    if len(text) <= 253 and re.fullmatch(
+        r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*", text
+    ):
+        return text
+    raise InvalidInput(f"--node-address {text!r}: not an IP address or a host name")
 
 
 def _converge(
@@ -110,6 +127,12 @@ def controller(
         "other processes, and threads of one interpreter contend for its lock.",
     ),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
+    node_address: str = typer.Option(
+        "127.0.0.1",
+        "--node-address",
+        envvar="RECONCILER_NODE_ADDRESS",
+        help="Where this node's services are reached; published in the service registry.",
+    ),
 ) -> None:
     """The reconcile loop as a long-running process, with this machine's agent inside it."""
     from ..converge import controller_running
@@ -123,7 +146,7 @@ def controller(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with controller_running(store, workers=workers) as running:
+    with controller_running(store, workers=workers, address=_address(node_address)) as running:
         err(f"controller running on node {running.node} (store {store.display_url})")
         if watch:
             from ..store import Store

@@ -26,6 +26,7 @@ from ..errors import Conflict
 from ..store import Store, StoredObject
 from ..store import repository as repo
 from ..store import scheduling as sched
+from ..store.engine import Tx
 from . import admission, deadlines, dependencies, waits
 from .context import Ctx, commit
 from .endings import Endings
@@ -34,6 +35,8 @@ from .placement import NodeView, place
 from .runs import RunSteps
 from .runtime import AGAIN, DONE, Result, TerminalError, requeue_after
 
+_NONE: frozenset[int] = frozenset()
+PORT_POLL = 2.0  # a service that found its port taken everywhere looks again this often
 SAFETY_POLL = 120.0  # a queued or waiting job looks again at least this often (jittered), whatever wakes it
 PATH_SAFETY_POLL = 600.0  # the same for a job whose paths the path watcher checks for it
 WAIT_STATUS_REFRESH = 30.0  # unchanged wait results are written back at most this often
@@ -63,7 +66,7 @@ class JobReconciler:
         self.paths = PathWatch(wake, clock)
         self.probes = Probes(wake)
         self.endings = Endings(store, paths=self.paths, probes=self.probes, wake=wake)
-        self.runs = RunSteps(store, agent, self.endings, owner=owner, rand=self.rand)
+        self.runs = RunSteps(store, agent, self.endings, self.probes, owner=owner, rand=self.rand)
 
     @property
     def dependents(self) -> defaultdict[str, set[str]]:
@@ -293,8 +296,9 @@ class JobReconciler:
             if repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
                 raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
             me = self.endings.enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
+            ports = self._ports_taken(tx, spec.port)
             nodes = [
-                NodeView(n.name, n.ready, n.unschedulable, n.capacity, n.allocated, n.labels)
+                NodeView(n.name, n.ready, n.unschedulable, n.capacity, n.allocated, n.labels, ports.get(n.name, _NONE))
                 for n in sched.node_facts(tx.session, ctx.now)
             ]
             scopes = self._scopes(tx.session, me, nodes)
@@ -310,6 +314,7 @@ class JobReconciler:
                     selector=spec.placement.node_selector,
                     strategy=strategy,
                     turn=sched.round_robin_next(tx.session) if round_robin else 0,
+                    port=spec.port,
                 )
                 if round_robin and placed.node is not None:
                     sched.round_robin_turn(tx)  # taken only by a job placed: the rotation survives restarts
@@ -325,6 +330,7 @@ class JobReconciler:
                     node=placed.node,
                     run_number=number,
                     owner=owner,
+                    port=spec.port,
                 )
                 for passed in decision.bypassed:
                     sched.count_bypass(tx, passed.uid)
@@ -351,7 +357,21 @@ class JobReconciler:
         for scope in scopes:  # a head that fits must not wait for a timer
             if scope.head is not None and scope.head_fits and scope.head.uid != ctx.uid:
                 self.wake(scope.head.name, urgent=True)
+        if spec.port is not None and placed is not None:
+            # a port is freed by processes nothing here hears of: looked at again soon
+            return requeue_after(deadlines.soonest(ctx.now, ctx.now + PORT_POLL, ctx.job_deadline()))
         return self._wait_in_line(ctx)
+
+    def _ports_taken(self, tx: Tx, port: int | None) -> dict[str, frozenset[int]]:
+        """For a service with a port: the ports services hold on each node and, on this
+        controller's own node, whether another process listens on it (a bind test)."""
+        if port is None:
+            return {}
+        taken = {node: frozenset(held) for node, held in sched.ports_taken(tx.session).items()}
+        mine = taken.get(self.agent.node, _NONE)
+        if port not in mine and not self.agent.port_free(port):
+            taken[self.agent.node] = mine | {port}
+        return taken
 
     def _wait_in_line(self, ctx: Ctx) -> Result:
         """Until a release of slots wakes the job, or the jittered safety poll, or its deadline;

@@ -15,7 +15,7 @@ from ..store.feed import ChangeFeed
 from ..threads import critical, fatal
 from . import faults
 from .job import JobReconciler
-from .nodes import HEARTBEAT_INTERVAL, heartbeat, local_node_name
+from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_name
 from .runtime import Runner, WorkQueue
 
 log = logging.getLogger("reconciler.controller")
@@ -32,8 +32,10 @@ class Controller:
         node: str | None = None,
         workers: int = 1,
         clock: Clock | None = None,
+        address: str | None = None,
     ):
         self.store = store
+        self.address = address or DEFAULT_ADDRESS  # where this node's services are reached: the registry publishes it
         self.clock = clock or RealClock()
         self.node = node or local_node_name()
         self.owner = process_owner()
@@ -52,7 +54,7 @@ class Controller:
         self._feed: ChangeFeed | None = None
 
     def start(self) -> Controller:
-        heartbeat(self.store, self.node, self.owner, self.clock.now())
+        heartbeat(self.store, self.node, self.owner, self.clock.now(), address=self.address)
         self._feed = ChangeFeed(self.store, skip_known=True)
         with self.store.read() as session:
             for job, deps in sched.dependency_graph(session).items():
@@ -94,8 +96,14 @@ class Controller:
                 )
             if time.monotonic() >= next_beat:
                 try:
+                    swept_at = self.jobs.paths.swept_at
                     if heartbeat(
-                        self.store, self.node, self.owner, self.clock.now(), paths_swept_at=self.jobs.paths.swept_at
+                        self.store,
+                        self.node,
+                        self.owner,
+                        self.clock.now(),
+                        paths_swept_at=swept_at,
+                        address=self.address,
                     ):
                         # Ready again (or registered again): a write of this process, which the
                         # change feed skips, so the jobs that found no node are woken here

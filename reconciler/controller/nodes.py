@@ -22,7 +22,18 @@ def local_node_name() -> str:
     return name or "localhost"
 
 
-def heartbeat(store: Store, node: str, owner: str, now: float, *, paths_swept_at: float | None = None) -> bool:
+DEFAULT_ADDRESS = "127.0.0.1"  # a node that names no address: reachable from this machine
+
+
+def heartbeat(
+    store: Store,
+    node: str,
+    owner: str,
+    now: float,
+    *,
+    paths_swept_at: float | None = None,
+    address: str = DEFAULT_ADDRESS,
+) -> bool:
     """Register the node if it is new, then record it Ready with its allocation. True when
     the node just became Ready (new, or its last heartbeat had gone stale): jobs queued as
     Unschedulable may fit now."""
@@ -58,6 +69,7 @@ def heartbeat(store: Store, node: str, owner: str, now: float, *, paths_swept_at
             "allocated": {"slots": allocated},
             "cpuCount": os.cpu_count() or 1,
             "agent": owner,
+            "address": address,
         }
         if paths_swept_at is not None:  # readers show it as the last check of paths still watched
             status["pathsCheckedAt"] = from_epoch(paths_swept_at)

@@ -17,6 +17,7 @@ class NodeView:
     capacity: int
     allocated: int
     labels: dict[str, str] = field(default_factory=dict)
+    ports: frozenset[int] = frozenset()  # held by services admitted there, or found in use
 
     @property
     def free(self) -> int:
@@ -29,7 +30,9 @@ class Placement:
     message: str = ""
 
 
-def _why_not(node: NodeView, node_name: str | None, selector: dict[str, str], slots: int) -> str | None:
+def _why_not(
+    node: NodeView, node_name: str | None, selector: dict[str, str], slots: int, port: int | None
+) -> str | None:
     if node_name is not None and node.name != node_name:
         return "didn't match nodeName"
     if any(node.labels.get(k) != v for k, v in selector.items()):
@@ -40,6 +43,8 @@ def _why_not(node: NodeView, node_name: str | None, selector: dict[str, str], sl
         return "unschedulable (cordoned)"
     if node.free < slots:
         return "insufficient slots"
+    if port is not None and port in node.ports:
+        return f"port {port} taken"
     return None
 
 
@@ -51,12 +56,13 @@ def place(
     selector: dict[str, str],
     strategy: str = "spread",
     turn: int = 0,
+    port: int | None = None,
 ) -> Placement:
-    """`turn` is the store-wide round-robin counter."""
+    """`turn` is the store-wide round-robin counter; `port` a service's, which must be free."""
     reasons: Counter[str] = Counter()
     candidates = []
     for node in sorted(nodes, key=lambda n: n.name):
-        why = _why_not(node, node_name, selector, slots)
+        why = _why_not(node, node_name, selector, slots, port)
         if why is None:
             candidates.append(node)
         else:

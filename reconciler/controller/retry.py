@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..api.job import Backoff, Retry
+from ..api.job import Backoff, Restart, Retry
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,32 @@ def backoff_delay(backoff: Backoff, retry_number: int, rand: Callable[[], float]
     return max(0.0, capped + (rand() - 0.5) * backoff.jitter)
 
 
+@dataclass(frozen=True)
+class RestartDelay:
+    delay: float
+    crash_loop: bool  # the run that ended lived shorter than resetAfter
+    streak: int  # runs in a row, ending with this one, that lived shorter than resetAfter
+
+
+def restart_delay(restart: Restart, lifetimes: list[float]) -> RestartDelay:
+    """A service's delay before its next run, from how long its runs of this revision
+    lived (oldest first, the one that just ended last): `delay`, doubled for each run in a
+    row that lived shorter than `resetAfter`, capped at `maxDelay`. A run that lived
+    `resetAfter` resets it, as Kubernetes resets a container's crash-loop backoff."""
+    streak = 0
+    for lived in reversed(lifetimes):
+        if lived >= restart.reset_after:
+            break
+        streak += 1
+    if streak == 0:
+        return RestartDelay(min(restart.delay, restart.max_delay), False, 0)
+    try:
+        base = restart.delay * 2 ** (streak - 1)
+    except OverflowError:  # a long streak: the cap applies anyway
+        base = float("inf")
+    return RestartDelay(min(base, restart.max_delay), True, streak)
+
+
 def _retryable(retry: Retry, run: RunEnd) -> tuple[bool, str, str]:
     """(retryable, job outcome if not, reason if not)."""
     if run.outcome == "Failed":
@@ -63,19 +89,17 @@ def after_run(
     cancelled: bool,
     deadline_passed: bool,
     rand: Callable[[], float],
-    service: bool = False,
+    restart: float | None = None,
 ) -> AfterRun:
-    """`attempts` counts runs of this revision including the one that just ended. A service
-    is restarted after every exit (with backoff, without a limit) until it is cancelled."""
+    """`attempts` counts runs of this revision including the one that just ended. `restart`
+    is a service's restart delay: a service is restarted after every end but a failed
+    start (never counted against retry.limit) until it is cancelled."""
     if cancelled:
         return AfterRun(False, "Cancelled", "Cancelled", "the job was cancelled")
     if deadline_passed:
         return AfterRun(False, "TimedOut", "DeadlineExceeded", "the job exceeded its timeout")
-    if service and run.outcome != "StartFailed":
-        delay = backoff_delay(retry.backoff, attempts, rand)
-        return AfterRun(
-            True, delay=delay, message=f"service run {attempts} ended {run.outcome}; restarting in {delay:.3g}s"
-        )
+    if restart is not None and run.outcome != "StartFailed":
+        return AfterRun(True, delay=restart, message=f"service run ended {run.outcome}; restarting in {restart:.3g}s")
     if run.outcome == "Succeeded":
         return AfterRun(False, "Succeeded", None, "the run exited 0")
     ok, outcome, reason = _retryable(retry, run)

@@ -15,8 +15,10 @@ ALLOWED: dict[Phase, frozenset[Phase]] = {
     P.WAITING: frozenset({P.QUEUED, P.SUSPENDED, P.COMPLETED}),
     P.QUEUED: frozenset({P.STARTING, P.SUSPENDED, P.COMPLETED, P.WAITING}),
     P.STARTING: frozenset({P.RUNNING, P.STOPPING, P.BACKOFF, P.COMPLETED, P.QUEUED, P.SUSPENDED, P.WAITING}),
-    P.RUNNING: frozenset({P.STOPPING, P.BACKOFF, P.COMPLETED}),
-    P.STOPPING: frozenset({P.BACKOFF, P.SUSPENDED, P.COMPLETED, P.WAITING}),
+    # Running with no run alive is a service between runs (nextRunAt): it starts its next
+    # run in place, or a stop asked for meanwhile ends it as it would end a stopped run.
+    P.RUNNING: frozenset({P.STOPPING, P.BACKOFF, P.COMPLETED, P.STARTING, P.SUSPENDED, P.WAITING}),
+    P.STOPPING: frozenset({P.BACKOFF, P.SUSPENDED, P.COMPLETED, P.WAITING, P.RUNNING}),
     P.BACKOFF: frozenset({P.QUEUED, P.SUSPENDED, P.COMPLETED, P.WAITING}),
     P.SUSPENDED: frozenset({P.WAITING, P.QUEUED, P.BACKOFF, P.COMPLETED}),
     P.COMPLETED: frozenset({P.WAITING}),  # a new revision

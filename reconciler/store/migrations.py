@@ -30,7 +30,9 @@ _ADD_META = Statement("INSERT INTO meta (key, value) VALUES (:key, :value)")
 _ONE_MIGRATOR = Statement("SELECT pg_advisory_xact_lock(727274)")  # PostgreSQL: one at a time across processes
 
 
-def _v1(conn: Connection) -> None:
+def _create(conn: Connection) -> None:
+    """A new store: the current schema, as tables.py defines it."""
+
     def run(ddl: Any, *_: Any, **__: Any) -> None:
         conn.run(str(ddl.compile(dialect=engine.dialect)))
 
@@ -40,8 +42,16 @@ def _v1(conn: Connection) -> None:
     SQLModel.metadata.create_all(engine, checkfirst=False)
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
-assert len(MIGRATIONS) == SCHEMA_VERSION, "engine.SCHEMA_VERSION counts the migrations"
+def _v2_service_ports(conn: Connection) -> None:
+    """Admissions hold a service's port on its node, one service per port and node."""
+    conn.run("ALTER TABLE admissions ADD COLUMN port INTEGER")
+    conn.run("CREATE UNIQUE INDEX ix_admissions_node_port ON admissions (node, port) WHERE port IS NOT NULL")
+
+
+# UPGRADES[n - 2] brings a store at version n - 1 to version n; a new store is created at
+# the current version at once. Each must leave the schema exactly as `_create` makes it.
+UPGRADES: list[Callable[[Connection], None]] = [_v2_service_ports]
+assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 
 def current_version(conn: Connection) -> int:
@@ -62,8 +72,11 @@ def migrate(conn: Connection) -> None:
             f"store schema {found} is newer than this reconciler ({SCHEMA_VERSION}); "
             "upgrade reconciler to use this store"
         )
-    for version in range(found + 1, SCHEMA_VERSION + 1):
-        MIGRATIONS[version - 1](conn)
+    if found == 0:
+        _create(conn)
+    else:
+        for version in range(found + 1, SCHEMA_VERSION + 1):
+            UPGRADES[version - 2](conn)
     if found == 0:
         _ADD_META.execute_many(conn, [{"key": "schema", "value": SCHEMA_VERSION}, {"key": "seq", "value": 0}])
     elif found < SCHEMA_VERSION:

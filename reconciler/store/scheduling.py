@@ -39,14 +39,16 @@ _NODES = Statement(
     " WHERE o.kind = 'Node'"
 )
 _ADMIT = Statement(
-    "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at, owner)"
-    " VALUES (:job_uid, :job_name, :pool, :slots, :node, :run_number, :admitted_at, :owner)"
+    "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at, owner, port)"
+    " VALUES (:job_uid, :job_name, :pool, :slots, :node, :run_number, :admitted_at, :owner, :port)"
 )
+_PORTS = Statement("SELECT node, port, job_name FROM admissions WHERE port IS NOT NULL")
 _ADMISSION = Statement("SELECT node, run_number, owner FROM admissions WHERE job_uid = :uid")
 _RELEASE = Statement("DELETE FROM admissions WHERE job_uid = :uid RETURNING pool, slots")
 _COUNT_BYPASS = Statement("UPDATE queue SET bypass_count = bypass_count + 1 WHERE job_uid = :uid")
 _CLAIM = Statement("UPDATE admissions SET owner = :owner WHERE job_uid = :uid AND owner IS NULL")
 _TAKE_OVER = Statement("UPDATE admissions SET owner = :owner WHERE job_uid = :uid AND owner = :previous")
+_RESTART_RUN = Statement("UPDATE admissions SET run_number = :run_number, owner = :owner WHERE job_uid = :uid")
 _ROUND_ROBIN_START = Statement("INSERT INTO meta (key, value) VALUES ('rr', 0)")
 _WRITTEN_SINCE = Statement("SELECT kind, name, resource_version FROM objects WHERE resource_version > :rv")
 _DELETED_SINCE = Statement(
@@ -223,10 +225,20 @@ def node_facts(session: Connection, now: float | None = None) -> list[NodeFacts]
 
 
 def admit(
-    tx: Tx, *, uid: str, name: str, pool: str | None, slots: int, node: str, run_number: int, owner: str | None = None
+    tx: Tx,
+    *,
+    uid: str,
+    name: str,
+    pool: str | None,
+    slots: int,
+    node: str,
+    run_number: int,
+    owner: str | None = None,
+    port: int | None = None,
 ) -> float:
     """Record the admission; `owner` claims the spawn at once when the admitting controller
-    is the node's own agent."""
+    is the node's own agent; `port` is a service's, held on the node (a second admission of
+    one port on one node is refused by the store)."""
     now = time.time()
     _ADMIT.execute(
         tx.session,
@@ -239,10 +251,19 @@ def admit(
             "run_number": run_number,
             "admitted_at": now,
             "owner": owner,
+            "port": port,
         },
     )
     dequeue(tx, uid)
     return now
+
+
+def ports_taken(session: Connection) -> dict[str, dict[int, str]]:
+    """The ports services hold, by node: {node: {port: job name}}."""
+    taken: dict[str, dict[int, str]] = {}
+    for row in _PORTS.execute(session):
+        taken.setdefault(row.node, {})[int(row.port)] = row.job_name
+    return taken
 
 
 @dataclass(frozen=True)
@@ -264,6 +285,12 @@ def claim_spawn(tx: Tx, uid: str, owner: str, *, take_over_from: str | None = No
     if take_over_from is None:
         return _CLAIM.execute(tx.session, {"uid": uid, "owner": owner}).rowcount == 1
     return _TAKE_OVER.execute(tx.session, {"uid": uid, "owner": owner, "previous": take_over_from}).rowcount == 1
+
+
+def restart_run(tx: Tx, uid: str, run_number: int, owner: str) -> None:
+    """A service's next run under the admission it holds, claimed by the agent that
+    restarts it (the one on its node)."""
+    _RESTART_RUN.execute(tx.session, {"uid": uid, "run_number": run_number, "owner": owner})
 
 
 def release(tx: Tx, uid: str) -> tuple[str | None, int] | None:

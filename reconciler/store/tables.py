@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Text
+from sqlalchemy import Column, Index, Text, text
 from sqlmodel import Field, SQLModel
 
 
@@ -54,6 +54,17 @@ class AdmissionRow(SQLModel, table=True):
     Present from admission until the run's processes are proven gone."""
 
     __tablename__ = "admissions"
+    # one service per port and node, even with two controllers: the store refuses the second
+    __table_args__ = (
+        Index(
+            "ix_admissions_node_port",
+            "node",
+            "port",
+            unique=True,
+            sqlite_where=text("port IS NOT NULL"),
+            postgresql_where=text("port IS NOT NULL"),
+        ),
+    )
     job_uid: str = Field(primary_key=True)
     job_name: str
     pool: str | None = Field(default=None, index=True)
@@ -62,6 +73,7 @@ class AdmissionRow(SQLModel, table=True):
     run_number: int
     admitted_at: float
     owner: str | None = None  # the agent that claimed the spawn (host:pid:start), so no run starts twice
+    port: int | None = None  # a service's port, held on its node while admitted
 
 
 class QueueRow(SQLModel, table=True):

@@ -7,8 +7,8 @@ import random
 
 import pytest
 
-from reconciler.api.job import Backoff, Retry
-from reconciler.controller.retry import AfterRun, RunEnd, after_run, backoff_delay
+from reconciler.api.job import Backoff, Restart, Retry
+from reconciler.controller.retry import AfterRun, RunEnd, after_run, backoff_delay, restart_delay
 
 from .conftest import fixed, no_rand
 
@@ -419,3 +419,43 @@ def test_after_run_message_says_why(run, attempts, cancelled, deadline, fragment
     r = retry(limit=3, onExitCodes=[1])
     d = after_run(r, run, attempts=attempts, cancelled=cancelled, deadline_passed=deadline, rand=fixed(MID))
     assert fragment in d.message
+
+
+# --- restart_delay (services) ----------------------------------------------------------------
+
+
+def restart(**fields) -> Restart:
+    return Restart.model_validate(fields)
+
+
+@pytest.mark.parametrize(
+    ("lifetimes", "expected"),
+    [
+        pytest.param([0.1], (1.0, True, 1), id="first-crash-waits-delay"),
+        pytest.param([0.1, 0.1], (2.0, True, 2), id="doubles"),
+        pytest.param([0.1] * 4, (8.0, True, 4), id="doubles-again"),
+        pytest.param([0.1] * 9, (60.0, True, 9), id="capped-at-maxDelay"),
+        pytest.param([0.1] * 5000, (60.0, True, 5000), id="long-streak-no-overflow"),
+        pytest.param([0.1, 0.1, 600.0], (1.0, False, 0), id="a-run-of-resetAfter-resets"),
+        pytest.param([0.1, 600.0, 0.1], (1.0, True, 1), id="streak-counts-after-the-reset"),
+        pytest.param([599.9], (1.0, True, 1), id="just-short-of-resetAfter"),
+    ],
+)
+def test_restart_delay_doubles_per_short_run_and_resets_after_a_healthy_one(lifetimes, expected):
+    got = restart_delay(restart(delay="1s", maxDelay="1m", resetAfter="10m"), lifetimes)
+    assert (got.delay, got.crash_loop, got.streak) == expected
+
+
+def test_a_service_restarts_whatever_its_retry_policy_says_but_not_after_a_failed_start():
+    limit0 = retry(limit=0, onExitCodes=[2])
+    for end in (RunEnd("Failed", 1), RunEnd("Succeeded", 0), RunEnd("Lost", reason="NodeLost")):
+        d = after_run(limit0, end, attempts=50, cancelled=False, deadline_passed=False, rand=no_rand, restart=3.0)
+        assert (d.retry, d.delay) == (True, 3.0), end
+    failed_start = after_run(
+        limit0, RunEnd("StartFailed"), attempts=1, cancelled=False, deadline_passed=False, rand=no_rand, restart=3.0
+    )
+    assert (failed_start.retry, failed_start.reason) == (False, "StartFailed")
+    cancelled = after_run(
+        limit0, RunEnd("Failed", 1), attempts=1, cancelled=True, deadline_passed=False, rand=no_rand, restart=3.0
+    )
+    assert (cancelled.retry, cancelled.outcome) == (False, "Cancelled")
