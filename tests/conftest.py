@@ -37,3 +37,18 @@ def store_url(request, tmp_path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path / 'state' / 'state.db'}"
     return request.getfixturevalue("pg_url")
+
+
+@pytest.fixture
+def http_server(monkeypatch):
+    """A real HTTP server on loopback in a thread of the test (tests/artifacts.py), reached
+    directly whatever proxy the environment names; stopped at teardown."""
+    from tests.artifacts import serve
+
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+    monkeypatch.setenv("no_proxy", "127.0.0.1,localhost")
+    state, httpd = serve()
+    yield state
+    state.release()
+    httpd.shutdown()
+    httpd.server_close()
