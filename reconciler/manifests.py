@@ -305,17 +305,27 @@ def _to_manifest(
         obj = info.model.model_validate(data)
     except ValidationError as exc:
         return None, validation_problems(exc, source, node)
-    if isinstance(obj, Job):
-        resolve_working_dir(obj.spec, base_dir)
+    if isinstance(obj, Job) and (problem := resolve_working_dir(obj.spec, base_dir)) is not None:
+        return None, [f"{source}:{locate(node, ['spec', 'workingDir'])}: spec.workingDir: {problem}"]
     return Manifest(info, obj, source, ignored_status=ignored_status, origin=origin), []
 
 
-def resolve_working_dir(spec: JobSpec, base_dir: Path) -> None:
-    """Relative working dirs resolve against the manifest's folder, stored absolute."""
+def resolve_working_dir(spec: JobSpec, base_dir: Path) -> str | None:
+    """Relative working dirs resolve against the manifest's folder, stored absolute. With
+    an artifact they resolve against the run's unpacked folder, made per run: stored
+    relative (normalised), and an absolute one is refused (the problem is returned)."""
+    if spec.artifact is not None:
+        if spec.working_dir is None:
+            return None
+        if spec.working_dir.startswith(("/", "~")):
+            return "with an artifact, workingDir is relative to the run's unpacked folder; an absolute path is refused"
+        spec.working_dir = os.path.normpath(spec.working_dir)  # inside it: JobSpec checked that
+        return None
     given = spec.working_dir or "."
     if given.startswith("~"):
         given = os.path.expanduser(given)  # not remembered: it depends on the environment
     spec.working_dir = _joined(str(base_dir), given)
+    return None
 
 
 @functools.lru_cache(maxsize=4096)

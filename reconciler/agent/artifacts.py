@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -316,6 +317,7 @@ class Preparation:
 
 _STARTED, _PENDING, _READY = Preparation("started"), Preparation("pending"), Preparation("ready")
 Source = tuple[str, str | None]  # (url, sha256): runs asking for the same one share a fetch
+_DiskWork = tuple[Path, "_Prep | None", "Path | None"]  # (run dir, unpack this prep from this zip | remove)
 
 
 @dataclass
@@ -344,7 +346,9 @@ class Artifacts:
         self._runs: dict[Path, _Prep] = {}
         self._fetching: dict[Source, list[_Prep]] = {}  # in flight in this process, and who waits for it
         self._fetches: queue.SimpleQueue[Source | None] = queue.SimpleQueue()
-        self._disk: queue.SimpleQueue[tuple[Path, _Prep | None, Path | None] | None] = queue.SimpleQueue()
+        # one queue a disk thread, a run's work always on the same one: its folder's removal
+        # and a later unpacking into it (a drained admission's run number comes back) never overlap
+        self._disk: list[queue.SimpleQueue[_DiskWork | None]] = [queue.SimpleQueue() for _ in range(DISK_THREADS)]
         self._threads: list[threading.Thread] = []
         self._closed = False
 
@@ -385,7 +389,7 @@ class Artifacts:
                 return  # the common case, a run without an artifact: one stat
             if not self._closed:
                 self._start()
-                self._disk.put((run_dir, None, None))
+                self._disk_for(run_dir).put((run_dir, None, None))
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Stop: fetches in flight are left to end by themselves (their threads are daemons),
@@ -397,8 +401,8 @@ class Artifacts:
             threads = list(self._threads)
             for _ in range(FETCH_THREADS if threads else 0):
                 self._fetches.put(None)
-            for _ in range(DISK_THREADS if threads else 0):
-                self._disk.put(None)
+            for disk in self._disk if threads else []:
+                disk.put(None)
         deadline = time.monotonic() + timeout
         for thread in threads[FETCH_THREADS:]:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -406,7 +410,10 @@ class Artifacts:
     def _start(self) -> None:  # under the lock
         if not self._threads:
             self._threads = [critical(f"artifact-fetch-{i}", self._fetch_loop) for i in range(FETCH_THREADS)]
-            self._threads += [critical(f"artifact-unpack-{i}", self._disk_loop) for i in range(DISK_THREADS)]
+            self._threads += [
+                critical(f"artifact-unpack-{i}", functools.partial(self._disk_loop, disk))
+                for i, disk in enumerate(self._disk)
+            ]
             for thread in self._threads:
                 thread.start()
 
@@ -426,10 +433,13 @@ class Artifacts:
                 if failure is not None:
                     self._done(prep, failure)
                 else:
-                    self._disk.put((prep.run_dir, prep, path))
+                    self._disk_for(prep.run_dir).put((prep.run_dir, prep, path))
 
-    def _disk_loop(self) -> None:
-        while (item := self._disk.get()) is not None:
+    def _disk_for(self, run_dir: Path) -> queue.SimpleQueue[_DiskWork | None]:
+        return self._disk[hash(run_dir) % len(self._disk)]
+
+    def _disk_loop(self, disk: queue.SimpleQueue[_DiskWork | None]) -> None:
+        while (item := disk.get()) is not None:
             run_dir, prep, archive = item
             if prep is None or archive is None:
                 _clear(run_dir)

@@ -13,8 +13,9 @@ from pathlib import Path
 
 import psutil
 
-from ..api.job import JobSpec
+from ..api.job import Artifact, JobSpec
 from ..files import make_private_dirs
+from .artifacts import WORK, Artifacts, Preparation
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import has_legacy_runs, run_dir
 from .logtrim import LogTrimmer
@@ -34,7 +35,15 @@ from .wrapper import WRAPPER_NAME
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ExitRecord", "LocalAgent", "ProcessIdentity", "StartFailed", "owner_gone", "process_owner"]
+__all__ = [
+    "ExitRecord",
+    "LocalAgent",
+    "Preparation",
+    "ProcessIdentity",
+    "StartFailed",
+    "owner_gone",
+    "process_owner",
+]
 
 
 def process_owner() -> str:
@@ -58,6 +67,9 @@ def owner_gone(owner: str) -> bool:
 
 
 class LocalAgent:
+    """`on_exit(job)` is called when something the job waits for in the agent happened: its
+    run's process exited, or its run's artifact is ready (or cannot be)."""
+
     def __init__(self, node: str, state_dir: Path, on_exit: Callable[[str], None]):
         self.node = node
         self.state_dir = Path(state_dir)
@@ -67,6 +79,7 @@ class LocalAgent:
         self._watcher = ExitWatcher()
         self._watched: set[ProcessIdentity] = set()
         self._logs = LogTrimmer()
+        self._artifacts = Artifacts(self.state_dir, wake=on_exit)
 
     def run_dir(self, job: str, uid: str, number: int) -> Path:
         return run_dir(self.state_dir, job, uid, number, legacy=self._legacy_runs)
@@ -95,14 +108,30 @@ class LocalAgent:
 
     @staticmethod
     def _spawn(spec: JobSpec, env: dict[str, str], run_dir: Path) -> ProcessIdentity:
+        if spec.artifact is not None:  # the unpacked folder, or a relative workingDir in it
+            cwd = os.path.join(run_dir / WORK, spec.working_dir or "")
+        else:
+            cwd = spec.working_dir or os.getcwd()
         return spawn_run(
             argv=spec.command,
             shell=spec.shell,
             env=env,
-            cwd=spec.working_dir or os.getcwd(),
+            cwd=cwd,
             run_dir=run_dir,
             fsync_exit=False,
         )
+
+    def prepare(self, job: str, run_dir: Path, artifact: Artifact) -> Preparation:
+        """Fetch a run's artifact (once per sha256, into the cache beside `runs/`) and unpack
+        it into the run's folder, in the agent's own threads: answers at once, and calls
+        `on_exit(job)` when the folder is ready or cannot be. Call again until the answer is
+        ready (then `start`) or failed."""
+        return self._artifacts.prepare(job, run_dir, artifact.url, artifact.sha256)
+
+    def discard_work(self, run_dir: Path) -> None:
+        """The run is over, or will never start: its unpacked folder, if any, is removed (in
+        the background)."""
+        self._artifacts.discard(run_dir)
 
     def watch(self, job: str, identity: ProcessIdentity) -> None:
         if identity not in self._watched:
@@ -131,6 +160,10 @@ class LocalAgent:
         carry its argv until they exec the command or `sync`)."""
         if not run_dir.exists():
             return None  # spawn creates the run dir first: no dir, no process
+        if self._artifacts.preparing(run_dir):
+            # its artifact is unpacked into it, and this process, which holds its spawn, has
+            # not spawned it yet (it does once prepare answers ready): no look at every process
+            return None
         target = str(run_dir.resolve())
         for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = proc.info.get("cmdline") or []
@@ -195,3 +228,4 @@ class LocalAgent:
     def close(self) -> None:
         self._watcher.close()
         self._logs.close()
+        self._artifacts.close()

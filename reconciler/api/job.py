@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import posixpath
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
@@ -232,7 +234,9 @@ class JobSpec(Strict):
         default=None, min_length=1, description="One string run by /bin/sh -c; exactly one of command/shell."
     )
     working_dir: OsString | None = Field(
-        default=None, description="Relative paths resolve against the manifest file's folder."
+        default=None,
+        description="Relative paths resolve against the manifest file's folder; "
+        "with an artifact, against the run's unpacked folder (and stay relative).",
     )
     env: dict[str, str] = Field(default_factory=dict)
     type: Literal["run", "service"] = Field(
@@ -305,6 +309,25 @@ class JobSpec(Strict):
     def restart_policy(self) -> Restart:
         """restart, or its defaults."""
         return DEFAULT_RESTART if self.restart is None else self.restart
+
+    @field_validator("artifact")
+    @classmethod
+    def _inside_artifact(cls, artifact: Artifact | None, info: ValidationInfo) -> Artifact | None:
+        # an absolute workingDir is refused at apply (manifests.py); a stored one is kept, and
+        # the run starts there
+        wd = info.data.get("working_dir")
+        if artifact is not None and wd and not wd.startswith(("/", "~")):
+            inside = posixpath.normpath(wd)
+            if inside == ".." or inside.startswith("../"):
+                raise ValueError(f"workingDir {wd!r} leaves the unpacked folder, which it is relative to")
+        return artifact
+
+    @property
+    def host_dir(self) -> str | None:
+        """workingDir where it is a folder of the host before any run (a wait probe's):
+        with an artifact a relative one lies in the run's unpacked folder, made per run."""
+        wd = self.working_dir
+        return wd if wd is None or self.artifact is None or os.path.isabs(wd) else None
 
     @field_validator("pool")
     @classmethod

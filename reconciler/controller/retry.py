@@ -13,7 +13,8 @@ from ..api.job import Backoff, Restart, Retry
 class RunEnd:
     outcome: str  # Succeeded | Failed | TimedOut | Cancelled | StartFailed | Lost
     exit_code: int | None = None
-    reason: str | None = None  # why a run was Lost (ProcessLost, NodeLost): the job's reason if it ends so
+    reason: str | None = None  # why a run was Lost (ProcessLost, NodeLost) or could not start: the job's reason
+    retryable: bool = False  # a StartFailed run worth another attempt (its artifact's URL was unreachable)
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def _retryable(retry: Retry, run: RunEnd) -> tuple[bool, str, str]:
     if run.outcome == "Lost":
         return retry.on_lost, "Lost", run.reason or "NodeLost"
     if run.outcome == "StartFailed":
-        return False, "Failed", "StartFailed"
+        return run.retryable, "Failed", run.reason or "StartFailed"
     return False, run.outcome, run.outcome
 
 
@@ -98,7 +99,7 @@ def after_run(
         return AfterRun(False, "Cancelled", "Cancelled", "the job was cancelled")
     if deadline_passed:
         return AfterRun(False, "TimedOut", "DeadlineExceeded", "the job exceeded its timeout")
-    if restart is not None and run.outcome != "StartFailed":
+    if restart is not None and (run.outcome != "StartFailed" or run.retryable):
         return AfterRun(True, delay=restart, message=f"service run ended {run.outcome}; restarting in {restart:.3g}s")
     if run.outcome == "Succeeded":
         return AfterRun(False, "Succeeded", None, "the run exited 0")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from ..agent.local import ExitRecord, LocalAgent, ProcessIdentity, StartFailed, owner_gone
+from ..agent.local import ExitRecord, LocalAgent, Preparation, ProcessIdentity, StartFailed, owner_gone
 from ..agent.probe import Probes
 from ..api.annotations import LOST_RUN, lost_run
 from ..api.meta import from_epoch, to_epoch
@@ -109,9 +109,15 @@ class RunSteps:
         started_at = None  # now, unless an adopted process tells when it really started
         if identity is None and exited is None:
             if (stop := self.stop_reason(ctx)) is not None:
+                if ctx.spec.artifact is not None:
+                    self.agent.discard_work(run_dir)  # a fetch or an unpacked folder nobody will use
                 return self.after_stop(ctx, stop, run=None)
             if (lost := drained(ctx, number, held.node)) is not None:
+                if ctx.spec.artifact is not None:
+                    self.agent.discard_work(run_dir)  # its next admission may be on another node
                 return self.unstarted(ctx, lost)
+            if ctx.spec.artifact is not None and (not_yet := self._artifact(ctx, number, run_dir)) is not None:
+                return not_yet
             faults.point("after-admission")
             try:
                 identity = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
@@ -141,6 +147,31 @@ class RunSteps:
             run_deadline = deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"]))
             return requeue_after(deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline()))
         return AGAIN
+
+    def _artifact(self, ctx: Ctx, number: int, run_dir: Path) -> Result | None:
+        """None once the run's artifact is unpacked in its folder. Until then the agent
+        fetches and unpacks it beside the loop and wakes the job when done; the job stays
+        Starting, its slots held. A failure ends the run StartFailed before its command
+        starts, with reason ArtifactInvalid: retried per spec.retry only when the URL could
+        not be reached."""
+        assert ctx.spec.artifact is not None
+        prep = self.agent.prepare(ctx.name, run_dir, ctx.spec.artifact)
+        if prep.state == "ready":
+            return None
+        if prep.state == "failed":
+            return self._artifact_failed(ctx, number, prep)
+        if prep.state == "started":
+            ctx.note("FetchingArtifact", f"run {number}: fetching {ctx.spec.artifact.url} and unpacking it")
+            self.endings.write(ctx)
+        return requeue_after(deadlines.soonest(ctx.now, ctx.job_deadline()))
+
+    def _artifact_failed(self, ctx: Ctx, number: int, prep: Preparation) -> Result:
+        run = self._new_run(ctx, number, None)
+        message = prep.message
+        if prep.retryable and ctx.spec.type != "service":  # a service is restarted without a limit
+            message += f" (attempt {len(ctx.runs_this_revision())} of {ctx.spec.retry.limit + 1})"
+        end = RunEnd(RunOutcome.START_FAILED, reason=prep.reason, retryable=prep.retryable)
+        return self.finish(ctx, run, end, exit_code=None, reason=prep.reason, message=message)
 
     def _claim(self, ctx: Ctx, held: sched.Admission) -> bool:
         """Only one agent may start (or adopt) a given admission's run, even with two
@@ -437,7 +468,7 @@ class RunSteps:
                 due = healthy_at - ctx.now
         readiness = ctx.spec.readiness
         if readiness is not None:
-            verdict = self.probes.verdict(ctx.name, ctx.uid, readiness.as_wait_probe(), ctx.spec.working_dir)
+            verdict = self.probes.verdict(ctx.name, ctx.uid, readiness.as_wait_probe(), ctx.spec.host_dir)
             if verdict is not None and verdict[0] != ctx.status.get("ready"):
                 ctx.status["ready"] = verdict[0]
                 reason = "ProbeSucceeded" if verdict[0] else "ProbeFailed"
@@ -451,7 +482,9 @@ class RunSteps:
     def _close_run(
         self, ctx: Ctx, run: RunDict, outcome: str, code: int | None, signal: int | None, reason: str | None
     ) -> None:
-        self.agent.stop_trimming(self.run_dir(ctx, run["number"]))
+        run_dir = self.run_dir(ctx, run["number"])
+        self.agent.stop_trimming(run_dir)
+        self.agent.discard_work(run_dir)  # an artifact's unpacked folder goes with the run
         _close_run(ctx, run, outcome, code, signal, reason)
 
     def _decide(self, ctx: Ctx, end: RunEnd, message: str) -> Result:

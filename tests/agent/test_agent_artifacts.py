@@ -275,3 +275,19 @@ def test_a_failed_preparation_is_answered_once(tmp_path, http_server, prepared, 
     assert (failed.state, failed.reason, failed.retryable) == ("failed", "ArtifactInvalid", False)
     assert message in failed.message
     assert listing(run_dir) == [] and not (tmp_path / "state" / "runs" / "evil").exists()
+
+
+def test_a_run_folder_discarded_then_prepared_again_is_fresh_and_whole(tmp_path, http_server, prepared):
+    """A drained admission comes back with its run number: the removal of the first folder
+    and the second unpacking into the same place never overlap."""
+    artifacts, wakes = prepared
+    url = http_server.put("/app.zip", APP)
+    run_dir = tmp_path / "state" / "runs" / "a.uid.1"
+    assert artifacts.prepare("a", run_dir, url, APP_SHA).state == "started"
+    wait_until(lambda: wakes.count("a") == 1, timeout=30, message="first folder ready")
+    (run_dir / WORK / "written-by-the-first").touch()
+    artifacts.discard(run_dir)
+    assert artifacts.prepare("a", run_dir, url, APP_SHA).state == "started"
+    wait_until(lambda: wakes.count("a") == 2, timeout=30, message="second folder ready")
+    assert artifacts.prepare("a", run_dir, url, APP_SHA).state == "ready"
+    assert listing(run_dir) == [WORK] and listing(run_dir / WORK) == ["data", "run.sh"]

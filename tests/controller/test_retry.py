@@ -283,6 +283,26 @@ RETRY_ALL = {
             RETRY_ALL, RunEnd("StartFailed"), 1, False, False, "Failed", "StartFailed", id="start-failed-never-retried"
         ),
         pytest.param(
+            RETRY_ALL,
+            RunEnd("StartFailed", reason="ArtifactInvalid"),
+            1,
+            False,
+            False,
+            "Failed",
+            "ArtifactInvalid",
+            id="artifact-invalid-never-retried",
+        ),
+        pytest.param(
+            {"limit": 2, "onExitCodes": [1]},
+            RunEnd("StartFailed", reason="ArtifactInvalid", retryable=True),
+            3,
+            False,
+            False,
+            "Failed",
+            "ArtifactInvalid",
+            id="artifact-unreachable-past-the-limit-keeps-its-reason",
+        ),
+        pytest.param(
             RETRY_ALL, RunEnd("Cancelled"), 1, False, False, "Cancelled", "Cancelled", id="run-cancelled-not-retried"
         ),
         # 4. retry limit reached: attempts = limit + 1
@@ -373,6 +393,14 @@ def test_after_run_ends_the_job(spec, run, attempts, cancelled, deadline, outcom
             {"limit": 5, "backoff": {"delay": "1s", "maxDelay": "3s"}}, RunEnd("Failed", 1), 5, 3.0, id="capped-delay"
         ),
         pytest.param({"limit": 2}, RunEnd("Failed", 1), 2, 2.0, id="last-retry-before-limit"),
+        # an artifact's unreachable URL: a failed attempt whatever onExitCodes says (no exit code)
+        pytest.param(
+            {"limit": 2, "onExitCodes": [1]},
+            RunEnd("StartFailed", reason="ArtifactInvalid", retryable=True),
+            2,
+            2.0,
+            id="artifact-unreachable-retried",
+        ),
     ],
 )
 def test_after_run_retries_with_computed_delay(spec, run, attempts, delay):
@@ -459,3 +487,17 @@ def test_a_service_restarts_whatever_its_retry_policy_says_but_not_after_a_faile
         limit0, RunEnd("Failed", 1), attempts=1, cancelled=True, deadline_passed=False, rand=no_rand, restart=3.0
     )
     assert (cancelled.retry, cancelled.outcome) == (False, "Cancelled")
+
+
+@pytest.mark.parametrize(
+    ("run", "restarted"),
+    [
+        pytest.param(RunEnd("StartFailed", reason="ArtifactInvalid", retryable=True), True, id="unreachable-restarts"),
+        pytest.param(RunEnd("StartFailed", reason="ArtifactInvalid"), False, id="invalid-ends-the-service"),
+        pytest.param(RunEnd("StartFailed"), False, id="start-failed-ends-the-service"),
+    ],
+)
+def test_a_service_whose_artifact_cannot_be_reached_is_restarted_like_after_an_exit(run, restarted):
+    d = after_run(retry(limit=0), run, attempts=5, cancelled=False, deadline_passed=False, rand=fixed(MID), restart=3.0)
+    assert d.retry is restarted
+    assert d.reason == (None if restarted else run.reason or "StartFailed")
