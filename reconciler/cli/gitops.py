@@ -30,6 +30,14 @@ def sync(store: Store, folder: str) -> None:
 def watch_folder(store: Store, folder: str, stop: threading.Event) -> None:
     from watchfiles import watch
 
-    sync(store, folder)
-    for _ in watch(folder, stop_event=stop, recursive=True, debounce=200):
-        sync(store, folder)
+    sync(store, folder)  # at once: the folder's jobs go first
+    # The watcher starts only when the loop first asks it for changes: a file written
+    # between the sync above and that moment raises no event. Its first answer (a change,
+    # or half a second of none) is followed by a sync in any case, which catches it.
+    caught_up = False
+    for changes in watch(
+        folder, stop_event=stop, recursive=True, debounce=200, rust_timeout=500, yield_on_timeout=True
+    ):
+        if changes or not caught_up:
+            sync(store, folder)
+            caught_up = True
