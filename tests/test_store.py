@@ -94,6 +94,28 @@ def test_opening_an_existing_store_again_is_a_no_op(store_url):
         again.dispose()
 
 
+def test_a_schema_1_store_is_upgraded_in_place(store_url):
+    """A store made before notifier delivery (schema 1: no outbox) gets the outbox and the
+    deliveries tables when opened, and keeps its objects."""
+    s = Store(store_url)
+    obj = _create(s, "old")
+    with s.write() as tx:
+        tx.session.run("DROP TABLE outbox")
+        tx.session.run("DROP TABLE deliveries")
+        _SET_SCHEMA.execute(tx.session, {"v": 1})
+    s.dispose()
+
+    again = Store(store_url)
+    try:
+        assert _meta(again)["schema"] == SCHEMA_VERSION == 2
+        assert {"outbox", "deliveries"} <= _tables(again)
+        with again.read() as conn:
+            assert repo.get(conn, kind="Job", name="old").uid == obj.uid
+            assert Statement("SELECT count(*) FROM outbox").execute(conn).scalar() == 0
+    finally:
+        again.dispose()
+
+
 def test_a_store_from_a_newer_schema_is_refused(store_url):
     s = Store(store_url)
     with s.write() as tx:
@@ -338,9 +360,9 @@ SQLITE_ONLY = {"_HAS_META[sqlite]"}
 def _runtime_statements() -> dict[str, Statement]:
     """Every statement the store runs, by name: the module-level ones, and one of each shape
     the cached builders make (a new builder must be added here, or this fails)."""
-    from reconciler.store import engine, migrations, scheduling
+    from reconciler.store import engine, migrations, outbox, scheduling
 
-    modules = (engine, repo, scheduling, migrations)
+    modules = (engine, repo, scheduling, migrations, outbox)
     found: dict[str, Statement] = {}
     for module in modules:
         for name, value in vars(module).items():

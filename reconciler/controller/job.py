@@ -53,8 +53,10 @@ class JobReconciler:
         owner: str,
         rand: random.Random | None = None,
         strategy: str = "spread",
+        notified: Callable[[], None] | None = None,
     ):
         self.store = store
+        self.notified = notified  # told after a step that wrote notifier events (the deliverer's wake-up)
         self.agent = agent
         self.clock = clock
         self.rand = rand or random.Random()
@@ -153,6 +155,8 @@ class JobReconciler:
         return self.backoff(ctx)
 
     def after_commit(self, ctx: Ctx) -> None:
+        if ctx.notified and self.notified is not None:
+            self.notified()
         for name in ctx.wake:
             self.wake(name)
         if ctx.wake_pools:

@@ -14,9 +14,9 @@ from sqlalchemy import create_mock_engine
 from sqlmodel import SQLModel
 
 from ..errors import ReconcilerError
-from . import tables  # noqa: F401  (registers the tables on SQLModel.metadata)
 from .dbapi import Connection, Statement
 from .engine import META, SCHEMA_VERSION
+from .tables import SCHEMA_TABLES  # importing tables registers them on SQLModel.metadata
 
 _DIALECT_URLS = {"sqlite": "sqlite://", "postgresql": "postgresql+psycopg://"}
 _HAS_META = {
@@ -30,17 +30,28 @@ _ADD_META = Statement("INSERT INTO meta (key, value) VALUES (:key, :value)")
 _ONE_MIGRATOR = Statement("SELECT pg_advisory_xact_lock(727274)")  # PostgreSQL: one at a time across processes
 
 
-def _v1(conn: Connection) -> None:
+def _create(conn: Connection, names: list[str]) -> None:
+    """The statements create_all would send for these tables, run in this transaction (no
+    existence checks: the version says they are not there)."""
+
     def run(ddl: Any, *_: Any, **__: Any) -> None:
         conn.run(str(ddl.compile(dialect=engine.dialect)))
 
-    # the statements create_all would send, run in this transaction (no existence checks:
-    # version 0 has no tables)
     engine = create_mock_engine(_DIALECT_URLS[conn.dialect], run)
-    SQLModel.metadata.create_all(engine, checkfirst=False)
+    tables = [SQLModel.metadata.tables[name] for name in names]
+    SQLModel.metadata.create_all(engine, tables=tables, checkfirst=False)
 
 
-MIGRATIONS: list[Callable[[Connection], None]] = [_v1]
+def _v1(conn: Connection) -> None:
+    _create(conn, SCHEMA_TABLES[0])
+
+
+def _v2(conn: Connection) -> None:
+    """Notifier delivery: the outbox and each notifier's delivery counts."""
+    _create(conn, SCHEMA_TABLES[1])
+
+
+MIGRATIONS: list[Callable[[Connection], None]] = [_v1, _v2]
 assert len(MIGRATIONS) == SCHEMA_VERSION, "engine.SCHEMA_VERSION counts the migrations"
 
 
