@@ -213,3 +213,12 @@ def test_a_lease_held_by_a_live_process_keeps_another_from_delivering(store, tmp
     clock.advance(notify.LEASE)  # the lease ran out: taken over
     assert notify.Lane(store, "pager", clock=clock, owner="someone:2:2").step() == 0.0
     assert counts(store, "pager").delivered == 1
+
+
+def test_a_password_in_the_url_stays_out_of_the_error(store, tmp_path):
+    apply(store, tmp_path, notifier("hook", url="http://bot:hunter2@127.0.0.1:9/jobs"))
+    clock = FakeClock()
+    add_event(store, "hook", clock.now())
+    notify.Lane(store, "hook", clock=clock, owner="test:1:1").step()
+    error = counts(store, "hook").last_error
+    assert error.startswith("POST http://***@127.0.0.1:9/jobs: ") and "hunter2" not in error

@@ -17,6 +17,7 @@ import hmac
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -73,10 +74,14 @@ def _secret(path: str) -> bytes:
     return key[:-1] if key.endswith(b"\n") else key
 
 
+_USERINFO = re.compile(r"//[^/@\s]*@")
+
+
 def post(client: httpx.Client, spec: NotifierSpec, body: str, event_id: str) -> None:
     import httpx  # imported once a notifier has a URL (a tenth of a second at start-up otherwise)
 
     assert spec.url is not None
+    shown = _USERINFO.sub("//***@", spec.url)  # errors are shown and logged: no password in them
     content = body.encode()
     headers = {"Content-Type": "application/json", "X-Reconciler-Event": event_id}
     if spec.secret_ref is not None:
@@ -84,11 +89,11 @@ def post(client: httpx.Client, spec: NotifierSpec, body: str, event_id: str) -> 
     try:
         response = client.post(spec.url, content=content, headers=headers)
     except httpx.TimeoutException:
-        raise DeliveryFailed(f"POST {spec.url}: no answer within {TIMEOUT:g}s") from None
+        raise DeliveryFailed(f"POST {shown}: no answer within {TIMEOUT:g}s") from None
     except httpx.HTTPError as exc:
-        raise DeliveryFailed(f"POST {spec.url}: {exc or type(exc).__name__}") from None
+        raise DeliveryFailed(f"POST {shown}: {_USERINFO.sub('//***@', str(exc)) or type(exc).__name__}") from None
     if not response.is_success:
-        raise DeliveryFailed(f"POST {spec.url}: HTTP {response.status_code} {response.reason_phrase}".rstrip())
+        raise DeliveryFailed(f"POST {shown}: HTTP {response.status_code} {response.reason_phrase}".rstrip())
 
 
 def run_command(argv: list[str], body: str) -> None:
@@ -294,6 +299,7 @@ class Deliverer:
     def _lane(self, name: str, woken: threading.Event) -> None:
         lane = Lane(self.store, name, clock=self.clock, owner=self.owner)
         try:
+            lane.client  # noqa: B018  # imports httpx now rather than while the first event waits
             while not self._stop.is_set() and not lane.gone:
                 woken.clear()
                 try:
