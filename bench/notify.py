@@ -4,7 +4,8 @@ ThreadingHTTPServer in this process).
 - throughput: M events put in the outbox at once (one transaction), then one lane (a
   Deliverer, as the controller runs it) delivers them all; events/s from the first to the
   last arrival. Reference: the same M bodies POSTed by a bare httpx client in a loop, with
-  the same headers (the floor of one-at-a-time delivery to this receiver).
+  the same headers (the floor of one-at-a-time delivery to this receiver). Three rounds,
+  each reference beside its lane; the medians.
 - latency: N independent `/bin/true` jobs run by a controller in this process, with one
   notifier hearing every completion. Per event: its arrival at the receiver (time.time()
   when the body was read) minus the job's `completionTime` as stored (the same clock, the
@@ -123,16 +124,22 @@ def latency(jobs: int) -> list[float]:
         return [(r.at - completed[json.loads(r.body)["name"]]) * 1000 for r in receiver.requests]
 
 
-def row(events: int, jobs: int) -> Row:
-    bare_rate, trips = bare_posts(events)
-    log(f"notify: a lane delivering {events} queued events")
-    rate = throughput(events)
+def row(events: int, jobs: int, rounds: int = 3) -> Row:
+    rates, bare_rates, trips = [], [], []
+    for i in range(rounds):  # interleaved: this machine's speed drifts within a minute
+        log(f"notify: round {i + 1} of {rounds}: {events} POSTs by a bare client, then by a lane")
+        bare, round_trips = bare_posts(events)
+        bare_rates.append(bare)
+        trips += round_trips
+        rates.append(throughput(events))
+    rate, bare_rate = median(rates), median(bare_rates)
     log(f"notify: {jobs} jobs, each completion notified")
     lags = latency(jobs)
     p50, p99 = median(lags), percentile(lags, 0.99)
     label = "10 notifier delivery (sqlite)"
     note = (
         f"{label}: throughput = {events} events queued at once, one lane (POST, wait for the answer, next), "
+        f"median of {rounds} rounds interleaved with the reference ({', '.join(f'{r:.0f}' for r in rates)}), "
         f"{rate:.0f} events/s against a bare httpx loop's {bare_rate:.0f}/s to the same receiver "
         f"({rate / bare_rate:.0%}; the lane also reads the outbox and writes each batch's results); latency = "
         f"arrival at the receiver - the job's stored completionTime, {jobs} /bin/true jobs on 2 slots: "
