@@ -19,7 +19,7 @@ from .api.validation import validate_apply
 from .errors import Conflict
 from .manifests import Loaded, Manifest, invalid, paused_gc
 from .selectors import Requirement, matches
-from .store import Store, StoredObject
+from .store import Store, StoredObject, outbox
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.dbapi import Connection
@@ -211,6 +211,8 @@ def delete_object(tx: Tx, obj: StoredObject) -> str:
     repo.remove(tx, obj)  # first: it allocates the resourceVersion, which ends a read-only attempt before any write
     if obj.kind == "Job":
         sched.dequeue(tx, obj.uid)  # a deleted job must not hold its place in line
+    elif obj.kind == "Notifier":
+        outbox.drop(tx, obj.name)  # its pending events go with it
     repo.record_events(tx, repo.ObjectEvent(obj, "Deleted", f"{obj.kind.lower()} deleted"))
     return "deleted"
 

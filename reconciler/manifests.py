@@ -24,6 +24,7 @@ from pydantic_core import ErrorDetails
 from .api.job import Job, JobSpec
 from .api.kinds import KINDS, KindInfo
 from .api.meta import API_VERSION
+from .api.notifier import Notifier
 from .errors import InvalidInput
 from .yamldoc import MAX_NODES, Loader, ManifestLoader, construct, expanded_size, format_path, surely_small
 
@@ -307,6 +308,8 @@ def _to_manifest(
         return None, validation_problems(exc, source, node)
     if isinstance(obj, Job) and (problem := resolve_working_dir(obj.spec, base_dir)) is not None:
         return None, [f"{source}:{locate(node, ['spec', 'workingDir'])}: spec.workingDir: {problem}"]
+    if isinstance(obj, Notifier) and obj.spec.secret_ref is not None:
+        obj.spec.secret_ref.file = _joined(str(base_dir), os.path.expanduser(obj.spec.secret_ref.file))
     return Manifest(info, obj, source, ignored_status=ignored_status, origin=origin), []
 
 

@@ -11,11 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from .api.kinds import resolve_kind
+from .api.meta import from_epoch
 from .api.node import heartbeat_fresh, observed_status
 from .api.status import Phase, RunDict
 from .errors import InvalidInput, NotFound, ReconcilerError
 from .selectors import Requirement, matches
-from .store import Store, StoredObject
+from .store import Store, StoredObject, outbox
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.feed import ChangeFeed
@@ -47,6 +48,8 @@ def objects(
         label = info.kind
     if label in ("Pool", "Node"):
         _with_usage(store, label, found)
+    if label == "Notifier":
+        _with_deliveries(store, found)
     if label == "Node":
         _as_observed(found)
     if label == "Job":
@@ -128,6 +131,21 @@ def _with_usage(store: Store, label: str, objs: list[StoredObject]) -> None:
         o.status = status
 
 
+def _with_deliveries(store: Store, notifiers: list[StoredObject]) -> None:
+    """A notifier's delivered, pending and failed counts, last error and last delivery, read
+    from the outbox (never written into the object: a delivery is no change of it)."""
+    with store.read() as session:
+        for o in notifiers:
+            found = outbox.deliveries(session, o.name)
+            status: dict[str, Any] = {"delivered": found.delivered, "pending": found.pending, "failed": found.failed}
+            if found.last_delivery_at is not None:
+                status["lastDeliveryTime"] = from_epoch(found.last_delivery_at)
+            if found.last_error is not None:
+                status["lastError"] = found.last_error
+                status["lastErrorTime"] = from_epoch(found.last_error_at or 0.0)
+            o.status = status
+
+
 def _as_observed(nodes: list[StoredObject]) -> None:
     """Nodes as they stand now: Ready Unknown once their heartbeat is stale."""
     now = time.time()
@@ -201,6 +219,8 @@ def describe(store: Store, kind: str, name: str) -> tuple[StoredObject, list[Any
         _as_observed([obj])
     if obj.kind == "Job":
         _with_paths_checked(store, [obj])
+    if obj.kind == "Notifier":
+        _with_deliveries(store, [obj])
     return obj, found
 
 

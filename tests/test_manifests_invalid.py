@@ -481,6 +481,33 @@ CASES: list[Case] = [
         "Succeeded",
     ),
     one(
+        "notifier-bad-event-name",
+        HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:\n  url: https://h.example/x\n"
+        "  events: [Started, Finished]  # <--\n",
+        "spec.events[1]",
+        "Retrying",
+    ),
+    one(
+        "notifier-bad-selector",
+        HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:\n  url: https://h.example/x\n"
+        "  selector: 'team in ()'  # <--\n",
+        "spec.selector",
+        "invalid label selector",
+    ),
+    one(
+        "notifier-secretref-without-file",
+        HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:\n  url: https://h.example/x\n  secretRef: {}  # <--\n",
+        "spec.secretRef.file",
+        "required field is missing",
+    ),
+    one(
+        "notifier-secretref-with-command",
+        HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:  # <--\n  command: [notify-send]\n"
+        "  secretRef: {file: /etc/key}\n",
+        "spec",
+        "secretRef signs webhook bodies",
+    ),
+    one(
         "node-negative-slots",
         HEAD + "kind: Node\nmetadata: {name: n1}\nspec:\n  capacity:\n    slots: -4  # <--\n",
         "spec.capacity.slots",

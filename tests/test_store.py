@@ -103,12 +103,17 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
         Store(store_url)
 
 
-def test_a_version_1_store_is_upgraded_in_place_keeping_its_admissions(store_url):
+def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissions(store_url):
+    """A store made before notifier delivery and service ports (schema 1: no outbox, no
+    admissions.port) gets them when opened, and keeps what it held."""
     from reconciler.store import scheduling as sched
     from reconciler.store.dbapi import StoreError
 
     s = Store(store_url)
-    with s.write() as tx:  # back to the schema of version 1: admissions had no port
+    obj = _create(s, "old")
+    with s.write() as tx:  # back to the schema of version 1
+        tx.session.run("DROP TABLE outbox")
+        tx.session.run("DROP TABLE deliveries")
         Statement("DROP INDEX ix_admissions_node_port").execute(tx.session)
         Statement("ALTER TABLE admissions DROP COLUMN port").execute(tx.session)
         _SET_SCHEMA.execute(tx.session, {"v": 1})
@@ -121,7 +126,10 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_admissions(store_url
     upgraded = Store(store_url)
     try:
         assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 2
+        assert {"outbox", "deliveries"} <= _tables(upgraded)
         with upgraded.read() as conn:
+            assert repo.get(conn, kind="Job", name="old").uid == obj.uid
+            assert Statement("SELECT count(*) FROM outbox").execute(conn).scalar() == 0
             assert sched.admission(conn, "u1") == sched.Admission("n1", 1, None)
         with upgraded.write() as tx:
             sched.admit(tx, uid="u2", name="web", pool=None, slots=1, node="n1", run_number=1, port=8080)
@@ -368,9 +376,9 @@ SQLITE_ONLY = {"_HAS_META[sqlite]"}
 def _runtime_statements() -> dict[str, Statement]:
     """Every statement the store runs, by name: the module-level ones, and one of each shape
     the cached builders make (a new builder must be added here, or this fails)."""
-    from reconciler.store import engine, migrations, scheduling
+    from reconciler.store import engine, migrations, outbox, scheduling
 
-    modules = (engine, repo, scheduling, migrations)
+    modules = (engine, repo, scheduling, migrations, outbox)
     found: dict[str, Statement] = {}
     for module in modules:
         for name, value in vars(module).items():

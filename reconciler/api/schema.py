@@ -41,7 +41,8 @@ KIND_DESCRIPTIONS = {
     "Job": "A command to run once or as a service, with dependencies, waits, placement, retries and timeouts.",
     "Pool": "A named slot limit; the pool named global is the store-wide limit every job is charged against.",
     "Node": "A machine that runs jobs, with its capacity, labels and heartbeat.",
-    "Notifier": "Where terminal job events are delivered, at least once: an HTTP POST or a command.",
+    "Notifier": "Where job events (terminal outcomes, runs started, retries) are delivered, at least once: "
+    "an HTTP POST or a command.",
 }
 ROOT_DESCRIPTIONS = {
     "apiVersion": f"Always {GROUP}/{VERSION}.",
@@ -133,7 +134,13 @@ PRINTER_COLUMNS: dict[str, list[tuple[str, str, str, int]]] = {  # name, type, j
         ("Allocated", "integer", ".status.allocated.slots", 0),
         ("Unschedulable", "boolean", ".spec.unschedulable", 0),
     ],
-    "Notifier": [("URL", "string", ".spec.url", 0), ("Events", "string", ".spec.events", 1)],
+    "Notifier": [
+        ("URL", "string", ".spec.url", 0),
+        ("Delivered", "integer", ".status.delivered", 0),
+        ("Pending", "integer", ".status.pending", 0),
+        ("Failed", "integer", ".status.failed", 0),
+        ("Events", "string", ".spec.events", 1),
+    ],
 }
 
 

@@ -46,9 +46,12 @@ def node_row(o: StoredObject, wide: bool) -> list[Any]:
     return row
 
 
-def notifier_row(o: StoredObject, _wide: bool) -> list[Any]:
+def notifier_row(o: StoredObject, wide: bool) -> list[Any]:
+    s = o.status or {}
     target = o.spec.get("url") or " ".join(o.spec.get("command") or [])
-    return [o.name, target, ",".join(o.spec.get("events", [])), age(o.created_at)]
+    row = [o.name, target, ",".join(o.spec.get("events", [])), s.get("delivered", 0), s.get("pending", 0)]
+    row += [s.get("failed", 0), age(o.created_at)]
+    return row + ([o.spec.get("selector") or "", s.get("lastError") or ""] if wide else [])
 
 
 def service_row(o: StoredObject, _wide: bool) -> list[Any]:
@@ -73,6 +76,10 @@ COLUMNS = {
     ),
     "Pool": (["NAME", "SLOTS", "USED", "QUEUED", "AGE"], ["MAX-BYPASS"], pool_row),
     "Node": (["NAME", "STATUS", "SLOTS", "ALLOCATED", "AGE"], ["HEARTBEAT", "LABELS"], node_row),
-    "Notifier": (["NAME", "TARGET", "EVENTS", "AGE"], [], notifier_row),
+    "Notifier": (
+        ["NAME", "TARGET", "EVENTS", "DELIVERED", "PENDING", "FAILED", "AGE"],
+        ["SELECTOR", "LAST-ERROR"],
+        notifier_row,
+    ),
     "Service": (["NAME", "NODE", "ADDRESS", "PORT", "RUN", "READY", "AGE"], [], service_row),
 }

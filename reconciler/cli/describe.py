@@ -37,6 +37,8 @@ def describe_object(obj: StoredObject, events: list[Any]) -> str:
     parts = [_kv(head)]
     if obj.kind == "Job":
         parts += _job_sections(obj, status)
+    elif obj.kind == "Notifier":
+        parts += _notifier_sections(obj, status)
     else:
         parts.append(_section("Spec", dump_yaml(obj.spec)))
         if status:
@@ -132,6 +134,27 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
         ),
         _section("Conditions", table(["TYPE", "STATUS", "REASON", "MESSAGE"], conditions) if conditions else ""),
     ]
+
+
+def _notifier_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
+    spec = obj.spec
+    secret = (spec.get("secretRef") or {}).get("file")
+    summary = [
+        ("URL", spec.get("url")),
+        ("Command", " ".join(spec["command"]) if spec.get("command") else None),
+        ("Events", ",".join(spec.get("events", []))),
+        ("Selector", spec.get("selector") or "(every job)"),
+        ("Secret File", secret),
+    ]
+    deliveries = [
+        ("Delivered", status.get("delivered", 0)),
+        ("Pending", status.get("pending", 0)),
+        ("Failed", status.get("failed", 0)),
+        ("Last Delivery", status.get("lastDeliveryTime")),
+        ("Last Error", status.get("lastError")),
+        ("Last Error Time", status.get("lastErrorTime")),
+    ]
+    return [_kv([(k, v) for k, v in summary if v is not None]), _section("Deliveries", _kv(deliveries))]
 
 
 def _retry(retry: dict[str, Any]) -> str:

@@ -11,14 +11,17 @@ from ..api import revisions
 from ..api.annotations import CANCEL, CANCEL_REASON
 from ..api.job import JobSpec
 from ..api.meta import from_epoch, to_epoch
+from ..api.notifier import RETRYING, STARTED
 from ..api.status import JobStatusDict, Phase, RunDict, phase_of
 from ..store import StoredObject
 from ..store import repository as repo
-from . import deadlines
+from . import deadlines, notices
 from .transitions import Event, move
 
 if TYPE_CHECKING:
     from ..store.engine import Tx
+
+RETRY_SCHEDULED = "BackoffScheduled"  # the reason of a move to Backoff after a failed run: notifiers' Retrying
 
 
 @dataclass
@@ -34,6 +37,8 @@ class Ctx:
     dep_states: dict[str, revisions.DepState | None] | None = None  # dependency states read with the job, if any
     written: bool = False  # a commit made `obj` the latest stored state
     annotations: dict[str, str] | None = None  # new annotations, written with the status (a request spent)
+    notices: list[str] = field(default_factory=list)  # notifier events of the moves since the last write
+    notified: bool = False  # a commit wrote outbox rows: the deliverer is woken after the step
 
     def __post_init__(self) -> None:
         if not self.status:  # a private copy: decoding the stored text is cheaper than deepcopy
@@ -68,11 +73,18 @@ class Ctx:
     def move(
         self, to: Phase, reason: str, message: str, *, outcome: str | None = None, event: str | None = None
     ) -> None:
+        before = self.phase
         self.events.append(
             move(
                 self.status, to, reason=reason, message=message, now=self.now_text, outcome=outcome, event_reason=event
             )
         )
+        if outcome is not None:
+            self.notices.append(outcome)
+        elif to == Phase.RUNNING and before != Phase.RUNNING:  # a run started (not a service between runs)
+            self.notices.append(STARTED)
+        elif to == Phase.BACKOFF and reason == RETRY_SCHEDULED:
+            self.notices.append(RETRYING)
 
     def note(self, reason: str, message: str, *, warning: bool = False) -> None:
         """An event without a phase change."""
@@ -113,7 +125,13 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     ctx.status["specHash"] = revisions.spec_hash(ctx.obj.spec_text)
     obj = repo.update_object(tx, ctx.obj, status=cast(dict[str, Any], ctx.status), annotations=ctx.annotations)
     repo.record_events(tx, *(repo.ObjectEvent(obj, e.reason, e.message, e.warning) for e in ctx.events))
+    if ctx.notices:
+        runs = ctx.runs_this_revision()
+        run = runs[-1]["number"] if runs else None
+        reason = ctx.status.get("reason")
+        ctx.notified |= notices.record(tx, obj, ctx.notices, reason=reason, run=run, at=ctx.now)
     ctx.obj, ctx.written, ctx.annotations = obj, True, None
     ctx.ops.clear()
     ctx.events.clear()
+    ctx.notices.clear()
     return obj

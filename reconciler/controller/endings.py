@@ -16,6 +16,7 @@ from ..api.status import Phase, next_revision
 from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
+from . import faults
 from .context import Ctx, commit
 from .runtime import AGAIN, DONE, Result
 
@@ -63,6 +64,7 @@ class Endings:
         ctx.move(Phase.COMPLETED, reason, message, outcome=outcome)
         ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
         self.write(ctx)
+        faults.point("after-completion")  # completed, its notifications in the outbox, none delivered
         self.wake_dependents(ctx.name)
         return DONE
 

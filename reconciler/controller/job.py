@@ -55,8 +55,10 @@ class JobReconciler:
         wake: Callable[..., None],
         owner: str,
         rand: random.Random | None = None,
+        notified: Callable[[], None] | None = None,
     ):
         self.store = store
+        self.notified = notified  # told after a step that wrote notifier events (the deliverer's wake-up)
         self.agent = agent
         self.clock = clock
         self.rand = rand or random.Random()
@@ -154,6 +156,8 @@ class JobReconciler:
         return self.backoff(ctx)
 
     def after_commit(self, ctx: Ctx) -> None:
+        if ctx.notified and self.notified is not None:
+            self.notified()
         for name in ctx.wake:
             self.wake(name)
         if ctx.wake_pools:

@@ -1,5 +1,5 @@
 """Wiring: one store, the local agent, the job reconciler, the work queue and its workers,
-the change watcher (other processes' writes) and the node heartbeat."""
+the change watcher (other processes' writes), the node heartbeat and the notifier lanes."""
 
 from __future__ import annotations
 
@@ -16,12 +16,14 @@ from ..threads import critical, fatal
 from . import faults
 from .job import JobReconciler
 from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_name
+from .notify import Deliverer
 from .runtime import Runner, WorkQueue
 
 log = logging.getLogger("reconciler.controller")
 
 WATCH_INTERVAL = 0.05  # how far behind other processes' writes we may be
 WAKE_ON_ROOM = 8  # jobs first in line woken when a pool or node may have room (each admission wakes on)
+DRAIN = 2.0  # on stop, how long events due now may take to be delivered (`up` ends right after its jobs)
 
 
 class Controller:
@@ -40,6 +42,7 @@ class Controller:
         self.node = node or local_node_name()
         self.owner = process_owner()
         self.queue = WorkQueue()
+        self.notifier = Deliverer(store, clock=self.clock, owner=self.owner)
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
         self.jobs = JobReconciler(
             store,
@@ -47,6 +50,7 @@ class Controller:
             clock=self.clock,
             owner=self.owner,
             wake=self.queue.add,
+            notified=self.notifier.wake,
         )
         self.runner = Runner(self.queue, self.jobs, workers=workers)
         self._stop = threading.Event()
@@ -65,11 +69,14 @@ class Controller:
             self.queue.add(name)
         self.runner.start()
         self._watcher.start()
+        self.notifier.start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
         self.runner.stop()
+        self.notifier.drain(DRAIN)
+        self.notifier.stop()
         self.jobs.paths.close()
         self.jobs.probes.close()
         self._watcher.join(2)

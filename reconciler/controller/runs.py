@@ -19,7 +19,7 @@ from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
 from . import deadlines, faults
-from .context import Ctx
+from .context import RETRY_SCHEDULED, Ctx
 from .endings import Endings
 from .retry import RunEnd, after_run, restart_delay
 from .runtime import AGAIN, DONE, Result, requeue_after
@@ -505,7 +505,7 @@ class RunSteps:
                 ctx, decision.outcome, decision.reason or decision.outcome, message or decision.message
             )
         ctx.status["nextRunAt"] = from_epoch(ctx.now + decision.delay)
-        ctx.move(Phase.BACKOFF, "BackoffScheduled", decision.message)
+        ctx.move(Phase.BACKOFF, RETRY_SCHEDULED, decision.message)
         self.endings.write(ctx)
         faults.point("during-backoff")
         return AGAIN if decision.delay <= 0 else requeue_after(decision.delay)

@@ -175,5 +175,13 @@ class Statement:
     def execute_many(self, conn: Connection, rows: Iterable[Mapping[str, Any]]) -> None:
         conn.run_many(self.text(conn), rows)
 
+    def execute_rows(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Once per row: a single row as a plain execute (executemany's set-up costs more
+        than the statement on the reconcile loop's writes), none as nothing."""
+        if len(rows) == 1:
+            self.execute(conn, rows[0])
+        elif rows:
+            self.execute_many(conn, rows)
+
     def __repr__(self) -> str:
         return f"Statement({self.sqlite!r})"

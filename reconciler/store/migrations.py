@@ -30,27 +30,29 @@ _ADD_META = Statement("INSERT INTO meta (key, value) VALUES (:key, :value)")
 _ONE_MIGRATOR = Statement("SELECT pg_advisory_xact_lock(727274)")  # PostgreSQL: one at a time across processes
 
 
-def _create(conn: Connection) -> None:
-    """A new store: the current schema, as tables.py defines it."""
+def _create(conn: Connection, names: list[str] | None = None) -> None:
+    """The statements create_all would send for these tables (all: a new store), run in this
+    transaction (no existence checks: the version says they are not there)."""
 
     def run(ddl: Any, *_: Any, **__: Any) -> None:
         conn.run(str(ddl.compile(dialect=engine.dialect)))
 
-    # the statements create_all would send, run in this transaction (no existence checks:
-    # version 0 has no tables)
     engine = create_mock_engine(_DIALECT_URLS[conn.dialect], run)
-    SQLModel.metadata.create_all(engine, checkfirst=False)
+    chosen = None if names is None else [SQLModel.metadata.tables[name] for name in names]
+    SQLModel.metadata.create_all(engine, tables=chosen, checkfirst=False)
 
 
-def _v2_service_ports(conn: Connection) -> None:
-    """Admissions hold a service's port on its node, one service per port and node."""
+def _v2(conn: Connection) -> None:
+    """Notifier delivery (the outbox and each notifier's delivery counts), and admissions
+    that hold a service's port on its node, one service per port and node."""
+    _create(conn, ["outbox", "deliveries"])
     conn.run("ALTER TABLE admissions ADD COLUMN port INTEGER")
     conn.run("CREATE UNIQUE INDEX ix_admissions_node_port ON admissions (node, port) WHERE port IS NOT NULL")
 
 
 # UPGRADES[n - 2] brings a store at version n - 1 to version n; a new store is created at
 # the current version at once. Each must leave the schema exactly as `_create` makes it.
-UPGRADES: list[Callable[[Connection], None]] = [_v2_service_ports]
+UPGRADES: list[Callable[[Connection], None]] = [_v2]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

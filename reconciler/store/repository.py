@@ -385,10 +385,7 @@ def record_events(tx: Tx, *events: ObjectEvent) -> None:
         }
         for e in events
     ]
-    if len(rows) == 1:
-        _INSERT_EVENT.execute(tx.session, rows[0])
-    elif rows:
-        _INSERT_EVENT.execute_many(tx.session, rows)
+    _INSERT_EVENT.execute_rows(tx.session, rows)
 
 
 _INSERT_EVENT = Statement(

@@ -93,3 +93,34 @@ class QueueRow(SQLModel, table=True):
     bypass_count: int = 0
     node_name: str | None = None  # placement constraints, so a head's fit can be judged from here
     node_selector: str = "{}"
+
+
+class OutboxRow(SQLModel, table=True):
+    """A job event a notifier has yet to receive: written in the same transaction as the
+    job status it reports, deleted once delivered or given up (schema 2)."""
+
+    __tablename__ = "outbox"
+    __table_args__ = (Index("ix_outbox_due", "notifier", "next_attempt_at", "id"),)
+    id: int | None = Field(default=None, primary_key=True)
+    notifier: str
+    event_id: str
+    body: str = Field(sa_column=Column(Text, nullable=False))  # the exact JSON sent (and signed) every time
+    created_at: float  # the event's time: delivery is given up 24h after it
+    next_attempt_at: float
+    attempts: int = 0
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+
+
+class DeliveryRow(SQLModel, table=True):
+    """Per notifier: what its deliveries came to, and the process delivering them now (a
+    lease, so two controllers on one store do not both deliver every event) (schema 2)."""
+
+    __tablename__ = "deliveries"
+    notifier: str = Field(primary_key=True)
+    delivered: int = 0
+    failed: int = 0
+    last_error: str | None = Field(default=None, sa_column=Column(Text))
+    last_error_at: float | None = None
+    last_delivery_at: float | None = None
+    owner: str | None = None  # host:pid:start of the delivering process
+    lease_until: float | None = None

@@ -109,6 +109,11 @@ def crash_window(env: Env, point: str) -> str:
         ]
         assert open_runs, statuses
         return open_runs[0]
+    if point == "after-completion":
+        # a completion written (with its outbox rows), nothing after it
+        completed = [n for n, s in statuses.items() if s.get("phase") == "Completed"]
+        assert len(completed) == 1, statuses
+        return completed[0]
     assert point == "during-backoff"
     assert statuses["flaky"]["phase"] == "Backoff", statuses["flaky"]
     return "flaky"

@@ -1,0 +1,77 @@
+"""A webhook receiver on loopback for notifier tests and the notify benchmark: a real HTTP
+server in a thread that records every POST (path, headers, body, when it arrived) and
+answers as the path says:
+- `/ok`: 200;
+- `/flaky`: 500 the first time an event id arrives, 200 after;
+- `/hang`: holds the request until `release()` (then 200).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+@dataclass(frozen=True)
+class Request:
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    at: float  # time.time() when the body was read
+
+
+class Receiver:
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.answered = 0
+        self._lock = threading.Lock()
+        self._released = threading.Event()
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # keep-alive, as a real receiver would
+
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                request = Request(self.path, dict(self.headers), body, time.time())
+                with receiver._lock:
+                    receiver.requests.append(request)
+                    seen = sum(
+                        1
+                        for r in receiver.requests
+                        if r.headers.get("X-Reconciler-Event") == request.headers.get("X-Reconciler-Event")
+                    )
+                if self.path == "/hang":
+                    receiver._released.wait(60)
+                code = 500 if self.path == "/flaky" and seen == 1 else 200
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+                with receiver._lock:
+                    receiver.answered += 1
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> Receiver:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._released.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def release(self) -> None:
+        self._released.set()
+
+    def at(self, path: str) -> list[Request]:
+        with self._lock:
+            return [r for r in self.requests if r.path == path]
