@@ -103,6 +103,40 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
         Store(store_url)
 
 
+def _downgrade(tx, *, to: int) -> None:
+    """Make a current store's schema what version `to` created (what each upgrade undoes)."""
+    if to < 3:
+        tx.session.run("DROP INDEX ix_objects_state")
+        for column in ("outcome", "reason", "pool"):
+            tx.session.run(f"ALTER TABLE objects DROP COLUMN {column}")
+    if to < 2:
+        tx.session.run("DROP TABLE outbox")
+        tx.session.run("DROP TABLE deliveries")
+        tx.session.run("DROP INDEX ix_admissions_node_port")
+        tx.session.run("ALTER TABLE admissions DROP COLUMN port")
+    _SET_SCHEMA.execute(tx.session, {"v": to})
+
+
+def test_a_version_2_store_gets_the_state_columns_filled_from_its_documents(store_url):
+    s = Store(store_url)
+    done = _create(s, "done", spec={"command": ["true"], "pool": "batch"})
+    with s.write() as tx:
+        repo.update_object(
+            tx, done, status={"phase": "Completed", "outcome": "Failed", "reason": "BackoffLimitExceeded"}
+        )
+        _downgrade(tx, to=2)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION
+        with upgraded.read() as conn:
+            rows = Statement("SELECT name, phase, outcome, reason, pool FROM objects WHERE kind = 'Job'").execute(conn)
+            assert [tuple(r) for r in rows] == [("done", "Completed", "Failed", "BackoffLimitExceeded", "batch")]
+    finally:
+        upgraded.dispose()
+
+
 def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissions(store_url):
     """A store made before notifier delivery and service ports (schema 1: no outbox, no
     admissions.port) gets them when opened, and keeps what it held."""
@@ -111,12 +145,8 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     s = Store(store_url)
     obj = _create(s, "old")
-    with s.write() as tx:  # back to the schema of version 1
-        tx.session.run("DROP TABLE outbox")
-        tx.session.run("DROP TABLE deliveries")
-        Statement("DROP INDEX ix_admissions_node_port").execute(tx.session)
-        Statement("ALTER TABLE admissions DROP COLUMN port").execute(tx.session)
-        _SET_SCHEMA.execute(tx.session, {"v": 1})
+    with s.write() as tx:
+        _downgrade(tx, to=1)
         Statement(
             "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at)"
             " VALUES ('u1', 'old', NULL, 1, 'n1', 1, 0)"
@@ -125,7 +155,7 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     upgraded = Store(store_url)
     try:
-        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 2
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 3
         assert {"outbox", "deliveries"} <= _tables(upgraded)
         with upgraded.read() as conn:
             assert repo.get(conn, kind="Job", name="old").uid == obj.uid

@@ -133,6 +133,12 @@ def controller(
         envvar="RECONCILER_NODE_ADDRESS",
         help="Where this node's services are reached; published in the service registry.",
     ),
+    metrics_port: int | None = typer.Option(
+        None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics at /metrics on this port."
+    ),
+    metrics_host: str = typer.Option(
+        "127.0.0.1", "--metrics-host", help="Address the metrics endpoint binds (loopback by default)."
+    ),
 ) -> None:
     """The reconcile loop as a long-running process, with this machine's agent inside it."""
     from ..converge import controller_running
@@ -147,20 +153,35 @@ def controller(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     with controller_running(store, workers=workers, address=_address(node_address)) as running:
-        err(f"controller running on node {running.node} (store {store.display_url})")
-        if watch:
-            from ..store import Store
-            from .gitops import watch_folder
+        if metrics_port is not None:
+            from ..metrics import serve_metrics
 
-            # the folder's applies are another client's writes, as a `reconciler apply` would
-            # be: through a handle of their own, the controller's change feed sees them
-            folder_client = Store(store.url)
             try:
-                watch_folder(folder_client, watch, stop)
-            finally:
-                folder_client.dispose()
+                metrics = serve_metrics(store, metrics_host, metrics_port)
+            except OSError as exc:
+                raise InvalidInput(f"--metrics-port {metrics_port}: cannot listen on {metrics_host}: {exc}") from None
+            stop_metrics = metrics.shutdown
+            err(f"metrics at http://{metrics_host}:{metrics_port}/metrics")
         else:
-            stop.wait()
+            stop_metrics = None
+        err(f"controller running on node {running.node} (store {store.display_url})")
+        try:
+            if watch:
+                from ..store import Store
+                from .gitops import watch_folder
+
+                # the folder's applies are another client's writes, as a `reconciler apply` would
+                # be: through a handle of their own, the controller's change feed sees them
+                folder_client = Store(store.url)
+                try:
+                    watch_folder(folder_client, watch, stop)
+                finally:
+                    folder_client.dispose()
+            else:
+                stop.wait()
+        finally:
+            if stop_metrics is not None:
+                stop_metrics()
 
 
 def run(

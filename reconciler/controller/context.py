@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from .. import telemetry
 from ..api import revisions
 from ..api.annotations import CANCEL, CANCEL_REASON
 from ..api.job import JobSpec
@@ -116,6 +117,23 @@ class Ctx:
         return self.status != (self.obj.status or {})
 
 
+def _count(before: dict[str, Any], after: JobStatusDict) -> None:
+    """What the metrics count of a status change: runs that ended (outcome, reason,
+    duration, lost) and an admission (its wait since the job became eligible)."""
+    ended_before = {r["number"] for r in before.get("runs", []) if r.get("finishedAt")}
+    for run in after.get("runs", []):
+        if run.get("finishedAt") and run["number"] not in ended_before:
+            reason = run.get("reason") or ""
+            telemetry.RUNS.inc(run.get("outcome") or "", reason)
+            if run.get("outcome") == "Lost":
+                telemetry.RUNS_LOST.inc(reason)
+            if started := run.get("startedAt"):
+                telemetry.RUN_DURATION.observe(max(0.0, to_epoch(run["finishedAt"]) - to_epoch(started)))
+    admission = after.get("admission")
+    if admission and not before.get("admission") and (eligible := after.get("eligibleAt")):
+        telemetry.ADMISSION_WAIT.observe(max(0.0, to_epoch(admission["admittedAt"]) - to_epoch(eligible)))
+
+
 def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     """Apply the step's scheduling operations, write status once (compare-and-swap), and
     append its events, all in the caller's one transaction."""
@@ -124,6 +142,7 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     ctx.status["observedGeneration"] = ctx.obj.generation
     ctx.status["specHash"] = revisions.spec_hash(ctx.obj.spec_text)
     obj = repo.update_object(tx, ctx.obj, status=cast(dict[str, Any], ctx.status), annotations=ctx.annotations)
+    _count(ctx.obj.status or {}, ctx.status)
     repo.record_events(tx, *(repo.ObjectEvent(obj, e.reason, e.message, e.warning) for e in ctx.events))
     if ctx.notices:
         runs = ctx.runs_this_revision()

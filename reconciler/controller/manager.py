@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 
+from .. import telemetry
 from ..agent.local import LocalAgent, process_owner
 from ..clock import Clock, RealClock
 from ..store import Store
@@ -70,6 +71,7 @@ class Controller:
         self.runner.start()
         self._watcher.start()
         self.notifier.start()
+        telemetry.workqueue_depth = self.queue.__len__
         return self
 
     def stop(self) -> None:

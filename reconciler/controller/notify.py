@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .. import telemetry
 from ..agent.local import owner_gone
 from ..api.notifier import NotifierSpec
 from ..clock import Clock
@@ -171,6 +172,11 @@ class Lane:
             outbox.delivered(tx, self.name, done, now)
             if failure is not None:
                 self._failed(tx, *failure, now)
+        if done:
+            telemetry.NOTIFICATIONS.inc(self.name, "delivered", amount=len(done))
+        if failure is not None:
+            gave_up = now >= failure[0].created_at + GIVE_UP_AFTER
+            telemetry.NOTIFICATIONS.inc(self.name, "failed" if gave_up else "retry")
         if failure is None:
             self.failures = 0
             return 0.0

@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .. import telemetry
 from ..threads import critical
 from . import faults
 
@@ -189,6 +190,7 @@ class Runner:
     def _work(self) -> None:
         while (key := self.queue.get()) is not None:
             faults.point("worker-dies")
+            began = time.perf_counter()
             try:
                 result = self._reconcile(key)
             except TerminalError as exc:
@@ -213,6 +215,7 @@ class Runner:
                 self.queue.done(key)
                 self.queue.add_after(key, delay)
                 continue
+            telemetry.RECONCILE.observe(time.perf_counter() - began)
             self._failures.pop(key, None)
             self.queue.done(key)
             if result.again:

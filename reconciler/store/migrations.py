@@ -52,7 +52,26 @@ def _v2(conn: Connection) -> None:
 
 # UPGRADES[n - 2] brings a store at version n - 1 to version n; a new store is created at
 # the current version at once. Each must leave the schema exactly as `_create` makes it.
-UPGRADES: list[Callable[[Connection], None]] = [_v2]
+_JSON_FIELD = {  # a top-level string of a JSON text column, per dialect
+    "sqlite": "json_extract({column}, '$.{field}')",
+    "postgresql": "({column}::json ->> '{field}')",
+}
+
+
+def _v3(conn: Connection) -> None:
+    """Objects copy status.outcome, status.reason and a job's spec.pool into columns, with
+    an index the metrics count by. Existing rows are filled from their JSON."""
+    for column in ("outcome", "reason", "pool"):
+        conn.run(f"ALTER TABLE objects ADD COLUMN {column} VARCHAR")
+    field = _JSON_FIELD[conn.dialect]
+    outcome, reason = field.format(column="status", field="outcome"), field.format(column="status", field="reason")
+    pool = field.format(column="spec", field="pool")
+    conn.run(f"UPDATE objects SET outcome = {outcome}, reason = {reason} WHERE status IS NOT NULL")
+    conn.run(f"UPDATE objects SET pool = {pool} WHERE kind = 'Job'")
+    conn.run("CREATE INDEX ix_objects_state ON objects (kind, phase, outcome, pool, reason)")
+
+
+UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

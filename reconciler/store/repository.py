@@ -236,9 +236,21 @@ def create(
 
 _INSERT_OBJECT = Statement(
     "INSERT INTO objects (kind, name, uid, generation, resource_version, labels, annotations, spec, status,"
-    " phase, observed_generation, created_at, deleted_at) VALUES (:kind, :name, :uid, :generation,"
-    " :resource_version, :labels, :annotations, :spec, :status, :phase, :observed_generation, :created_at, :deleted_at)"
+    " phase, observed_generation, outcome, reason, pool, created_at, deleted_at) VALUES (:kind, :name, :uid,"
+    " :generation, :resource_version, :labels, :annotations, :spec, :status, :phase, :observed_generation,"
+    " :outcome, :reason, :pool, :created_at, :deleted_at)"
 )
+
+
+def _status_copies(status: dict[str, Any] | None) -> dict[str, Any]:
+    """The status fields the objects table copies into columns, for SQL to find and count."""
+    status = status or {}
+    return {
+        "phase": status.get("phase"),
+        "observed_generation": status.get("observedGeneration"),
+        "outcome": status.get("outcome"),
+        "reason": status.get("reason"),
+    }
 
 
 def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]:
@@ -261,8 +273,8 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
             "spec": canonical(o["spec"]),
             "status": canonical(status) if status is not None else None,
             "created_at": now,
-            "phase": (status or {}).get("phase"),
-            "observed_generation": (status or {}).get("observedGeneration"),
+            **_status_copies(status),
+            "pool": o["spec"].get("pool") if o["kind"] == "Job" else None,
             "deleted_at": None,
         }
         rows.append(row)
@@ -312,14 +324,15 @@ def update_object(
     if spec is not None and (text := canonical(spec)) != current.spec_text:
         generation += 1
         values.update(spec=text, generation=generation)
+        if current.kind == "Job":
+            values["pool"] = spec.get("pool")
     if labels is not None:
         values["labels"] = canonical(labels)
     if annotations is not None:
         values["annotations"] = canonical(annotations)
     if status is not None:
         values["status"] = canonical(status)
-        values["phase"] = status.get("phase")
-        values["observed_generation"] = status.get("observedGeneration")
+        values.update(_status_copies(status))
     if deleted_at is not None:
         values["deleted_at"] = deleted_at
     result = _update(tuple(values)).execute(

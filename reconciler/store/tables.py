@@ -10,6 +10,9 @@ class ObjectRow(SQLModel, table=True):
     """Desired spec and observed status of every resource, one row per (kind, name)."""
 
     __tablename__ = "objects"
+    # what the metrics count at scrape time (jobs by phase and outcome, pending by pool and
+    # reason): one index-only scan instead of decoding every status
+    __table_args__ = (Index("ix_objects_state", "kind", "phase", "outcome", "pool", "reason"),)
     kind: str = Field(primary_key=True)
     name: str = Field(primary_key=True)
     uid: str = Field(unique=True)
@@ -21,6 +24,9 @@ class ObjectRow(SQLModel, table=True):
     status: str | None = Field(default=None, sa_column=Column(Text))
     phase: str | None = Field(default=None, index=True)  # copied from status so the controller finds open jobs fast
     observed_generation: int | None = None  # copied from status: completed jobs with a newer spec are found by SQL
+    outcome: str | None = None  # copied from status
+    reason: str | None = None  # copied from status
+    pool: str | None = None  # copied from a job's spec
     created_at: float
     deleted_at: float | None = None
 

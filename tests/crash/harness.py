@@ -116,7 +116,7 @@ def read_pids(path: Path, count: int, timeout: float = 20.0, *, skip: int = 0) -
 
 
 class Controller:
-    def __init__(self, env: Env, fault: str | None, name: str):
+    def __init__(self, env: Env, fault: str | None, name: str, args: tuple[str, ...] = ()):
         environ = {k: v for k, v in os.environ.items() if k != "RECONCILER_FAULT"}
         environ.update(RECONCILER_STORE=env.url, PYTHONUNBUFFERED="1", **{TAG: str(env.root)})
         if fault:
@@ -125,7 +125,7 @@ class Controller:
         self.fault = fault
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "reconciler", "controller"],
+                [sys.executable, "-m", "reconciler", "controller", *args],
                 env=environ,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -195,8 +195,10 @@ class Env:
         path.write_text(yaml.safe_dump_all(docs, sort_keys=False))
         return self.cli("apply", "-f", str(path), *(["--force"] if force else []), ok=ok)
 
-    def start_controller(self, fault: str | None = None, *, ready: bool = True) -> Controller:
-        c = Controller(self, fault, f"controller-{len(self.controllers) + 1}" + (f"-{fault}" if fault else ""))
+    def start_controller(
+        self, fault: str | None = None, *, ready: bool = True, args: tuple[str, ...] = ()
+    ) -> Controller:
+        c = Controller(self, fault, f"controller-{len(self.controllers) + 1}" + (f"-{fault}" if fault else ""), args)
         self.controllers.append(c)
         return c.wait_ready() if ready else c
 
