@@ -1,15 +1,16 @@
 """Reads: what `get`, `describe`, `logs` and `get -w` show, as data. The CLI renders it; the
-HTTP API will answer with it. Nothing here writes."""
+HTTP API (server/) answers with it. Nothing here writes."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .api.kinds import resolve_kind
+from .api.kinds import KINDS, resolve_kind
 from .api.node import heartbeat_fresh, observed_status
 from .api.status import Phase, RunDict
 from .errors import InvalidInput, NotFound, ReconcilerError
@@ -17,7 +18,7 @@ from .selectors import Requirement, matches
 from .store import Store, StoredObject
 from .store import repository as repo
 from .store import scheduling as sched
-from .store.feed import ChangeFeed
+from .store.feed import Change, ChangeFeed
 
 SERVICES = ("services", "service", "svc")
 EVENTS = ("events", "event", "ev")
@@ -39,9 +40,7 @@ def objects(
     if kind.lower() in SERVICES:
         with store.read() as session:
             found = [
-                o
-                for o in repo.list_objects(session, kind="Job")
-                if o.spec.get("type") == "service" and (not names or o.name in names)
+                o for o in repo.list_objects(session, kind="Job") if is_service(o) and (not names or o.name in names)
             ]
         label = "Service"
     else:
@@ -62,6 +61,45 @@ def objects(
     if selector:
         found = [o for o in found if matches(selector, o.labels)]
     return Listing(label, found, missing)
+
+
+def listing_at(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> tuple[int, Listing]:
+    """A kind's objects and the resourceVersion a watch of them starts from: read before them,
+    so a watch from it misses no change (one that the listing already shows may come again)."""
+    seq = store.change_seq()
+    return seq, objects(store, kind, names, selector)
+
+
+def is_service(obj: StoredObject) -> bool:
+    return obj.spec.get("type") == "service"
+
+
+def services(store: Store) -> list[dict[str, Any]]:
+    """The service registry: each service job whose run is alive (Running), with its node,
+    the node's address (its host name, as its agent registered it) and port. A service is
+    ready while its run is Running: no readiness probe exists yet to say otherwise."""
+    with store.read() as session:
+        jobs = [o for o in repo.list_objects(session, kind="Job") if is_service(o)]
+        nodes = {n.name: n for n in repo.list_objects(session, kind="Node")}
+    entries = []
+    for job in jobs:
+        status = job.status or {}
+        runs = status.get("runs", [])
+        if status.get("phase") != Phase.RUNNING or not runs or runs[-1].get("finishedAt") is not None:
+            continue
+        node = runs[-1].get("node") or status.get("nodeName")
+        host = nodes[node].labels.get("reconciler.dev/hostname") if node in nodes else None
+        entries.append(
+            {
+                "name": job.name,
+                "node": node,
+                "address": host or node,
+                "port": job.spec.get("port"),
+                "run": runs[-1]["number"],
+                "ready": True,
+            }
+        )
+    return entries
 
 
 def not_found(label: str, name: str) -> str:
@@ -144,14 +182,64 @@ def watch(store: Store, kind: str, names: list[str], selector: list[Requirement]
                 yield o
 
 
+@dataclass(frozen=True)
+class Changes:
+    """What a look at the change feed found: objects written since the last look, as `get`
+    shows them, and (kind, name, resourceVersion) of those removed."""
+
+    seq: int  # where the next look starts
+    written: list[StoredObject]
+    deleted: list[tuple[str, str, int]]
+
+
+class ChangeReader:
+    """The store's changes since a resourceVersion, as `get` shows them, one look at a time:
+    the HTTP API's watch streams share one (server/watch.py), so a look costs one read of
+    the change feed however many clients watch."""
+
+    def __init__(self, store: Store, since: int | None = None):
+        self.store = store
+        self._feed = ChangeFeed(store, since=since)
+
+    @property
+    def seq(self) -> int:
+        return self._feed.seq
+
+    def look(self) -> Changes:
+        by_kind: dict[str, list[Change]] = {}
+        for change in self._feed.poll():
+            if change.kind in KINDS:  # a kind this reconciler does not know is not shown
+                by_kind.setdefault(change.kind, []).append(change)
+        written: list[StoredObject] = []
+        deleted: list[tuple[str, str, int]] = []
+        for kind, changes in by_kind.items():
+            last = {c.name: c.resource_version for c in changes}
+            listing = objects(self.store, kind, sorted(last), None, strict=False)
+            written += listing.objects
+            deleted += [(kind, name, last[name]) for name in listing.missing]
+        return Changes(self._feed.seq, written, deleted)
+
+
+DESCRIBED_EVENTS = 50  # the newest events of the object `describe` shows
+
+
+def object_events(store: Store, kind: str, name: str, limit: int = DESCRIBED_EVENTS) -> list[Any]:
+    """The newest events of one object, oldest first (what `describe` shows of them)."""
+    info = resolve_kind(kind)
+    with store.read() as session:
+        return repo.events(session, kind=info.kind, name=name, limit=limit)
+
+
 def describe(store: Store, kind: str, name: str) -> tuple[StoredObject, list[Any]]:
-    """One object and its latest events."""
+    """One object, as `get` shows it (a pool's usage, a node's allocation), and its latest events."""
     info = resolve_kind(kind)
     with store.read() as session:
         obj = repo.get(session, kind=info.kind, name=name)
         if obj is None:
             raise NotFound(f'{info.plural} "{name}" not found')
-        found = repo.events(session, kind=info.kind, name=name, limit=50)
+        found = repo.events(session, kind=info.kind, name=name, limit=DESCRIBED_EVENTS)
+    if obj.kind in ("Pool", "Node"):
+        _with_usage(store, obj.kind, [obj])
     if obj.kind == "Node":
         _as_observed([obj])
     if obj.kind == "Job":
@@ -192,12 +280,15 @@ class RunLogs:
         texts = [read_log(p, tail=tail) for p in self.paths(stream) if p.exists()]
         return _ended_lines(texts)
 
-    def follow(self, stream: str | None, tail: int | None = None) -> Iterator[str]:
+    def follow(self, stream: str | None, tail: int | None = None, stop: threading.Event | None = None) -> Iterator[str]:
         """The streams' kept text (or their last `tail` lines), then what is written, until
-        the run has ended and all is read."""
+        the run has ended and all is read, or `stop` is set (the reader went away)."""
         from .agent.logs import follow
 
-        return follow(self.paths(stream), done=self.finished, tail=tail)
+        def done() -> bool:
+            return (stop is not None and stop.is_set()) or self.finished()
+
+        return follow(self.paths(stream), done=done, tail=tail)
 
     def finished(self) -> bool:
         """The run has ended (or the job is gone): its logs are complete."""
