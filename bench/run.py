@@ -10,7 +10,8 @@ Figures: 1 dag (DAG throughput vs make -j N), 2 latency (dependency latency on a
 3 admission (admission cost at queue depth), 4 apply (10,000 manifests, then the unchanged
 re-apply), 5 idle (controller CPU with waiting jobs), 6 memory (peak RSS with 100,000 stored
 jobs), 8 cli (the read verbs' wall time), 9 apply-one (one job into 1,000 and 100,000 stored
-jobs), 7 pg (figures 1 and 3 on PostgreSQL). Prints
+jobs), 10 api (`get jobs` through `serve` against straight from the store), 7 pg (figures 1
+and 3 on PostgreSQL). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
 """
@@ -37,6 +38,7 @@ FULL = {
     "memory": dict(jobs=100_000, active=1000, settle=5.0),
     "cli": dict(jobs=2000, rounds=15),
     "apply-one": dict(small=1000, large=100_000, rounds=5),
+    "api": dict(jobs=10_000, rounds=5),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -47,8 +49,9 @@ SMALL = {
     "memory": dict(jobs=2000, active=20, settle=0.5),
     "cli": dict(jobs=100, rounds=2),
     "apply-one": dict(small=100, large=1000, rounds=2),
+    "api": dict(jobs=100, rounds=2),
 }
-NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "pg")
+NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "api", "pg")
 APPLY_AIMS = (10.0, 3.0)
 
 
@@ -117,7 +120,7 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, apply_one, cli, dag, idle, latency, memory
+    from bench import admission, api, apply_one, cli, dag, idle, latency, memory
 
     s = sizes
     out = {
@@ -161,6 +164,9 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                     )
                 ],
             )
+        ],
+        "api": [
+            ("10 CLI get jobs through the API (sqlite)", lambda: [api.row(s["api"]["jobs"], s["api"]["rounds"])]),
         ],
         "pg": [
             (

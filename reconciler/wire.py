@@ -6,19 +6,21 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from .api.kinds import KINDS
 from .api.meta import API_VERSION, from_epoch, to_epoch
-from .apply import Change, Deleted
-from .commands import OneOff
 from .errors import Conflict, InvalidInput, NotFound, ReconcilerError
-from .graph import Graph, GraphEdge, GraphNode
 from .store import StoredObject
 from .store.repository import canonical
+
+if TYPE_CHECKING:  # the verbs' modules are imported where a shape needs them: a CLI's start-up stays short
+    from .apply import Change, Deleted
+    from .commands import OneOff
+    from .graph import Graph
 
 PREFIX = "/apis/reconciler.dev/v1alpha1"  # the Kubernetes-style resources and verbs
 LIST_KINDS = {info.plural: info for info in KINDS.values()}  # the {kind} of a path
@@ -172,6 +174,8 @@ def change_doc(change: Change) -> dict[str, Any]:
 
 
 def change_from(document: dict[str, Any]) -> Change:
+    from .apply import Change
+
     before, after = document.get("before"), document.get("after")
     return Change(
         KINDS[document["kind"]],
@@ -190,6 +194,8 @@ def deleted_doc(deleted: Deleted) -> dict[str, Any]:
 
 
 def deleted_from(document: dict[str, Any]) -> Deleted:
+    from .apply import Deleted
+
     return Deleted(
         [(object_from(item["object"]), item["action"]) for item in document.get("items", [])],
         [(m["kind"], m["name"]) for m in document.get("missing", [])],
@@ -243,6 +249,8 @@ def graph_doc(graph: Graph) -> dict[str, Any]:
 
 
 def graph_from(document: dict[str, Any]) -> Graph:
+    from .graph import Graph, GraphEdge, GraphNode
+
     return Graph(
         [GraphNode(n["name"], n["state"]) for n in document["nodes"]],
         [GraphEdge(e["dependency"], e["dependent"], tuple(e["outcomes"])) for e in document["edges"]],
@@ -314,5 +322,7 @@ class RunRequest(Body):
         return cls(**dataclasses.asdict(one_off))
 
     def one_off(self) -> OneOff:
+        from .commands import OneOff
+
         fields = self.model_dump(exclude_none=True)
         return OneOff(**fields)

@@ -23,6 +23,7 @@ FIGURES = [
     "6 memory (sqlite)",
     "8 CLI get job NAME (sqlite)",
     "9 apply one job into a large store (sqlite)",
+    "10 CLI get jobs through the API (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",

@@ -6,7 +6,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -22,7 +21,7 @@ from starlette.exceptions import HTTPException
 from .. import apply as applying
 from .. import commands, reads
 from .. import graph as graphs
-from ..api.kinds import KindInfo
+from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
 from ..errors import InvalidInput, NotFound, ReconcilerError
 from ..manifests import Loaded, documents, invalid
@@ -77,8 +76,6 @@ def create_app(store: Store, *, tokens: Tokens | None = None, max_body: int = MA
         redoc_url=None,
         lifespan=lifespan,
     )
-    app.state.store = store
-    app.state.broadcaster = broadcaster
     _errors(app)
     _routes(app, store, broadcaster)
     seed.routes(app, store)
@@ -214,10 +211,7 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
     @app.post(f"{PREFIX}/run", tags=["verbs"], status_code=201)
     def run(request: RunRequest) -> Response:
         """A one-off job, as `reconciler run`; unnamed jobs get job-1, job-2, ..."""
-        one_off = request.one_off()
-        if request.working_dir is None:
-            one_off.working_dir = os.getcwd()
-        name = commands.run_job(store, one_off)
+        name = commands.run_job(store, request.one_off())  # no workingDir: the server's working directory
         return _json(reads.objects(store, "jobs", [name], None).objects[0].manifest(), 201)
 
     @app.get(f"{PREFIX}/graph", tags=["verbs"])
@@ -354,8 +348,6 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
 
 def _kind_of(kind: str) -> KindInfo:
     """A kind as a request body names it (Job, or jobs)."""
-    from ..api.kinds import KINDS
-
     info = KINDS.get(kind) or LIST_KINDS.get(kind)
     if info is None:
         raise InvalidInput(f"unknown kind {kind!r}: use {', '.join(KINDS)}")

@@ -80,8 +80,10 @@ def test_apply_then_list_then_watch_from_its_resource_version(server):
     assert "b" not in {e["object"]["metadata"]["name"] for e in events}  # unchanged since the list
     assert all(int(e["object"]["metadata"]["resourceVersion"]) > since for e in events)
 
-    # live: the controller runs c (MODIFIED), then it is deleted
+    # live: c is changed (MODIFIED), then deleted
     settled(server, "c")
+    assert http.put(f"{PREFIX}/jobs/c", json=job_manifest("c", labels={"tier": "y"})).status_code == 200
+    stream.until(lambda ev: ev[-1]["object"]["metadata"].get("labels") == {"tier": "y"}, "c relabelled")
     assert http.delete(f"{PREFIX}/jobs/c").status_code == 200
     events = stream.until(lambda ev: "DELETED" in _of(ev, "c"), "c deleted")
     kinds = _of(events, "c")
