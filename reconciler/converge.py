@@ -95,6 +95,16 @@ class JobWatch:
     def unsettled(self) -> list[str]:
         return sorted(self._unsettled)
 
+    def failures(self) -> list[str]:
+        """Followed jobs that ended other than Succeeded at their current version."""
+        failed = sorted(n for n, w in self.jobs.items() if did_not_succeed(w))
+        if not failed:
+            return []
+        with self.store.read() as session:
+            objs = repo.list_objects(session, kind="Job", names=failed)
+            stale = stale_completions(objs, _loader(session, objs))
+        return [n for n in failed if n not in stale]
+
 
 def _loader(session: Any, known: list[StoredObject]) -> Callable[[str], StoredObject | None]:
     """Jobs by name, read once each within one snapshot."""
@@ -137,6 +147,7 @@ class Follower(Protocol):
 
     def poll(self) -> set[str]: ...  # names of followed jobs that changed since the last poll
     def all_settled(self) -> bool: ...
+    def failures(self) -> list[str]: ...  # ended other than Succeeded at their current version
 
 
 Cancel = Callable[[str, str], object]  # (job, by what) -> cancel its current revision
@@ -191,13 +202,17 @@ def follow(watch: Follower, *, cancel: Cancel, grace: Grace, until: Until) -> Co
 
 
 def _follow(watch: Follower, until: Until) -> Converged:
+    # a job may have failed before the first look (through a server, the apply's answer and
+    # the first list are apart): --fail-fast acts on it as on one that fails later
+    if until.fail_fast and (failed := watch.failures()):
+        return Converged(watch.jobs, "failed fast", failed=failed[0])
     deadline = None if until.timeout is None else time.monotonic() + until.timeout
     look = True  # whether to check for convergence: at first and after every change
     while not until.stop.is_set():
         if changed := watch.poll():
             until.on_change(watch.jobs, changed)
             look = True
-            failed = sorted(n for n in changed if until.fail_fast and _failed(watch.jobs[n]))
+            failed = sorted(n for n in changed if until.fail_fast and did_not_succeed(watch.jobs[n]))
             if failed:
                 return Converged(watch.jobs, "failed fast", failed=failed[0])
         if look:
@@ -210,7 +225,8 @@ def _follow(watch: Follower, until: Until) -> Converged:
     return Converged(watch.jobs, "stopped")
 
 
-def _failed(job: Watched) -> bool:
+def did_not_succeed(job: Watched) -> bool:
+    """Completed other than Succeeded (as last seen)."""
     return job.status.get("phase") == Phase.COMPLETED and job.status.get("outcome") != Outcome.SUCCEEDED
 
 

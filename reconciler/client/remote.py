@@ -268,12 +268,21 @@ class _JobWatch:
         return changed
 
     def all_settled(self) -> bool:
-        from ..api.revisions import stale_completions
-
         if not all(w.settled for w in self.jobs.values()):
             return False
-        objs = sorted((self._jobs.objects[n] for n in self.names if n in self._jobs.objects), key=_name)
-        return not stale_completions(objs, self._jobs.objects.get)
+        return not self._stale(self.names)
+
+    def failures(self) -> list[str]:
+        from ..converge import did_not_succeed
+
+        ended = {n for n, w in self.jobs.items() if did_not_succeed(w)}
+        return sorted(ended - self._stale(ended)) if ended else []
+
+    def _stale(self, names: set[str]) -> set[str]:
+        from ..api.revisions import stale_completions
+
+        objs = sorted((self._jobs.objects[n] for n in names if n in self._jobs.objects), key=_name)
+        return stale_completions(objs, self._jobs.objects.get)
 
 
 def _listing(

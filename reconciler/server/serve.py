@@ -74,6 +74,11 @@ def serve(
         server_header=False,
     )
     server = uvicorn.Server(config)
+    logging.basicConfig(  # the controller's log, as `controller` writes it
+        level=logging.DEBUG if verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     with controller_running(store, workers=workers, local_node=local_node) as running:
         scheme = "https" if tls_cert else "http"
         node = f"node {running.node}" if local_node else "no local node"
@@ -81,5 +86,4 @@ def serve(
         print(
             f"serving {scheme}://{host}:{port} (store {store.display_url}, {node}, {auth})", file=sys.stderr, flush=True
         )
-        logging.getLogger("reconciler").setLevel(logging.DEBUG if verbose else logging.INFO)
         server.run()
