@@ -10,7 +10,8 @@ Figures: 1 dag (DAG throughput vs make -j N), 2 latency (dependency latency on a
 3 admission (admission cost at queue depth), 4 apply (10,000 manifests, then the unchanged
 re-apply), 5 idle (controller CPU with waiting jobs), 6 memory (peak RSS with 100,000 stored
 jobs), 8 cli (the read verbs' wall time), 9 apply-one (one job into 1,000 and 100,000 stored
-jobs), 10 notify (notifier delivery: events/s, completion-to-arrival latency), 7 pg (figures 1
+jobs), 10 notify (notifier delivery: events/s, completion-to-arrival latency), 11 api (`get jobs`
+through `serve` against straight from the store), 7 pg (figures 1
 and 3 on PostgreSQL). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
@@ -39,6 +40,7 @@ FULL = {
     "cli": dict(jobs=2000, rounds=15),
     "apply-one": dict(small=1000, large=100_000, rounds=5),
     "notify": dict(events=2000, jobs=300),
+    "api": dict(jobs=10_000, rounds=5),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -50,8 +52,9 @@ SMALL = {
     "cli": dict(jobs=100, rounds=2),
     "apply-one": dict(small=100, large=1000, rounds=2),
     "notify": dict(events=100, jobs=20),
+    "api": dict(jobs=100, rounds=2),
 }
-NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "notify", "pg")
+NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "notify", "api", "pg")
 APPLY_AIMS = (10.0, 3.0)
 
 
@@ -120,7 +123,7 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, apply_one, cli, dag, idle, latency, memory, notify
+    from bench import admission, api, apply_one, cli, dag, idle, latency, memory, notify
 
     s = sizes
     out = {
@@ -170,6 +173,9 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                 "10 notifier delivery (sqlite)",
                 lambda: [notify.row(s["notify"]["events"], s["notify"]["jobs"])],
             )
+        ],
+        "api": [
+            ("11 CLI get jobs through the API (sqlite)", lambda: [api.row(s["api"]["jobs"], s["api"]["rounds"])]),
         ],
         "pg": [
             (

@@ -52,19 +52,23 @@ def apply_manifests(
     force: bool = False,
     prune: bool = False,
     selector: list[Requirement] | None = None,
+    create_only: bool = False,
 ) -> list[Change]:
     """Apply a set of manifests in one transaction. Given what `manifests.read` loaded,
     the problems of the documents that did not validate are reported together with this
-    apply's own (references, cycles, capacities): every problem at once, nothing stored."""
+    apply's own (references, cycles, capacities): every problem at once, nothing stored.
+    `create_only` (the HTTP API's create): an object that exists already is a Conflict."""
     loaded = manifests if isinstance(manifests, Loaded) else Loaded(list(manifests))
     with paused_gc():
         try:  # most applies in a GitOps loop change nothing: find that out without the write lock
             with store.read() as conn:
-                return _apply(_ReadOnly(conn, store), loaded, force=force, prune=prune, selector=selector)
+                return _apply(
+                    _ReadOnly(conn, store), loaded, force=force, prune=prune, selector=selector, create_only=create_only
+                )
         except _WouldWrite:
             pass
         with store.write() as tx:  # validated and compared again under the lock: the store may have moved
-            changes = _apply(tx, loaded, force=force, prune=prune, selector=selector)
+            changes = _apply(tx, loaded, force=force, prune=prune, selector=selector, create_only=create_only)
             if dry_run:
                 tx.discard()
     return changes
@@ -82,7 +86,9 @@ class _ReadOnly(Tx):
         raise _WouldWrite
 
 
-def _apply(tx: Tx, loaded: Loaded, *, force: bool, prune: bool, selector: list[Requirement] | None) -> list[Change]:
+def _apply(
+    tx: Tx, loaded: Loaded, *, force: bool, prune: bool, selector: list[Requirement] | None, create_only: bool = False
+) -> list[Change]:
     manifests = loaded.manifests
     session = tx.session
     # what the applied objects touch, not the whole store: an apply into a store of 100,000
@@ -100,6 +106,8 @@ def _apply(tx: Tx, loaded: Loaded, *, force: bool, prune: bool, selector: list[R
     events: list[tuple[StoredObject | Change, str, str]] = []  # in manifest order; a Change stands for its new object
     for m in manifests:
         current = stored.get((m.kind.kind, m.name))
+        if create_only and current is not None:
+            raise Conflict(f'{m.kind.plural} "{m.name}" already exists')
         change, creation, event = _apply_one(tx, m, current, force=force)
         changes.append(change)
         if creation is not None:

@@ -98,10 +98,26 @@ class OneOff:
     run_timeout: str | None = None
     wait_file: str | None = None
     working_dir: str = field(default_factory=os.getcwd)
+    # what the seed's job request (POST /jobs) also says
+    env: dict[str, str] = field(default_factory=dict)
+    job_type: str = "run"
+    port: int | None = None
+    node_name: str | None = None
+    artifact_url: str | None = None
 
     def spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"shell": " ".join(self.command)} if self.shell else {"command": list(self.command)}
         spec.update(slots=self.slots, workingDir=self.working_dir)
+        if self.env:
+            spec["env"] = dict(self.env)
+        if self.job_type != "run":
+            spec["type"] = self.job_type
+        if self.port is not None:
+            spec["port"] = self.port
+        if self.node_name:
+            spec["placement"] = {"nodeName": self.node_name}
+        if self.artifact_url:
+            spec["artifact"] = {"url": self.artifact_url}
         deps = [{"job": j, "outcomes": ["Succeeded"]} for j in self.after_success]
         deps += [{"job": j, "outcomes": ["Finished"]} for j in self.after_finish]
         if deps:

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from .api.quantity import parse_duration
 from .api.revisions import stale_completions
@@ -96,6 +96,16 @@ class JobWatch:
     def unsettled(self) -> list[str]:
         return sorted(self._unsettled)
 
+    def failures(self) -> list[str]:
+        """Followed jobs that ended other than Succeeded at their current version."""
+        failed = sorted(n for n, w in self.jobs.items() if did_not_succeed(w))
+        if not failed:
+            return []
+        with self.store.read() as session:
+            objs = repo.list_objects(session, kind="Job", names=failed)
+            stale = stale_completions(objs, _loader(session, objs))
+        return [n for n in failed if n not in stale]
+
 
 def _loader(session: Any, known: list[StoredObject]) -> Callable[[str], StoredObject | None]:
     """Jobs by name, read once each within one snapshot."""
@@ -107,12 +117,6 @@ def _loader(session: Any, known: list[StoredObject]) -> Callable[[str], StoredOb
         return cache[name]
 
     return load
-
-
-def stale_jobs(session: Any, objs: list[StoredObject]) -> set[str]:
-    """Names of the Completed jobs among `objs` whose completion describes an older version
-    of them (api.revisions.stale_completions), read in the caller's snapshot."""
-    return stale_completions(objs, _loader(session, objs))
 
 
 @dataclass
@@ -136,47 +140,80 @@ class Converged:
 STOP_MARGIN = 15.0  # beyond the longest stopGracePeriod: the wrapper's record and the writes
 
 
-def converge(
-    store: Store,
-    names: list[str],
-    *,
-    timeout: float | None,
-    stop: threading.Event,
-    on_change: Callable[[dict[str, Watched], set[str]], None] = lambda *_: None,
-    fail_fast: bool = False,
-) -> Converged:
-    """Run a controller in this process until every named job is settled. If it ends any
-    other way (`timeout` passes, `stop` is set, Ctrl-C, or with `fail_fast` a job fails),
-    it stops what it started: every named job not yet Completed is cancelled, saying by
-    what, and followed until it is, so that no process is left behind. Services that
-    settled (Running) keep running after a settled end; the next controller adopts them. A
-    second Ctrl-C while stopping leaves the rest running (KeyboardInterrupt passes through)."""
+class Follower(Protocol):
+    """What `follow` reads: the named jobs as last seen (JobWatch follows the store; the remote
+    client follows a server's watch stream the same way)."""
+
+    jobs: dict[str, Watched]
+
+    def poll(self) -> set[str]: ...  # names of followed jobs that changed since the last poll
+    def all_settled(self) -> bool: ...
+    def failures(self) -> list[str]: ...  # ended other than Succeeded at their current version
+
+
+Cancel = Callable[[str, str], object]  # (job, by what) -> cancel its current revision
+Grace = Callable[[list[str]], float]  # jobs -> the longest of their stop grace periods, seconds
+
+
+OnChange = Callable[[dict[str, Watched], set[str]], None]  # all followed jobs, the names that changed
+
+
+def _quiet(jobs: dict[str, Watched], changed: set[str]) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class Until:
+    """How `up` and `run --wait` follow their jobs: for how long, what stops them early, and
+    who hears of each change."""
+
+    timeout: float | None
+    stop: threading.Event
+    on_change: OnChange = _quiet
+    fail_fast: bool = False
+
+
+def converge(store: Store, names: list[str], until: Until) -> Converged:
+    """Run a controller in this process until every named job is settled (see `follow`)."""
     with controller_running(store):
-        watch = JobWatch(store, names)
-        on_change(watch.jobs, set(names))
-        try:
-            result = _follow(watch, timeout, stop, on_change, fail_fast)
-        except KeyboardInterrupt:
-            result = Converged(watch.jobs, "interrupted")
-        if result.ending != "settled":
-            result.cancelled = _stop_unsettled(store, watch, _stopped_by(result, timeout), on_change)
-        return result
+        return follow(
+            JobWatch(store, names),
+            cancel=lambda name, by: cancel(store, name, by=by),
+            grace=lambda jobs: _longest_grace(store, jobs),
+            until=until,
+        )
 
 
-def _follow(
-    watch: JobWatch,
-    timeout: float | None,
-    stop: threading.Event,
-    on_change: Callable[[dict[str, Watched], set[str]], None],
-    fail_fast: bool,
-) -> Converged:
-    deadline = None if timeout is None else time.monotonic() + timeout
+def follow(watch: Follower, *, cancel: Cancel, grace: Grace, until: Until) -> Converged:
+    """Follow the jobs until every one is settled. If it ends any other way (the timeout
+    passes, `stop` is set, Ctrl-C, or with `fail_fast` a job fails), it stops what it
+    started: every followed job not yet Completed is cancelled, saying by what, and followed
+    until it is, so that no process is left behind. Services that settled (Running) keep
+    running after a settled end; the next controller adopts them. A second Ctrl-C while
+    stopping leaves the rest running (KeyboardInterrupt passes through)."""
+    until.on_change(watch.jobs, set(watch.jobs))
+    try:
+        result = _follow(watch, until)
+    except KeyboardInterrupt:
+        result = Converged(watch.jobs, "interrupted")
+    if result.ending != "settled":
+        by = _stopped_by(result, until.timeout)
+        result.cancelled = _stop_unsettled(watch, cancel, grace, by, until.on_change)
+    return result
+
+
+def _follow(watch: Follower, until: Until) -> Converged:
+    # a job may have failed before the first look (through a server, the apply's answer and
+    # the first list are apart): --fail-fast acts on it as on one that fails later
+    if until.fail_fast and (failed := watch.failures()):
+        return Converged(watch.jobs, "failed fast", failed=failed[0])
+    deadline = None if until.timeout is None else time.monotonic() + until.timeout
     look = True  # whether to check for convergence: at first and after every change
-    while not stop.is_set():
+    while not until.stop.is_set():
         if changed := watch.poll():
-            on_change(watch.jobs, changed)
+            until.on_change(watch.jobs, changed)
             look = True
-            failed = sorted(n for n in changed if fail_fast and _failed(watch.jobs[n]))
+            failed = sorted(n for n in changed if until.fail_fast and did_not_succeed(watch.jobs[n]))
             if failed:
                 return Converged(watch.jobs, "failed fast", failed=failed[0])
         if look:
@@ -185,11 +222,12 @@ def _follow(
                 return Converged(watch.jobs)
         if deadline is not None and time.monotonic() >= deadline:
             return Converged(watch.jobs, "timed out")
-        stop.wait(LOOK_INTERVAL)
+        until.stop.wait(LOOK_INTERVAL)
     return Converged(watch.jobs, "stopped")
 
 
-def _failed(job: Watched) -> bool:
+def did_not_succeed(job: Watched) -> bool:
+    """Completed other than Succeeded (as last seen)."""
     return job.status.get("phase") == Phase.COMPLETED and job.status.get("outcome") != Outcome.SUCCEEDED
 
 
@@ -203,16 +241,14 @@ def _stopped_by(result: Converged, timeout: float | None) -> str:
     return "up: interrupted" if result.ending == "interrupted" else "up: stopped by a signal"
 
 
-def _stop_unsettled(
-    store: Store, watch: JobWatch, by: str, on_change: Callable[[dict[str, Watched], set[str]], None]
-) -> list[str]:
+def _stop_unsettled(watch: Follower, cancel: Cancel, grace: Grace, by: str, on_change: OnChange) -> list[str]:
     """Cancel the followed jobs that are not Completed and follow them until they are (their
     processes gone), or until the longest of their grace periods has passed with a margin."""
     names = sorted(n for n, w in watch.jobs.items() if not w.deleted and w.status.get("phase") != Phase.COMPLETED)
     for name in names:
         with suppress(NotFound):  # deleted meanwhile: nothing to stop
-            cancel(store, name, by=by)
-    deadline = time.monotonic() + _longest_grace(store, names) + STOP_MARGIN
+            cancel(name, by)
+    deadline = time.monotonic() + grace(names) + STOP_MARGIN
     while time.monotonic() < deadline:
         if changed := watch.poll():
             on_change(watch.jobs, changed)
@@ -224,17 +260,23 @@ def _stop_unsettled(
 
 def _longest_grace(store: Store, names: list[str]) -> float:
     with store.read() as session:
-        specs = [o.spec for o in repo.list_objects(session, kind="Job", names=names)]
+        return longest_grace([o.spec for o in repo.list_objects(session, kind="Job", names=names)])
+
+
+def longest_grace(specs: list[dict[str, Any]]) -> float:
+    """The longest stopGracePeriod of these job specs, in seconds."""
     return max((parse_duration(s.get("stopGracePeriod", "10s")) for s in specs), default=0.0)
 
 
 @contextmanager
-def controller_running(store: Store, *, workers: int = 1, address: str | None = None) -> Iterator[Controller]:
-    """A controller (the reconcile loop and this machine's agent) running in this process
-    for the duration of the block."""
+def controller_running(
+    store: Store, *, workers: int = 1, local_node: bool = True, address: str | None = None
+) -> Iterator[Controller]:
+    """A controller (the reconcile loop and, unless `local_node` is False, this machine's
+    agent and Node) running in this process for the duration of the block."""
     from .controller.manager import Controller  # not for `wait`, which imports this module too
 
-    controller = Controller(store, workers=workers, address=address).start()
+    controller = Controller(store, workers=workers, local_node=local_node, address=address).start()
     try:
         yield controller
     finally:
@@ -252,7 +294,7 @@ def _status(job: StoredObject) -> JobStatusDict:
 
 def wait_state(status: JobStatusDict, condition: str, *, stale: bool = False) -> str:
     """'met', 'pending' or 'never' for one job and `condition` (Succeeded | Completed | a
-    Completed outcome). A `stale` completion (see `stale_jobs`) is still pending."""
+    Completed outcome). A `stale` completion (api.revisions.stale_completions) is still pending."""
     if status.get("phase") != Phase.COMPLETED or stale:
         return "pending"
     if condition == Phase.COMPLETED:
@@ -280,25 +322,44 @@ def wait_for(
     does not exist. A completion that predates a spec change, a rerun or a dependency's new
     revision is not an answer yet: the controller will run the job again."""
     feed = ChangeFeed(store)
+
+    def look() -> WaitResult:
+        with store.read() as session:
+            objs = repo.list_objects(session, kind="Job", names=names or None)
+            return wait_states(objs, _loader(session, objs), names, condition, selector)
+
+    return wait_until(look, lambda: bool(feed.poll()), timeout)
+
+
+def wait_states(
+    objs: list[StoredObject],
+    load: Callable[[str], StoredObject | None],
+    names: list[str],
+    condition: str,
+    selector: list[Requirement] | None,
+) -> WaitResult:
+    """Where each job of `objs` (the named ones, or all) stands against `condition`; `load`
+    finds the other jobs a completion's staleness depends on. NotFound for a missing name."""
+    if names and (missing := set(names) - {o.name for o in objs}):
+        raise NotFound("; ".join(f'jobs "{n}" not found' for n in sorted(missing)))
+    if selector:
+        objs = [o for o in objs if matches(selector, o.labels)]
+    stale = stale_completions(objs, load)
+    return WaitResult({o.name: wait_state(_status(o), condition, stale=o.name in stale) for o in objs})
+
+
+def wait_until(look: Callable[[], WaitResult], changed: Callable[[], bool], timeout: float) -> WaitResult:
+    """Look again after each change until every job meets the condition, one never can, or
+    `timeout` passes: `wait`, on a store or through a server."""
     deadline = time.monotonic() + timeout
-    result = WaitResult({})
-    first = True
-    while True:
-        if first or feed.poll():
-            first = False
-            with store.read() as session:
-                objs = repo.list_objects(session, kind="Job", names=names or None)
-                if names and (missing := set(names) - {o.name for o in objs}):
-                    raise NotFound("; ".join(f'jobs "{n}" not found' for n in sorted(missing)))
-                if selector:
-                    objs = [o for o in objs if matches(selector, o.labels)]
-                stale = stale_jobs(session, objs)
-            result = WaitResult({o.name: wait_state(_status(o), condition, stale=o.name in stale) for o in objs})
-            if result.names("never") or not result.names("pending"):
-                return result
+    result = look()
+    while not result.names("never") and result.names("pending"):
         if time.monotonic() >= deadline:
             return result
         time.sleep(LOOK_INTERVAL)  # a follower polling the cheap change sequence
+        if changed():
+            result = look()
+    return result
 
 
 # -- drain ------------------------------------------------------------------------------------

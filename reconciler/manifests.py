@@ -29,9 +29,11 @@ from .errors import InvalidInput
 from .yamldoc import MAX_NODES, Loader, ManifestLoader, construct, expanded_size, format_path, surely_small
 
 __all__ = [
+    "Document",
     "Loaded",
     "Loader",
     "Manifest",
+    "documents",
     "field_problems",
     "format_path",
     "invalid",
@@ -94,7 +96,7 @@ class Manifest:
         self.ignored_status = ignored_status
         self._node = node
         self._origin = origin  # (text, index of the node in its stream, line of the document)
-        self.line: int = node.start_mark.line + 1 if node is not None else origin[2]  # type: ignore[index]
+        self.line: int = node.start_mark.line + 1 if node is not None else origin[2] if origin is not None else 0
 
     def __repr__(self) -> str:
         return f"Manifest({self.kind.kind}/{self.name} at {self.source}:{self.line})"
@@ -109,6 +111,62 @@ class Manifest:
     def where(self, *path: str | int) -> str:
         """`file:line: a.b[1].c` for a field path inside this document."""
         return f"{self.source}:{locate(self.node, path)}: {format_path(path)}"
+
+
+class Document(Manifest):
+    """An object that came in a request body (the HTTP API), not from a file: there is no line
+    to name, so a field is named by its place in the request, `items[3].spec.pool`."""
+
+    __slots__ = ()
+
+    def __init__(self, kind: KindInfo, obj: Any, source: str, ignored_status: bool = False) -> None:
+        super().__init__(kind, obj, source, ignored_status=ignored_status)
+
+    def where(self, *path: str | int) -> str:
+        return f"{self.source}.{format_path(path)}" if path else self.source
+
+
+def documents(items: list[Any], base_dir: Path, *, source: str = "items") -> Loaded:
+    """The objects of a request body (JSON documents), validated as files are: the manifests
+    that validated and the problems of the rest, each naming `items[N].field.path`. A
+    relative workingDir resolves against `base_dir` (the server's working directory, as a
+    manifest read from stdin resolves against the current one)."""
+    loaded = Loaded()
+    for index, data in enumerate(items):
+        where = f"{source}[{index}]"
+        problems, found = _document(data, where, base_dir)
+        loaded.problems += problems
+        if found is not None:
+            loaded.manifests.append(found)
+        elif (named := _named(data)) is not None:
+            loaded.refused.add(named)
+    return loaded
+
+
+def _document(data: Any, where: str, base_dir: Path) -> tuple[list[str], Document | None]:
+    if not isinstance(data, dict):
+        return [f"{where}: must be an object with apiVersion, kind, metadata and spec"], None
+    if data.get("apiVersion") != API_VERSION:
+        return [f"{where}.apiVersion: must be {API_VERSION}"], None
+    kind = data.get("kind")
+    info = KINDS.get(kind) if isinstance(kind, str) else None
+    if info is None:
+        return [f"{where}.kind: must be one of {', '.join(KINDS)}"], None
+    data = dict(data)
+    ignored_status = data.pop("status", None) is not None
+    try:
+        obj = info.model.model_validate(data)
+    except ValidationError as exc:
+        return [_placed(where, problem) for problem in field_problems(exc)], None
+    if isinstance(obj, Job):
+        resolve_working_dir(obj.spec, base_dir)
+    return [], Document(info, obj, where, ignored_status)
+
+
+def _placed(where: str, problem: str) -> str:
+    """`field.path: message` of a document as `items[N].field.path: message`."""
+    whole = "(document): "
+    return f"{where}: {problem[len(whole) :]}" if problem.startswith(whole) else f"{where}.{problem}"
 
 
 def locate(node: yaml.Node, path: Iterable[str | int]) -> int:

@@ -1,16 +1,17 @@
 """Reads: what `get`, `describe`, `logs` and `get -w` show, as data. The CLI renders it; the
-HTTP API will answer with it. Nothing here writes."""
+HTTP API (server/) answers with it. Nothing here writes."""
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .api.kinds import resolve_kind
+from .api.kinds import KINDS, resolve_kind
 from .api.meta import from_epoch
 from .api.node import heartbeat_fresh, observed_status
 from .api.status import Phase, RunDict
@@ -19,7 +20,7 @@ from .selectors import Requirement, matches
 from .store import Store, StoredObject, outbox
 from .store import repository as repo
 from .store import scheduling as sched
-from .store.feed import ChangeFeed
+from .store.feed import Change, ChangeFeed
 
 SERVICES = ("services", "service", "svc")
 EVENTS = ("events", "event", "ev")
@@ -63,13 +64,24 @@ def objects(
     return Listing(label, found, missing)
 
 
+def listing_at(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> tuple[int, Listing]:
+    """A kind's objects and the resourceVersion a watch of them starts from: read before them,
+    so a watch from it misses no change (one that the listing already shows may come again)."""
+    seq = store.change_seq()
+    return seq, objects(store, kind, names, selector)
+
+
+def is_service(obj: StoredObject) -> bool:
+    return obj.spec.get("type") == "service"
+
+
 def service_registry(store: Store) -> list[StoredObject]:
     """The service registry (`get services`, `GET /services`): a Service for each service
     job whose run is alive and, when it has a readiness probe, passed its last probe; with
     the node that runs it, the node's address and the port. Derived at read time from the
     jobs and nodes, never stored: it cannot disagree with them."""
     with store.read() as session:
-        jobs = [o for o in repo.list_objects(session, kind="Job") if o.spec.get("type") == "service"]
+        jobs = [o for o in repo.list_objects(session, kind="Job") if is_service(o)]
         nodes = {n.name: n.status or {} for n in repo.list_objects(session, kind="Node")} if jobs else {}
     entries = []
     for job in jobs:
@@ -89,27 +101,39 @@ def service_registry(store: Store) -> list[StoredObject]:
             "port": job.spec.get("port"),
             "run": run.get("number"),
             "ready": True,
+            # beyond API.md's six fields: what `get services` shows, the same through a server
             "readinessProbe": has_probe,
             "startedAt": run.get("startedAt"),
+            "uid": job.uid,
+            "labels": job.labels,
+            "resourceVersion": str(job.resource_version),
         }
-        spec = {"job": job.name}
-        entries.append(
-            StoredObject(
-                kind="Service",
-                name=job.name,
-                uid=job.uid,
-                generation=job.generation,
-                resource_version=job.resource_version,
-                labels=job.labels,
-                annotations={},
-                spec=spec,
-                status=entry,
-                created_at=job.created_at,
-                deleted_at=None,
-                spec_text=json.dumps(spec),
-            )
-        )
+        entries.append(service_object(entry, generation=job.generation, at=job.created_at))
     return entries
+
+
+def service_object(entry: dict[str, Any], *, generation: int = 0, at: float = 0.0) -> StoredObject:
+    """A registry entry as the object `get services` lists (its status is the entry)."""
+    spec = {"job": entry["name"]}
+    return StoredObject(
+        kind="Service",
+        name=entry["name"],
+        uid=entry.get("uid") or "",
+        generation=generation,
+        resource_version=int(entry.get("resourceVersion") or 0),
+        labels=dict(entry.get("labels") or {}),
+        annotations={},
+        spec=spec,
+        status=entry,
+        created_at=at,
+        deleted_at=None,
+        spec_text=json.dumps(spec),
+    )
+
+
+def services(store: Store) -> list[dict[str, Any]]:
+    """The registry in the HTTP API's shape (`GET /services`)."""
+    return [dict(s.status or {}) for s in service_registry(store)]
 
 
 def not_found(label: str, name: str) -> str:
@@ -207,14 +231,64 @@ def watch(store: Store, kind: str, names: list[str], selector: list[Requirement]
                 yield o
 
 
+@dataclass(frozen=True)
+class Changes:
+    """What a look at the change feed found: objects written since the last look, as `get`
+    shows them, and (kind, name, resourceVersion) of those removed."""
+
+    seq: int  # where the next look starts
+    written: list[StoredObject]
+    deleted: list[tuple[str, str, int]]
+
+
+class ChangeReader:
+    """The store's changes since a resourceVersion, as `get` shows them, one look at a time:
+    the HTTP API's watch streams share one (server/watch.py), so a look costs one read of
+    the change feed however many clients watch."""
+
+    def __init__(self, store: Store, since: int | None = None):
+        self.store = store
+        self._feed = ChangeFeed(store, since=since)
+
+    @property
+    def seq(self) -> int:
+        return self._feed.seq
+
+    def look(self) -> Changes:
+        by_kind: dict[str, list[Change]] = {}
+        for change in self._feed.poll():
+            if change.kind in KINDS:  # a kind this reconciler does not know is not shown
+                by_kind.setdefault(change.kind, []).append(change)
+        written: list[StoredObject] = []
+        deleted: list[tuple[str, str, int]] = []
+        for kind, changes in by_kind.items():
+            last = {c.name: c.resource_version for c in changes}
+            listing = objects(self.store, kind, sorted(last), None, strict=False)
+            written += listing.objects
+            deleted += [(kind, name, last[name]) for name in listing.missing]
+        return Changes(self._feed.seq, written, deleted)
+
+
+DESCRIBED_EVENTS = 50  # the newest events of the object `describe` shows
+
+
+def object_events(store: Store, kind: str, name: str, limit: int = DESCRIBED_EVENTS) -> list[Any]:
+    """The newest events of one object, oldest first (what `describe` shows of them)."""
+    info = resolve_kind(kind)
+    with store.read() as session:
+        return repo.events(session, kind=info.kind, name=name, limit=limit)
+
+
 def describe(store: Store, kind: str, name: str) -> tuple[StoredObject, list[Any]]:
-    """One object and its latest events."""
+    """One object, as `get` shows it (a pool's usage, a node's allocation), and its latest events."""
     info = resolve_kind(kind)
     with store.read() as session:
         obj = repo.get(session, kind=info.kind, name=name)
         if obj is None:
             raise NotFound(f'{info.plural} "{name}" not found')
-        found = repo.events(session, kind=info.kind, name=name, limit=50)
+        found = repo.events(session, kind=info.kind, name=name, limit=DESCRIBED_EVENTS)
+    if obj.kind in ("Pool", "Node"):
+        _with_usage(store, obj.kind, [obj])
     if obj.kind == "Node":
         _as_observed([obj])
     if obj.kind == "Job":
@@ -257,12 +331,15 @@ class RunLogs:
         texts = [read_log(p, tail=tail) for p in self.paths(stream) if p.exists()]
         return _ended_lines(texts)
 
-    def follow(self, stream: str | None, tail: int | None = None) -> Iterator[str]:
+    def follow(self, stream: str | None, tail: int | None = None, stop: threading.Event | None = None) -> Iterator[str]:
         """The streams' kept text (or their last `tail` lines), then what is written, until
-        the run has ended and all is read."""
+        the run has ended and all is read, or `stop` is set (the reader went away)."""
         from .agent.logs import follow
 
-        return follow(self.paths(stream), done=self.finished, tail=tail)
+        def done() -> bool:
+            return (stop is not None and stop.is_set()) or self.finished()
+
+        return follow(self.paths(stream), done=done, tail=tail)
 
     def finished(self) -> bool:
         """The run has ended (or the job is gone): its logs are complete."""

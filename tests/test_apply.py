@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import socket
 import stat
 from datetime import datetime
 from pathlib import Path
@@ -288,16 +289,25 @@ def test_diff_of_one_changed_field_is_one_line_each_way(store_url, tmp_path):
     assert changed == ["-      delay: 2s", "+      delay: 3s"], out
 
 
-def test_server_is_refused_until_it_exists(sqlite_url, tmp_path):
-    """--server used to be accepted and ignored: the verb acted on the local store."""
+def test_an_unreachable_server_is_exit_1_naming_it_never_the_local_store(sqlite_url, tmp_path):
+    """--server used to be ignored (the verb acted on the local store): now a server that
+    does not answer is an error naming its address, and the local store is left alone."""
     before = dump_store(sqlite_url) if Path(sqlite_url.removeprefix("sqlite:///")).exists() else None
     manifest = write(tmp_path / "a.yaml", job("x"))
-    result = cli("--server", "http://127.0.0.1:9001", "apply", "-f", manifest, store=sqlite_url)
-    assert result.code == 2 and result.stdout == "" and "--server" in result.stderr, result
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    result = run_cli("--server", url, "apply", "-f", manifest, store=sqlite_url)
+    assert result.code == 1 and result.stdout == "", result
+    assert f"error: cannot reach the server at {url}" in result.stderr, result.stderr
     if before is not None:
         assert dump_store(sqlite_url) == before
-    env_result = run_cli("get", "jobs", store=sqlite_url, env={"RECONCILER_SERVER": "http://127.0.0.1:9001"})
-    assert env_result.code == 2 and "--server" in env_result.stderr
+    env_result = run_cli("get", "jobs", store=sqlite_url, env={"RECONCILER_SERVER": url})
+    assert env_result.code == 1 and url in env_result.stderr
+    bad = run_cli("get", "jobs", store=sqlite_url, env={"RECONCILER_SERVER": "127.0.0.1:9001"})
+    assert bad.code == 2 and "use http://HOST:PORT" in bad.stderr
+    both = cli("--server", url, "get", "jobs", store=sqlite_url)  # cli() gives --store too
+    assert both.code == 2 and "give --store or --server, not both" in both.stderr
 
 
 # --- prune ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ FIGURES = [
     "8 CLI get job NAME (sqlite)",
     "9 apply one job into a large store (sqlite)",
     "10 notifier delivery (sqlite)",
+    "11 CLI get jobs through the API (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",

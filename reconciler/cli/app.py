@@ -34,14 +34,23 @@ def _global(
     server: str | None = typer.Option(
         None, "--server", envvar="RECONCILER_SERVER", help="Talk to a running `reconciler serve` instead of the store."
     ),
+    token: str | None = typer.Option(
+        None, "--token", envvar="RECONCILER_TOKEN", help="Bearer token for --server (see `serve --tokens`)."
+    ),
 ) -> None:
-    if server:  # refused, not dropped: a verb must not quietly act on a local store instead
-        raise InvalidInput(
-            f"--server {server}: talking to a server is not available in this version; "
-            "use --store (or RECONCILER_STORE) to reach the store directly"
-        )
-    ctx.obj = Context(store, server)
+    given = {name: _given(ctx, name) for name in ("store", "server", "token")}
+    if server and store and given["store"] and given["server"]:
+        raise InvalidInput("give --store or --server, not both: a verb acts on a store, or through a server")
+    if token and given["token"] and not server:
+        raise InvalidInput("--token is for a server: give --server URL (or RECONCILER_SERVER) too")
+    ctx.obj = Context(store, server, token)
     ctx.call_on_close(ctx.obj.close)
+
+
+def _given(ctx: typer.Context, name: str) -> bool:
+    """The option was written on the command line (not taken from the environment)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "COMMANDLINE"
 
 
 for verb in (resources.apply, resources.diff, resources.get, resources.describe, resources.delete):
@@ -50,17 +59,18 @@ for verb in (resources.apply, resources.diff, resources.get, resources.describe,
 
 def _register_optional() -> None:
     """Verb groups that live in their own modules."""
-    from . import control, explain, graph, nodes, runner
+    from . import control, explain, graph, nodes, runner, serve
 
-    for module in (explain, control, runner, graph, nodes):
+    for module in (explain, control, runner, graph, nodes, serve):
         module.register(app)
 
 
-GLOBAL_OPTIONS = ("--store", "--server")
+GLOBAL_OPTIONS = ("--store", "--server", "--token")
 
 
 def hoist_global_options(argv: list[str]) -> list[str]:
-    """Accept `--store URL` anywhere on the line, as kubectl does with its global flags."""
+    """Accept `--store URL`, `--server URL`, `--token T` anywhere on the line, as kubectl does
+    with its global flags."""
     front, rest, i = [], [], 0
     while i < len(argv):
         arg = argv[i]

@@ -1,5 +1,6 @@
-"""What every verb shares: the store it talks to (chosen by the global options), where
-diagnostics go, and the parsing of flags that several verbs take."""
+"""What every verb shares: where it acts (a store, or a server: the one place that chooses,
+from the global options), where diagnostics go, and the parsing of flags that several
+verbs take."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import typer
 from ..errors import InvalidInput
 
 if TYPE_CHECKING:
+    from ..client import Client
     from ..selectors import Requirement
     from ..store import Store
 
@@ -20,17 +22,42 @@ if TYPE_CHECKING:
 class Context:
     store_url: str | None
     server: str | None
+    token: str | None = None
+
+    @cached_property
+    def client(self) -> Client:
+        """Where the verbs act: the server given by --server, else the store."""
+        if self.server:
+            from ..client.remote import RemoteClient
+
+            return RemoteClient(self.server, self.token)
+        from ..client.local import LocalClient
+
+        return LocalClient(self.store)
 
     @cached_property
     def store(self) -> Store:
+        """The store itself, for the verbs that run beside it (`controller`, `serve`)."""
         from ..store import Store  # imported when a verb needs it: `--help` and `explain` do not
 
         return Store(self.store_url)
 
+    def local_only(self, verb: str) -> Store:
+        """The store for a verb that cannot go through a server; refused with --server."""
+        if self.server:
+            raise InvalidInput(
+                f"{verb} runs the reconcile loop beside the store, so it cannot go through --server {self.server}: "
+                "run it where the store is (--store or RECONCILER_STORE), without --server"
+            )
+        return self.store
+
     def close(self) -> None:
-        """Release the store's connections when the verb is done (SQLite checkpoints and
-        removes its -wal file on the last close), not whenever the interpreter gets to them."""
-        if "store" in self.__dict__:
+        """Release the store's connections (or the server's) when the verb is done (SQLite
+        checkpoints and removes its -wal file on the last close), not whenever the
+        interpreter gets to them."""
+        if "client" in self.__dict__:
+            self.client.close()
+        elif "store" in self.__dict__:
             self.store.dispose()
 
 

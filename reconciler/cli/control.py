@@ -23,9 +23,8 @@ def _targets(ctx: typer.Context, verb: str, refs: list[str] | None, selector: st
         raise InvalidInput(f"{verb}: name jobs (job/NAME...) or select them with -l SELECTOR, one of the two")
     if refs:
         return [_job_name(ref) for ref in refs]
-    from ..reads import objects
-
-    found = objects(ctx_of(ctx).store, "jobs", [], selector_of(selector)).objects
+    selector_of(selector)
+    found = ctx_of(ctx).client.objects("jobs", [], selector).objects
     if not found:
         err("No resources found.")
     return [o.name for o in found]
@@ -38,26 +37,23 @@ def cancel(
     ctx: typer.Context, refs: list[str] = typer.Argument(None, help="job/NAME ..."), selector: str | None = SELECTOR
 ) -> None:
     """Cancel jobs: a running process tree is stopped; the job ends Cancelled."""
-    from ..commands import cancel as do_cancel
-
+    client = ctx_of(ctx).client
     for name in _targets(ctx, "cancel", refs, selector):
-        typer.echo(f"job.reconciler.dev/{name} {do_cancel(ctx_of(ctx).store, name)}")
+        typer.echo(f"job.reconciler.dev/{name} {client.cancel(name)}")
 
 
 def suspend(ctx: typer.Context, refs: list[str] = typer.Argument(None), selector: str | None = SELECTOR) -> None:
     """Pause jobs: no new run is admitted; an active run is stopped and keeps its place."""
-    from ..commands import set_suspend
-
+    client = ctx_of(ctx).client
     for name in _targets(ctx, "suspend", refs, selector):
-        typer.echo(f"job.reconciler.dev/{name} {set_suspend(ctx_of(ctx).store, name, True)}")
+        typer.echo(f"job.reconciler.dev/{name} {client.set_suspend(name, True)}")
 
 
 def resume(ctx: typer.Context, refs: list[str] = typer.Argument(None), selector: str | None = SELECTOR) -> None:
     """Resume suspended jobs."""
-    from ..commands import set_suspend
-
+    client = ctx_of(ctx).client
     for name in _targets(ctx, "resume", refs, selector):
-        typer.echo(f"job.reconciler.dev/{name} {set_suspend(ctx_of(ctx).store, name, False)}")
+        typer.echo(f"job.reconciler.dev/{name} {client.set_suspend(name, False)}")
 
 
 def rerun(
@@ -75,21 +71,19 @@ def rerun(
 
     Name them (job/NAME...), select them (-l), or take every completed job whose outcome is not
     Succeeded (--failed), whose dependents then run again after it."""
-    from ..commands import rerun as do_rerun
-    from ..commands import rerun_failed, rerun_selected
-
-    store = ctx_of(ctx).store
+    client = ctx_of(ctx).client
     if refs and (failed or selector):
         raise InvalidInput("rerun: give job/NAME..., or select with -l SELECTOR or --failed, not both")
     if refs:
         for ref in refs:
             name = _job_name(ref)
-            typer.echo(f"job.reconciler.dev/{name} {do_rerun(store, name, downstream=downstream)}")
+            typer.echo(f"job.reconciler.dev/{name} {client.rerun(name, downstream=downstream)}")
         return
+    selector_of(selector)
     if failed:
-        names = rerun_failed(store, selector_of(selector))
+        names = client.rerun_failed(selector)
     elif selector:
-        names = rerun_selected(store, selector_of(selector) or [], downstream=downstream)
+        names = client.rerun_selected(selector, downstream=downstream)
     else:
         raise InvalidInput("rerun: name jobs (job/NAME), or use -l SELECTOR or --failed")
     if not names:
@@ -107,7 +101,7 @@ def wait(
     timeout: str = typer.Option("30s", "--timeout"),
 ) -> None:
     """Exit 0 when every selected job meets the condition; 1 when one cannot or time runs out."""
-    from ..converge import WAITABLE, wait_for
+    from ..converge import WAITABLE
 
     kind, _, condition = for_.partition("=")
     if kind != "condition" or condition not in WAITABLE:
@@ -116,7 +110,8 @@ def wait(
     names = [_job_name(r) for r in refs or []]
     if not names and not all_jobs and not selector:
         raise InvalidInput("wait: name jobs (job/NAME), or use --all or -l SELECTOR")
-    result = wait_for(ctx_of(ctx).store, names, condition, limit, selector=selector_of(selector))
+    selector_of(selector)
+    result = ctx_of(ctx).client.wait_for(names, condition, limit, selector)
     if never := result.names("never"):
         for n in never:
             err(f"job.reconciler.dev/{n} can no longer be {condition}")
@@ -137,12 +132,10 @@ def logs(
     tail: int | None = typer.Option(None, "--tail", help="Only the last N lines."),
 ) -> None:
     """Print the captured output of a run."""
-    from ..reads import run_logs
-
     name = _job_name(ref)
     if stream not in (None, "stdout", "stderr"):
         raise InvalidInput(f"--stream {stream!r}: must be stdout or stderr")
-    found = run_logs(ctx_of(ctx).store, name, run)
+    found = ctx_of(ctx).client.run_logs(name, run)
     pieces = found.follow(stream, tail=tail) if follow else found.read(stream, tail=tail)
     for text in pieces:  # a piece at a time: a log of any size takes little memory
         typer.echo(text, nl=False)

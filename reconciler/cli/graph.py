@@ -135,18 +135,18 @@ def graph(
     not stored yet); with -l the matching jobs. Edges go from a dependency to its dependent,
     labelled with the outcomes they accept when not just Succeeded; a dependency that does not
     exist is drawn as Missing."""
-    from ..graph import manifest_graph, stored_graph
     from .resources import load_manifests
 
     if output not in FORMATS:
         raise InvalidInput(f"--output {output!r}: must be mermaid or dot")
     if filename and selector:
         raise InvalidInput("graph: give -f PATH or -l SELECTOR, not both")
-    store = ctx_of(ctx).store
+    client = ctx_of(ctx).client
     if filename:
-        drawn = manifest_graph(store, load_manifests(filename, recursive, verb="graph", warn=False))
+        drawn = client.manifest_graph(load_manifests(filename, recursive, verb="graph", warn=False))
     else:
-        drawn = stored_graph(store, selector_of(selector))
+        selector_of(selector)
+        drawn = client.stored_graph(selector)
     if not drawn.nodes:
         err("No resources found.")
     typer.echo(mermaid(drawn) if output == "mermaid" else dot(drawn))

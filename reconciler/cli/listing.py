@@ -12,27 +12,16 @@ from .render import age, as_list, dump_json, dump_yaml, table
 from .render import output as render_output
 
 if TYPE_CHECKING:
+    from ..client import Client
     from ..reads import Listing
-    from ..selectors import Requirement
-    from ..store import Store
 
 EVENT_HEADERS = ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
 
 
 def _event_items(rows: list[Any]) -> list[dict[str, Any]]:
-    from ..api.meta import from_epoch
+    from ..wire import event_doc
 
-    return [
-        {
-            "type": r.type,
-            "reason": r.reason,
-            "message": r.message,
-            "involvedObject": {"kind": r.kind, "name": r.name, "uid": r.uid},
-            "lastTimestamp": from_epoch(r.time),
-            "resourceVersion": str(r.resource_version),
-        }
-        for r in rows
-    ]
+    return [event_doc(r) for r in rows]
 
 
 def _event_table(rows: list[Any]) -> str:
@@ -67,6 +56,12 @@ def targets(kind: str, names: list[str]) -> list[tuple[str, list[str]]]:
     return [(k, list(names)) for k in dict.fromkeys(_plural(w) for w in kinds)]
 
 
+def _label(kind: str) -> str:
+    from ..api.kinds import resolve_kind
+
+    return resolve_kind(kind).kind
+
+
 def _plural(word: str) -> str:
     """One spelling per kind, so `job,jobs` is one kind; an unknown word is refused here, before
     anything is printed."""
@@ -80,21 +75,19 @@ def _plural(word: str) -> str:
     return resolve_kind(word).plural
 
 
-def print_listing(
-    store: Store, kind: str, names: list[str], selector: list[Requirement] | None, fmt: str | None
-) -> None:
+def print_listing(client: Client, kind: str, names: list[str], selector: str | None, fmt: str | None) -> None:
     """One kind as before (a missing name is NotFound, before anything is printed); several
     through print_kinds."""
     from ..api.kinds import qualified as kind_name
-    from ..reads import EVENTS, events, objects
+    from ..reads import EVENTS
 
     if kind in EVENTS:
         if fmt in ("json", "yaml"):
-            typer.echo(_structured(_event_items(events(store, names)), fmt))
+            typer.echo(_structured(_event_items(client.events(names)), fmt))
         elif fmt != "name":  # events are not objects: they have no names to print
-            typer.echo(_event_table(events(store, names)))
+            typer.echo(_event_table(client.events(names)))
         return
-    listing = objects(store, kind, names, selector)
+    listing = client.objects(kind, names, selector)
     if fmt in ("json", "yaml", "name"):
         text = render_output(listing.objects, fmt, lambda o: kind_name(o.kind), single=bool(names) and len(names) == 1)
         if text:
@@ -118,22 +111,20 @@ def _object_table(listing: Listing, wide: bool, *, qualified: bool) -> str:
     return table(headers + (wide_headers if wide else []), rows)
 
 
-def print_kinds(
-    store: Store, wanted: list[tuple[str, list[str]]], selector: list[Requirement] | None, fmt: str | None
-) -> None:
+def print_kinds(client: Client, wanted: list[tuple[str, list[str]]], selector: str | None, fmt: str | None) -> None:
     """Several kinds, as kubectl prints them: each kind's table in turn, a blank line between
     them; one List for json and yaml; every name for -o name. A name missing from one kind is
     an error on stderr (exit 3) after what was found is printed."""
     from ..api.kinds import qualified as kind_name
-    from ..reads import EVENTS, Listing, events, not_found, objects
+    from ..reads import EVENTS, Listing, not_found
 
     sections: list[Listing | list[Any]] = []  # a kind's listing, or the event rows asked for
     missing: list[str] = []
     for kind, names in wanted:
         if kind in EVENTS:
-            sections.append(events(store, names))
+            sections.append(client.events(names))
             continue
-        listing = objects(store, kind, names, selector, strict=False)
+        listing = client.objects(kind, names, selector, strict=False)
         missing += [not_found(listing.kind, n) for n in listing.missing]
         sections.append(listing)
     found = [s for s in sections if (s.objects if isinstance(s, Listing) else s)]
@@ -163,18 +154,16 @@ def print_kinds(
         raise typer.Exit(3)
 
 
-def watch_listing(
-    store: Store, kind: str, names: list[str], selector: list[Requirement] | None, fmt: str | None
-) -> None:
+def watch_listing(client: Client, kind: str, names: list[str], selector: str | None, fmt: str | None) -> None:
     """Print each object again whenever it changes (Ctrl-C ends)."""
-    from ..reads import EVENTS, objects, watch
+    from ..reads import EVENTS, SERVICES
 
     if kind.lower() in EVENTS:
         return
-    label = objects(store, kind, names, selector).kind
+    label = "Service" if kind.lower() in SERVICES else _label(kind)
     headers, _, row = COLUMNS[label]
     try:
-        for o in watch(store, kind, names, selector):
+        for o in client.watch(kind, names, selector):
             typer.echo(table(headers, [row(o, fmt == "wide")]).splitlines()[1])
     except KeyboardInterrupt:
         return

@@ -51,15 +51,13 @@ def apply(
     output: str | None = typer.Option(None, "-o", "--output", help="name | json"),
 ) -> None:
     """Create or update objects from manifests; one apply is one transaction."""
-    from ..apply import apply_manifests
     from .render import as_list, dump_json
 
     if output not in (None, "name", "json"):
         raise InvalidInput(f"--output {output!r}: must be name or json")
     manifests = read_manifests(filename, recursive, verb="apply")
-    changes = apply_manifests(
-        ctx_of(ctx).store, manifests, dry_run=dry_run, force=force, prune=prune, selector=selector_of(selector)
-    )
+    selector_of(selector)  # a bad selector is refused before anything is written
+    changes = ctx_of(ctx).client.apply(manifests, dry_run=dry_run, force=force, prune=prune, selector=selector)
     suffix = " (dry run)" if dry_run else ""
     if output == "json":
         typer.echo(dump_json(as_list([d for c in changes if (d := c.after or c.before) is not None])))
@@ -81,10 +79,9 @@ def diff(
     recursive: bool = typer.Option(False, "-R", "--recursive"),
 ) -> None:
     """Show what apply would change; exit 0 when nothing, 1 when something."""
-    from ..apply import apply_manifests
     from .render import dump_yaml
 
-    changes = apply_manifests(ctx_of(ctx).store, read_manifests(filename, recursive, verb="diff"), dry_run=True)
+    changes = ctx_of(ctx).client.apply(read_manifests(filename, recursive, verb="diff"), dry_run=True, selector=None)
     changed = False
     for c in changes:
         if c.action == "unchanged" or c.after is None:
@@ -121,26 +118,26 @@ def get(
     wanted = targets(kind, names or [])
     if watch and len(wanted) > 1:
         raise InvalidInput("get -w: watch one kind at a time")
-    store = ctx_of(ctx).store
+    selector_of(selector)  # a bad selector is refused before anything is asked
+    client = ctx_of(ctx).client
     if len(wanted) > 1:
-        print_kinds(store, wanted, selector_of(selector), output)
+        print_kinds(client, wanted, selector, output)
         return
     kind, names = wanted[0]
-    print_listing(store, kind, names, selector_of(selector), output)
+    print_listing(client, kind, names, selector, output)
     if watch:
-        watch_listing(store, kind, names, selector_of(selector), output)
+        watch_listing(client, kind, names, selector, output)
 
 
 def describe(ctx: typer.Context, kind: str = typer.Argument(...), name: str | None = typer.Argument(None)) -> None:
     """Everything about one object."""
     from ..api.kinds import split_ref
-    from ..reads import describe as read
     from .describe import describe_object
 
     if name is None:
         info, name = split_ref(kind)
         kind = info.kind
-    obj, events = read(ctx_of(ctx).store, kind, name)
+    obj, events = ctx_of(ctx).client.describe(kind, name)
     typer.echo(describe_object(obj, events))
 
 
@@ -154,7 +151,6 @@ def delete(
 ) -> None:
     """Delete objects by name, by manifest or by label; an active job is cancelled first."""
     from ..api.kinds import KINDS, resolve_kind, split_ref
-    from ..apply import delete as delete_objects
 
     targets: list[tuple[str, str]] = []
     by_kind = None
@@ -170,7 +166,8 @@ def delete(
         by_kind = info.kind if not names else None
     else:
         raise InvalidInput("delete: give KIND NAME..., KIND/NAME, -f PATH or KIND -l SELECTOR")
-    result = delete_objects(ctx_of(ctx).store, targets, kind=by_kind, selector=selector_of(selector))
+    selector_of(selector)
+    result = ctx_of(ctx).client.delete(targets, kind=by_kind, selector=selector)
     for o, what in result.done:
         typer.echo(f"{KINDS[o.kind].qualified}/{o.name} {what}")
     for k, n in result.missing:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -16,8 +17,8 @@ from ..errors import InvalidInput
 from .context import ctx_of, duration_of, err
 
 if TYPE_CHECKING:
+    from ..client import Client
     from ..converge import Watched
-    from ..store import Store
 
 
 def _address(text: str) -> str:
@@ -37,7 +38,7 @@ def _address(text: str) -> str:
 
 
 def _converge(
-    store: Store,
+    client: Client,
     names: list[str],
     timeout: float | None,
     *,
@@ -48,8 +49,9 @@ def _converge(
     """Reconcile in this process until every named job is settled; 0 if all run jobs
     Succeeded and every service is Running. Services keep running after `up` returns (the
     next controller adopts them). On a timeout, Ctrl-C, SIGTERM or (with `fail_fast`) a
-    failed job, what it started is stopped first, and it says so."""
-    from ..converge import converge
+    failed job, what it started is stopped first, and it says so. Through a server, its
+    controller does the work and what is stopped is cancelled through the API."""
+    from ..converge import Until
     from .progress import make_progress, summary
 
     progress = make_progress()
@@ -57,14 +59,14 @@ def _converge(
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     started = time.time()
     try:
-        result = converge(store, names, timeout=timeout, stop=stop, on_change=progress.update, fail_fast=fail_fast)
+        result = client.converge(names, Until(timeout, stop, progress.update, fail_fast))
     except KeyboardInterrupt:  # a second Ctrl-C, while stopping
         err("interrupted again; what still runs is adopted by the next controller")
         return 130
     finally:
         progress.close()
     if junit is not None:
-        _write_junit(store, result.jobs, junit, suite=suite, started=started)
+        _write_junit(client, result.jobs, junit, suite=suite, started=started)
     if result.cancelled:
         err(f"stopped {len(result.cancelled)} job(s) it started: {', '.join(result.cancelled)}")
     if result.ending == "timed out":
@@ -77,14 +79,13 @@ def _converge(
     return 0 if result.all_succeeded else 1
 
 
-def _write_junit(store: Store, jobs: dict[str, Watched], path: Path, *, suite: str, started: float) -> None:
+def _write_junit(client: Client, jobs: dict[str, Watched], path: Path, *, suite: str, started: float) -> None:
     from ..errors import ReconcilerError
-    from ..reads import run_logs
     from .junit import STDERR_TAIL, report
 
     def tail(name: str) -> str:
         try:
-            return "".join(run_logs(store, name, None).read("stderr", tail=STDERR_TAIL))
+            return "".join(client.run_logs(name, None).read("stderr", tail=STDERR_TAIL))
         except ReconcilerError:  # no run, or one that never started: nothing to show
             return ""
 
@@ -103,18 +104,17 @@ def up(
     fail_fast: bool = typer.Option(False, "--fail-fast", help="Once a job fails, cancel the rest; exit 1."),
 ) -> None:
     """Apply, then reconcile in the foreground until every applied job is Completed."""
-    from ..apply import apply_manifests
     from .resources import read_manifests
 
     limit = duration_of(timeout, "--timeout")
-    store = ctx_of(ctx).store
-    changes = apply_manifests(store, read_manifests(filename, recursive, verb="up"))
+    client = ctx_of(ctx).client
+    changes = client.apply(read_manifests(filename, recursive, verb="up"), selector=None)
     for c in changes:
         if c.action != "unchanged":
             err(f"{c.kind.qualified}/{c.name} {c.action}")
     names = [c.name for c in changes if c.kind.kind == "Job"]
     suite = "reconciler up -f " + " ".join(filename)
-    raise typer.Exit(_converge(store, names, limit, fail_fast=fail_fast, junit=junit, suite=suite))
+    raise typer.Exit(_converge(client, names, limit, fail_fast=fail_fast, junit=junit, suite=suite))
 
 
 def controller(
@@ -148,7 +148,7 @@ def controller(
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    store = ctx_of(ctx).store
+    store = ctx_of(ctx).local_only("controller")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
@@ -202,7 +202,7 @@ def run(
     wait: bool = typer.Option(False, "--wait", help="Reconcile in this process until the job completes."),
 ) -> None:
     """A one-off job without a manifest (Jobman-style); unnamed jobs get job-1, job-2, ..."""
-    from ..commands import OneOff, run_job
+    from ..commands import OneOff
 
     one_off = OneOff(
         command=list(command),
@@ -217,13 +217,13 @@ def run(
         retryable_exit_codes=retryable_exit_code,
         timeout=timeout,
         run_timeout=run_timeout,
-        wait_file=wait_file,
+        wait_file=os.path.abspath(wait_file) if wait_file else None,  # where this command was given
     )
-    store = ctx_of(ctx).store
-    created = run_job(store, one_off)
+    client = ctx_of(ctx).client
+    created = client.run_job(one_off)
     typer.echo(f"job.reconciler.dev/{created} created")
     if wait:
-        raise typer.Exit(_converge(store, [created], None))
+        raise typer.Exit(_converge(client, [created], None))
 
 
 def register(app: typer.Typer) -> None:

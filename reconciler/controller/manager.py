@@ -36,11 +36,16 @@ class Controller:
         workers: int = 1,
         clock: Clock | None = None,
         address: str | None = None,
+        local_node: bool = True,
     ):
+        """`local_node=False` (`serve --no-local-node`): this machine is no node. No Node is
+        registered or kept Ready for it, and the agent here owns no node (its name is empty,
+        which no Node can have), so it starts no run: jobs wait for other nodes."""
         self.store = store
         self.address = address or DEFAULT_ADDRESS  # where this node's services are reached: the registry publishes it
         self.clock = clock or RealClock()
-        self.node = node or local_node_name()
+        self.local_node = local_node
+        self.node = (node or local_node_name()) if local_node else ""
         self.owner = process_owner()
         self.queue = WorkQueue()
         self.notifier = Deliverer(store, clock=self.clock, owner=self.owner)
@@ -59,7 +64,8 @@ class Controller:
         self._feed: ChangeFeed | None = None
 
     def start(self) -> Controller:
-        heartbeat(self.store, self.node, self.owner, self.clock.now(), address=self.address)
+        if self.local_node:
+            heartbeat(self.store, self.node, self.owner, self.clock.now(), address=self.address)
         self._feed = ChangeFeed(self.store, skip_known=True)
         with self.store.read() as session:
             for job, deps in sched.dependency_graph(session).items():
@@ -103,7 +109,7 @@ class Controller:
                     f"the store file {self.store.path} was deleted or replaced under this controller; stopping, "
                     "for its writes would go to a file no other process reads (start it again on the new store)"
                 )
-            if time.monotonic() >= next_beat:
+            if self.local_node and time.monotonic() >= next_beat:
                 try:
                     swept_at = self.jobs.paths.swept_at
                     if heartbeat(

@@ -19,12 +19,13 @@ class Change:
 
 
 class ChangeFeed:
-    def __init__(self, store: Store, *, skip_known: bool = False):
+    def __init__(self, store: Store, *, skip_known: bool = False, since: int | None = None):
         """`skip_known`: leave out the writes made with `store.write(known=True)` (the
-        controller's own steps, which act on what they write)."""
+        controller's own steps, which act on what they write). `since`: the change sequence
+        to follow from (a list's resourceVersion), instead of now."""
         self.store = store
         self.skip_known = skip_known
-        self.seq = store.change_seq()
+        self.seq = store.change_seq() if since is None else since
 
     def poll(self) -> list[Change]:
         """Objects written or deleted since the last poll, oldest first."""

@@ -1,0 +1,45 @@
+"""`serve`: the HTTP API (section 4 of API.md) with the controller, in one process."""
+
+from __future__ import annotations
+
+import typer
+
+from .context import ctx_of
+
+
+def serve(
+    ctx: typer.Context,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; not loopback only with --tokens."),
+    port: int = typer.Option(9001, "--port", help="Port to listen on."),
+    tokens: str | None = typer.Option(
+        None, "--tokens", help="Tokens file: one `TOKEN ROLE [NODE]` per line (roles admin, viewer, agent)."
+    ),
+    tls_cert: str | None = typer.Option(None, "--tls-cert", help="PEM certificate: serve HTTPS (with --tls-key)."),
+    tls_key: str | None = typer.Option(None, "--tls-key", help="PEM private key of --tls-cert."),
+    no_local_node: bool = typer.Option(
+        False, "--no-local-node", help="This machine is no node: no Node registered, no run started here."
+    ),
+    workers: int = typer.Option(1, "--workers", help="Reconcile workers (as `controller --workers`)."),
+    verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each request and the controller's steps."),
+) -> None:
+    """The HTTP API plus the controller, with this machine as a node unless --no-local-node."""
+    from ..server.serve import check
+    from ..server.serve import serve as run
+
+    store_needed = ctx_of(ctx).local_only("serve")
+    checked = check(host, tokens, tls_cert, tls_key)
+    run(
+        store_needed,
+        host=host,
+        port=port,
+        tokens=checked,
+        tls_cert=tls_cert,
+        tls_key=tls_key,
+        local_node=not no_local_node,
+        workers=workers,
+        verbose=verbose,
+    )
+
+
+def register(app: typer.Typer) -> None:
+    app.command()(serve)

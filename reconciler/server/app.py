@@ -1,0 +1,457 @@
+"""The HTTP API of API.md section 4 as a FastAPI app: each route calls the function the CLI
+calls for the same verb and answers what it returns, in the shapes of wire.py."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+import threading
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+from fastapi import Body, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from .. import apply as applying
+from .. import commands, reads
+from .. import graph as graphs
+from ..api.kinds import KINDS, KindInfo
+from ..api.meta import API_VERSION
+from ..errors import InvalidInput, NotFound, ReconcilerError
+from ..manifests import Loaded, documents, invalid
+from ..selectors import Requirement
+from ..selectors import parse as parse_selector
+from ..store import Store, StoreError
+from ..wire import (
+    LIST_KINDS,
+    PREFIX,
+    ApplyRequest,
+    DeleteRequest,
+    ItemsRequest,
+    RunRequest,
+    change_doc,
+    deleted_doc,
+    error_status,
+    event_doc,
+    graph_doc,
+    object_list,
+    status,
+)
+from . import seed
+from .auth import Tokens
+from .guard import MAX_BODY, Guard
+from .watch import Broadcaster, Expired, stream
+
+ACTIONS = ("cancel", "suspend", "resume", "rerun")
+ObjectBody = Annotated[
+    dict[str, Any], Body(description="The object, as a manifest (apiVersion, kind, metadata, spec).")
+]
+STREAMS = anyio.CapacityLimiter(256)  # log follows, beside the thread pool the other routes use
+EVENTS_LIMIT = 1000  # `get events`: the newest, as the CLI shows them
+
+
+def create_app(store: Store, *, tokens: Tokens | None = None, max_body: int = MAX_BODY) -> Guard:
+    """The API over `store`, behind the token and body-size guard."""
+    broadcaster = Broadcaster(store)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        await anyio.to_thread.run_sync(broadcaster.start)
+        try:
+            yield
+        finally:
+            broadcaster.stop()
+
+    app = FastAPI(
+        title="reconciler",
+        version=API_VERSION,
+        description="Kubernetes-style API of `reconciler serve` (API.md section 4).",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+    )
+    _errors(app)
+    _routes(app, store, broadcaster)
+    seed.routes(app, store)
+    return Guard(app, tokens=tokens, max_body=max_body)
+
+
+def _json(document: Any, code: int = 200) -> Response:
+    """JSON written by the standard encoder: thousands of objects without walking them twice."""
+    return Response(json.dumps(document, separators=(",", ":")), status_code=code, media_type="application/json")
+
+
+def _errors(app: FastAPI) -> None:
+    @app.exception_handler(ReconcilerError)
+    async def verb_error(_: Request, exc: ReconcilerError) -> Response:
+        document = error_status(exc)
+        return JSONResponse(document, status_code=document["code"])
+
+    @app.exception_handler(StoreError)
+    async def store_error(_: Request, exc: StoreError) -> Response:
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return JSONResponse(status(503, f"the store cannot be used: {first}"), status_code=503)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(_: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return JSONResponse(status(400, "the request body is not valid JSON"), status_code=400)
+        causes = [
+            {
+                "reason": "FieldValueInvalid",
+                "field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"),
+                "message": str(e.get("msg", "")),
+            }
+            for e in errors
+        ]
+        message = "; ".join(f"{c['field']}: {c['message']}" for c in causes)
+        return JSONResponse(status(422, message, causes=causes), status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, exc: HTTPException) -> Response:
+        message = "the server could not find the requested resource" if exc.status_code == 404 else str(exc.detail)
+        return JSONResponse(status(exc.status_code, message), status_code=exc.status_code, headers=exc.headers)
+
+
+def _kind(plural: str) -> KindInfo:
+    info = LIST_KINDS.get(plural)
+    if info is None:
+        known = ", ".join(LIST_KINDS)
+        raise NotFound(f"the server could not find the requested resource: no kind {plural!r} (known: {known})")
+    return info
+
+
+def _selector(text: str | None) -> list[Requirement] | None:
+    return parse_selector(text) if text else None
+
+
+def _items(items: list[dict[str, Any]]) -> Loaded:
+    """A request's objects, validated as manifests are; a relative workingDir resolves
+    against the server's working directory."""
+    return documents(items, Path.cwd())
+
+
+def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
+    @app.get("/healthz", response_class=PlainTextResponse, tags=["server"])
+    def healthz() -> str:
+        """`ok` while the store answers (no token needed)."""
+        store.change_seq()
+        return "ok"
+
+    @app.get("/services", tags=["server"])
+    def services() -> Response:
+        """The service registry: `[{name, node, address, port, run, ready}]`."""
+        return _json(reads.services(store))
+
+    @app.get(PREFIX, tags=["resources"])
+    def discovery() -> Response:
+        """The kinds served here (a Kubernetes APIResourceList)."""
+        resources = [
+            {
+                "name": info.plural,
+                "singularName": info.kind.lower(),
+                "namespaced": False,
+                "kind": info.kind,
+                "verbs": ["create", "delete", "deletecollection", "get", "list", "update", "watch"],
+                "shortNames": [a for a in info.aliases if a not in (info.plural, info.kind.lower())],
+            }
+            for info in LIST_KINDS.values()
+        ]
+        return _json({"kind": "APIResourceList", "groupVersion": API_VERSION, "resources": resources})
+
+    @app.post(f"{PREFIX}/apply", tags=["verbs"])
+    def apply(request: ApplyRequest) -> Response:
+        """All-or-nothing apply, as `reconciler apply`: each object's action (created,
+        configured, unchanged, pruned); a refusal (422) names each object and field."""
+        changes = applying.apply_manifests(
+            store,
+            _checked(_items(request.items)),
+            dry_run=request.dry_run,
+            force=request.force,
+            prune=request.prune,
+            selector=_selector(request.label_selector),
+        )
+        return _json({"kind": "ApplyResult", "dryRun": request.dry_run, "items": [change_doc(c) for c in changes]})
+
+    @app.post(f"{PREFIX}/delete", tags=["verbs"])
+    def delete_many(request: DeleteRequest) -> Response:
+        """Several objects in one transaction (jobs before their pools), or every object of
+        `kind` matching `labelSelector`; an active job is stopped first ("deleting")."""
+        targets = [(_kind_of(t.kind).kind, t.name) for t in request.items]
+        kind = _kind_of(request.kind).kind if request.kind else None
+        if not targets and not (kind and request.label_selector):
+            raise InvalidInput("delete: give items, or kind and labelSelector")
+        return _json(
+            deleted_doc(applying.delete(store, targets, kind=kind, selector=_selector(request.label_selector)))
+        )
+
+    @app.post(f"{PREFIX}/rerun", tags=["verbs"])
+    def rerun_selected(
+        label_selector: str = Query("", alias="labelSelector"),
+        failed: bool = Query(False, description="Every completed job whose outcome is not Succeeded."),
+        downstream: bool = False,
+    ) -> Response:
+        """`rerun --failed [-l SEL]` or `rerun -l SEL`, in one transaction: the jobs asked for."""
+        selector = _selector(label_selector)
+        if failed:
+            names = commands.rerun_failed(store, selector)
+        elif selector:
+            names = commands.rerun_selected(store, selector, downstream=downstream)
+        else:
+            raise InvalidInput("rerun: give labelSelector, failed=true, or both")
+        return _json({"names": names})
+
+    @app.post(f"{PREFIX}/run", tags=["verbs"], status_code=201)
+    def run(request: RunRequest) -> Response:
+        """A one-off job, as `reconciler run`; unnamed jobs get job-1, job-2, ..."""
+        name = commands.run_job(store, request.one_off())  # no workingDir: the server's working directory
+        return _json(reads.objects(store, "jobs", [name], None).objects[0].manifest(), 201)
+
+    @app.get(f"{PREFIX}/graph", tags=["verbs"])
+    def graph(label_selector: str = Query("", alias="labelSelector")) -> Response:
+        """The job graph: nodes (name, state as `get` shows it) and edges dependency -> dependent."""
+        return _json(graph_doc(graphs.stored_graph(store, _selector(label_selector))))
+
+    @app.post(f"{PREFIX}/graph", tags=["verbs"])
+    def manifest_graph(request: ItemsRequest) -> Response:
+        """The graph of these objects' jobs as they would be applied (NotApplied: not stored)."""
+        return _json(graph_doc(graphs.manifest_graph(store, _checked(_items(request.items)).manifests)))
+
+    @app.get(f"{PREFIX}/events", tags=["resources"])
+    def events(
+        field_selector: str = Query(
+            "", alias="fieldSelector", description="involvedObject.kind=K,involvedObject.name=N"
+        ),
+        limit: int = Query(EVENTS_LIMIT, ge=1, le=10_000),
+    ) -> Response:
+        """The newest events, oldest first; of one object with fieldSelector."""
+        fields = _fields(field_selector)
+        if fields:
+            rows = reads.object_events(store, fields["involvedObject.kind"], fields["involvedObject.name"], limit)
+        else:
+            rows = reads.events(store, [], limit)
+        seq = store.change_seq()
+        items = [event_doc(r) for r in rows]
+        return _json(
+            {"apiVersion": "v1", "kind": "EventList", "metadata": {"resourceVersion": str(seq)}, "items": items}
+        )
+
+    @app.post(PREFIX + "/jobs/{name}/{action}", tags=["verbs"])
+    def act(
+        name: str,
+        action: str,
+        downstream: bool = Query(False, description="rerun: jobs depending on it run again after it."),
+        requested_by: str | None = Query(None, alias="requestedBy", description="cancel: who asks, for its message."),
+    ) -> Response:
+        """cancel, suspend, resume or rerun one job; the answer's message says what happened."""
+        if action == "cancel":
+            said = commands.cancel(store, name, by=requested_by)
+        elif action in ("suspend", "resume"):
+            said = commands.set_suspend(store, name, action == "suspend")
+        elif action == "rerun":
+            said = commands.rerun(store, name, downstream=downstream)
+        else:
+            raise NotFound(f"no action {action!r} on jobs: use {', '.join(ACTIONS)}")
+        document = status(200, said)
+        document["details"] = {"name": name, "group": "reconciler.dev", "kind": "jobs"}
+        return _json(document)
+
+    @app.get(PREFIX + "/jobs/{name}/log", tags=["resources"], response_class=PlainTextResponse)
+    def job_log(
+        name: str,
+        run: int | None = Query(None, description="Run number (default: the latest)."),
+        stream_name: str | None = Query(None, alias="stream", description="stdout | stderr (default: both)"),
+        follow: bool = Query(False, description="Stream what the run writes until it ends."),
+        tail_lines: int | None = Query(None, alias="tailLines", ge=0),
+    ) -> Response:
+        """A run's captured output, as `reconciler logs` prints it."""
+        found = reads.run_logs(store, name, run)
+        if not follow:
+            return StreamingResponse(_in_threads(found.read(stream_name, tail=tail_lines)), media_type="text/plain")
+        stop = threading.Event()
+        pieces = found.follow(stream_name, tail=tail_lines, stop=stop)
+        return StreamingResponse(_in_threads(pieces, stop), media_type="text/plain")
+
+    @app.get(PREFIX + "/{plural}", tags=["resources"])
+    def list_or_watch(
+        plural: str,
+        label_selector: str = Query("", alias="labelSelector"),
+        watch: bool = False,
+        resource_version: str | None = Query(None, alias="resourceVersion"),
+        timeout_seconds: float | None = Query(None, alias="timeoutSeconds", gt=0),
+        allow_watch_bookmarks: bool = Query(False, alias="allowWatchBookmarks"),
+    ) -> Response:
+        """The objects of a kind (`JobList`, with the resourceVersion to watch from); with
+        watch=true, JSON lines `{"type": ADDED|MODIFIED|DELETED, "object"}` of the changes
+        after resourceVersion (none: every object as ADDED first, then the changes)."""
+        info, selector = _kind(plural), _selector(label_selector)
+        if not watch:
+            seq, listing = reads.listing_at(store, info.plural, [], selector)
+            return _json(object_list(info.kind, seq, listing.objects))
+        since = _version(resource_version)
+        return StreamingResponse(
+            _watch(broadcaster, store, info, selector, since, timeout_seconds, allow_watch_bookmarks),
+            media_type="application/json",
+        )
+
+    @app.post(PREFIX + "/{plural}", tags=["resources"], status_code=201)
+    def create(plural: str, body: ObjectBody, dry_run: str | None = Query(None, alias="dryRun")) -> Response:
+        """Create an object; 409 when it exists."""
+        info = _kind(plural)
+        change = _one(store, info, None, body, create_only=True, dry_run=bool(dry_run), force=False)
+        return _json(change.after, 201)
+
+    @app.delete(PREFIX + "/{plural}", tags=["resources"])
+    def delete_collection(plural: str, label_selector: str = Query("", alias="labelSelector")) -> Response:
+        """Every object of the kind matching labelSelector (required: no accidental delete-all)."""
+        info = _kind(plural)
+        if not label_selector:
+            raise InvalidInput(f"delete {info.plural}: a labelSelector is required")
+        done = applying.delete(store, [], kind=info.kind, selector=_selector(label_selector)).done
+        return _json({"apiVersion": API_VERSION, "kind": f"{info.kind}List", "items": [o.manifest() for o, _ in done]})
+
+    @app.get(PREFIX + "/{plural}/{name}", tags=["resources"])
+    def get(plural: str, name: str) -> Response:
+        info = _kind(plural)
+        return _json(reads.objects(store, info.plural, [name], None).objects[0].manifest())
+
+    @app.put(PREFIX + "/{plural}/{name}", tags=["resources"])
+    def replace(
+        plural: str,
+        name: str,
+        body: ObjectBody,
+        dry_run: str | None = Query(None, alias="dryRun"),
+        force: bool = Query(False, description="Allow changing an active job: its run is stopped."),
+    ) -> Response:
+        """Create or update an object, as apply does; a stale metadata.resourceVersion is 409."""
+        info = _kind(plural)
+        change = _one(store, info, name, body, create_only=False, dry_run=bool(dry_run), force=force)
+        return _json(change.after, 201 if change.action == "created" else 200)
+
+    @app.delete(PREFIX + "/{plural}/{name}", tags=["resources"])
+    def delete(plural: str, name: str) -> Response:
+        """Delete an object: 200 deleted, 202 while an active job is stopped first."""
+        info = _kind(plural)
+        result = applying.delete(store, [(info.kind, name)])
+        if result.missing:
+            raise NotFound(f'{info.plural} "{name}" not found')
+        obj, action = result.done[0]
+        return _json(obj.manifest(), 202 if action == "deleting" else 200)
+
+
+def _kind_of(kind: str) -> KindInfo:
+    """A kind as a request body names it (Job, or jobs)."""
+    info = KINDS.get(kind) or LIST_KINDS.get(kind)
+    if info is None:
+        raise InvalidInput(f"unknown kind {kind!r}: use {', '.join(KINDS)}")
+    return info
+
+
+def _checked(loaded: Loaded) -> Loaded:
+    if not loaded.manifests and not loaded.problems:
+        raise InvalidInput("no objects passed to apply (items is empty)")
+    return loaded
+
+
+def _one(
+    store: Store,
+    info: KindInfo,
+    name: str | None,
+    body: dict[str, Any],
+    *,
+    create_only: bool,
+    dry_run: bool,
+    force: bool,
+) -> applying.Change:
+    """PUT and POST of one object: an apply of it alone."""
+    if body.get("kind", info.kind) != info.kind:
+        raise InvalidInput(f"kind: {body.get('kind')!r} does not match the URL's {info.plural}")
+    meta = body.get("metadata")
+    if name is not None and isinstance(meta, dict) and meta.get("name") != name:
+        raise InvalidInput(f"metadata.name: {meta.get('name')!r} does not match the name in the URL ({name!r})")
+    loaded = _items([body])
+    if loaded.problems:
+        raise invalid(loaded.problems)
+    return applying.apply_manifests(store, loaded, dry_run=dry_run, force=force, create_only=create_only)[0]
+
+
+def _fields(text: str) -> dict[str, str]:
+    """A fieldSelector of events: involvedObject.kind and involvedObject.name, both."""
+    if not text:
+        return {}
+    fields = dict(part.partition("=")[::2] for part in text.split(","))
+    wanted = {"involvedObject.kind", "involvedObject.name"}
+    if set(fields) != wanted:
+        raise InvalidInput(f"fieldSelector {text!r}: give involvedObject.kind=KIND,involvedObject.name=NAME")
+    return fields
+
+
+def _version(text: str | None) -> int | None:
+    if text is None or text == "":
+        return None
+    if not text.isdecimal():
+        raise InvalidInput(f"resourceVersion {text!r}: use the one a list answered")
+    return int(text)
+
+
+async def _watch(
+    broadcaster: Broadcaster,
+    store: Store,
+    info: KindInfo,
+    selector: list[Requirement] | None,
+    since: int | None,
+    timeout: float | None,
+    bookmarks: bool,
+) -> AsyncIterator[str]:
+    """The JSON lines of one watch; 410 as an ERROR event when the client is too far behind;
+    with `bookmarks`, a BOOKMARK after each batch of changes (its resourceVersion: watch again
+    from there and nothing is missed)."""
+    skip: dict[str, int] = {}
+    try:
+        sub = broadcaster.subscribe(since)
+    except Expired as exc:
+        yield _line("ERROR", status(410, str(exc)))
+        return
+    if since is None:  # Kubernetes' "most recent": what exists now, as ADDED, then the changes
+        listing = await anyio.to_thread.run_sync(reads.objects, store, info.plural, [], selector)
+        for o in listing.objects:
+            skip[o.name] = o.resource_version
+            yield _line("ADDED", o.manifest())
+    with anyio.move_on_after(timeout if timeout is not None else math.inf):
+        async for event in stream(broadcaster, sub, info.kind, selector, skip):
+            if event is None:
+                yield _line("ERROR", status(410, "this watch fell too far behind; list and watch again"))
+                return
+            if isinstance(event, int):
+                if bookmarks:
+                    bookmark = {
+                        "kind": info.kind,
+                        "apiVersion": API_VERSION,
+                        "metadata": {"resourceVersion": str(event)},
+                    }
+                    yield _line("BOOKMARK", bookmark)
+                continue
+            yield _line(event.type, event.document)
+
+
+def _line(kind: str, document: dict[str, Any]) -> str:
+    return json.dumps({"type": kind, "object": document}, separators=(",", ":")) + "\n"
+
+
+async def _in_threads(pieces: Iterator[str], stop: threading.Event | None = None) -> AsyncIterator[str]:
+    """A blocking iterator (reading log files) served without blocking the event loop; when
+    the client goes away, `stop` ends it at its next look."""
+    step = functools.partial(next, pieces, None)
+    try:
+        while (piece := await anyio.to_thread.run_sync(step, limiter=STREAMS)) is not None:
+            yield piece
+    finally:
+        if stop is not None:
+            stop.set()

@@ -1,0 +1,106 @@
+"""The door every request passes before any route: the bearer token and its role (auth.py),
+then the request body's size. Refusals are Kubernetes `Status` objects."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from ..wire import status
+from .auth import Tokens, refusal
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+MAX_BODY = 8 * 2**20  # as one manifest file (manifests.MAX_FILE_BYTES): an apply of thousands of jobs fits
+OPEN_PATHS = ("/healthz",)  # what a load balancer or systemd probes without a token
+
+
+class Guard:
+    def __init__(self, app: ASGIApp, *, tokens: Tokens | None, max_body: int = MAX_BODY):
+        """`tokens` None: no authentication (serve then listens on loopback only)."""
+        self.app = app
+        self.tokens = tokens
+        self.max_body = max_body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        if self.tokens is not None and scope["path"] not in OPEN_PATHS:
+            identity = self.tokens.identify(_bearer(scope))
+            if identity is None:
+                await _refuse(send, 401, "no valid bearer token (send Authorization: Bearer TOKEN)")
+                return
+            if (why := refusal(identity, scope["method"], scope["path"])) is not None:
+                await _refuse(send, 403, why)
+                return
+        body = await self._body(scope, receive, send)
+        if body is None:
+            return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _body(self, scope: Scope, receive: Receive, send: Send) -> bytes | None:
+        """The whole request body, read before the route sees it, or None when it was too large
+        (answered 413): a route never holds more than `max_body` bytes of one request."""
+        too_large = f"request body larger than {self.max_body} bytes"
+        declared = _header(scope, b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
+            await _refuse(send, 413, too_large)
+            return None
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away
+                return b""
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_body:
+                await _refuse(send, 413, too_large)
+                return None
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The body once, then the connection's own messages (a disconnect, for a stream)."""
+    sent = False
+
+    async def replayed() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replayed
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    for key, value in scope.get("headers", []):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1").strip()
+    return None
+
+
+def _bearer(scope: Scope) -> str | None:
+    value = _header(scope, b"authorization")
+    if value is None:
+        return None
+    scheme, _, token = value.partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else None
+
+
+async def _refuse(send: Send, code: int, message: str) -> None:
+    body = json.dumps(status(code, message)).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if code == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="reconciler"'))
+    await send({"type": "http.response.start", "status": code, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,89 @@
+"""`reconciler serve`: refuse what would be unsafe, then run the controller and the API in
+one process until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+import sys
+from pathlib import Path
+
+from ..converge import controller_running
+from ..errors import InvalidInput
+from ..store import Store
+from .app import create_app
+from .auth import Tokens
+
+GRACEFUL_SHUTDOWN = 3.0  # seconds open watch and log streams get when the server stops
+
+
+def is_loopback(host: str) -> bool:
+    """Only this machine can reach `host`: a loopback address, or a name all of whose
+    addresses are loopback ones."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        found = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    return bool(found) and all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in found)
+
+
+def check(host: str, tokens_file: str | None, tls_cert: str | None, tls_key: str | None) -> Tokens | None:
+    """The tokens, after refusing (exit 2) a non-loopback host without them and half a TLS pair."""
+    if (tls_cert is None) != (tls_key is None):
+        raise InvalidInput("--tls-cert and --tls-key go together: give both, or neither")
+    for flag, path in (("--tls-cert", tls_cert), ("--tls-key", tls_key), ("--tokens", tokens_file)):
+        if path is not None and not Path(path).is_file():
+            raise InvalidInput(f"{flag} {path}: no such file")
+    tokens = Tokens.load(tokens_file) if tokens_file else None
+    if tokens is None and not is_loopback(host):
+        raise InvalidInput(
+            f"--host {host}: without --tokens the API has no authentication, so it listens on loopback "
+            "only (127.0.0.1, ::1, localhost); give --tokens FILE to serve other machines"
+        )
+    return tokens
+
+
+def serve(
+    store: Store,
+    *,
+    host: str,
+    port: int,
+    tokens: Tokens | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    local_node: bool,
+    workers: int,
+    verbose: bool,
+) -> None:
+    import uvicorn  # only `serve` pays for it
+
+    config = uvicorn.Config(
+        create_app(store, tokens=tokens),
+        host=host,
+        port=port,
+        ssl_certfile=tls_cert,
+        ssl_keyfile=tls_key,
+        log_level="info" if verbose else "warning",
+        access_log=verbose,
+        timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
+        server_header=False,
+    )
+    server = uvicorn.Server(config)
+    logging.basicConfig(  # the controller's log, as `controller` writes it
+        level=logging.DEBUG if verbose else logging.INFO,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    with controller_running(store, workers=workers, local_node=local_node) as running:
+        scheme = "https" if tls_cert else "http"
+        node = f"node {running.node}" if local_node else "no local node"
+        auth = "tokens required" if tokens is not None else "no authentication: loopback only"
+        print(
+            f"serving {scheme}://{host}:{port} (store {store.display_url}, {node}, {auth})", file=sys.stderr, flush=True
+        )
+        server.run()

@@ -1,0 +1,241 @@
+"""Watch streams: one thread follows the store's change feed for every client and fans the
+changes out, so a hundred watchers cost what one does (no poll per client).
+
+Each change becomes an event (ADDED when the object was created since the last look,
+MODIFIED, DELETED) kept in a bounded history, so a client watching from the resourceVersion
+of a list it just took gets what changed since, exactly; one whose resourceVersion is older
+than the history gets 410 Gone and lists again, as Kubernetes answers a compacted version."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..api.kinds import KINDS
+from ..api.meta import API_VERSION
+from ..reads import ChangeReader, objects
+from ..selectors import Requirement, matches
+from ..store import Store, StoredObject
+from ..threads import critical
+
+log = logging.getLogger("reconciler.server")
+
+LOOK_INTERVAL = 0.05  # as the controller's change watcher: how far behind the store a stream may be
+HISTORY = 20_000  # events kept for clients that connect from an older resourceVersion
+BACKLOG = 1_000  # batches a slow client may fall behind before its stream is ended (410)
+
+
+class Expired(Exception):
+    """The resourceVersion is older than the history: list again."""
+
+
+@dataclass(frozen=True)
+class Event:
+    resource_version: int
+    type: str  # ADDED | MODIFIED | DELETED
+    kind: str
+    name: str
+    document: dict[str, Any]  # the object as `get -o json` shows it (DELETED: name, uid, labels)
+    labels: dict[str, str]
+    old_labels: dict[str, str] | None  # before this change; None when it created the object
+
+
+@dataclass(frozen=True)
+class Batch:
+    events: list[Event]
+    seq: int  # every change up to this resourceVersion is in this batch or an earlier one (a bookmark)
+
+
+@dataclass
+class Subscription:
+    since: int
+    loop: asyncio.AbstractEventLoop
+    queue: asyncio.Queue[Batch | None] = field(default_factory=asyncio.Queue)
+    backlog: Batch = field(default_factory=lambda: Batch([], 0))
+    ended: bool = False
+
+
+@dataclass
+class _Known:
+    uid: str
+    labels: dict[str, str]
+    resource_version: int
+
+
+class Broadcaster:
+    def __init__(self, store: Store, *, history: int = HISTORY, interval: float = LOOK_INTERVAL):
+        self.store = store
+        self.interval = interval
+        self._history: deque[Event] = deque()
+        self._history_size = history
+        self._floor = 0  # every event after this resourceVersion is in the history
+        self._known: dict[tuple[str, str], _Known] = {}
+        self._subscriptions: list[Subscription] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._reader: ChangeReader | None = None
+        self._thread = critical("watch-broadcaster", self._run)
+
+    def start(self) -> Broadcaster:
+        """Learn every object (to tell a creation from a change), then follow from there."""
+        reader = ChangeReader(self.store)
+        for info in KINDS.values():
+            for o in objects(self.store, info.kind, [], None).objects:
+                self._known[(o.kind, o.name)] = _Known(o.uid, o.labels, o.resource_version)
+        self._reader = reader
+        self._floor = reader.seq
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        with self._lock:
+            for sub in self._subscriptions:
+                self._hand(sub, None)
+
+    @property
+    def seq(self) -> int:
+        return self._reader.seq if self._reader is not None else 0
+
+    def subscribe(self, since: int | None) -> Subscription:
+        """Events after `since` (None: from now), the history's first; Expired when `since`
+        is older than the history."""
+        with self._lock:
+            start = self.seq if since is None else since
+            if start < self._floor:
+                raise Expired(
+                    f"too old resource version: {start} (the oldest this server can watch from is {self._floor})"
+                )
+            sub = Subscription(start, asyncio.get_running_loop())
+            sub.backlog = Batch([e for e in self._history if e.resource_version > start], max(start, self.seq))
+            self._subscriptions.append(sub)
+            return sub
+
+    def unsubscribe(self, sub: Subscription) -> None:
+        with self._lock:
+            if sub in self._subscriptions:
+                self._subscriptions.remove(sub)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self._look()
+            except Exception:  # the store may be briefly unavailable; the next look tries again
+                log.warning("watch broadcaster failed to read the change feed", exc_info=True)
+                self._stop.wait(0.5)
+
+    def _look(self) -> None:
+        assert self._reader is not None
+        changes = self._reader.look()
+        events = [e for o in changes.written for e in self._written(o)]
+        events += [e for kind, name, rv in changes.deleted if (e := self._deleted(kind, name, rv)) is not None]
+        if not events:
+            return
+        events.sort(key=lambda e: e.resource_version)
+        batch = Batch(events, changes.seq)
+        with self._lock:
+            self._history.extend(events)
+            while len(self._history) > self._history_size:
+                self._floor = max(self._floor, self._history.popleft().resource_version)
+            for sub in self._subscriptions:
+                self._hand(sub, batch)
+
+    def _hand(self, sub: Subscription, batch: Batch | None) -> None:
+        """Give a batch to a stream (None: the end); a stream too far behind is ended instead."""
+        if sub.ended:
+            return
+        if batch is not None and sub.queue.qsize() >= BACKLOG:  # read across threads: a close enough count
+            batch, sub.ended = None, True
+        try:
+            sub.loop.call_soon_threadsafe(sub.queue.put_nowait, batch)
+        except RuntimeError:  # its loop is closed: the server is going down
+            sub.ended = True
+
+    def _written(self, obj: StoredObject) -> list[Event]:
+        key = (obj.kind, obj.name)
+        known = self._known.get(key)
+        events = []
+        if known is not None and known.uid != obj.uid:  # deleted and made again since the last look
+            events.append(self._tombstone(obj.kind, obj.name, known, obj.resource_version))
+            known = None
+        elif known is not None and obj.resource_version <= known.resource_version:
+            return []  # seen already: the feed names an object again when it moved on after a look
+        self._known[key] = _Known(obj.uid, obj.labels, obj.resource_version)
+        kind = "ADDED" if known is None else "MODIFIED"
+        events.append(
+            Event(
+                obj.resource_version,
+                kind,
+                obj.kind,
+                obj.name,
+                obj.manifest(),
+                obj.labels,
+                None if known is None else known.labels,
+            )
+        )
+        return events
+
+    def _deleted(self, kind: str, name: str, rv: int) -> Event | None:
+        known = self._known.pop((kind, name), None)
+        return None if known is None else self._tombstone(kind, name, known, rv)
+
+    @staticmethod
+    def _tombstone(kind: str, name: str, known: _Known, rv: int) -> Event:
+        metadata: dict[str, Any] = {"name": name, "uid": known.uid, "resourceVersion": str(rv)}
+        if known.labels:
+            metadata["labels"] = known.labels
+        document = {"apiVersion": API_VERSION, "kind": kind, "metadata": metadata}
+        return Event(rv, "DELETED", kind, name, document, known.labels, known.labels)
+
+
+def seen_as(event: Event, selector: list[Requirement] | None) -> str | None:
+    """What a stream with a label selector calls this event, as Kubernetes does: an object that
+    comes to match is ADDED, one that stops matching DELETED; None when it never matched."""
+    if not selector:
+        return event.type
+    now = matches(selector, event.labels)
+    before = event.old_labels is not None and matches(selector, event.old_labels)
+    if event.type == "DELETED":
+        return "DELETED" if now else None
+    if event.type == "ADDED":
+        return "ADDED" if now else None
+    if now:
+        return "MODIFIED" if before else "ADDED"
+    return "DELETED" if before else None
+
+
+async def stream(
+    broadcaster: Broadcaster,
+    sub: Subscription,
+    kind: str,
+    selector: list[Requirement] | None,
+    skip: dict[str, int],
+) -> AsyncIterator[Event | int | None]:
+    """The events of one kind a stream shows, after its resourceVersion, each batch followed by
+    its bookmark (an int: every change up to it was sent); `skip`: name -> resourceVersion the
+    client has already (the listing sent first). None: the stream was ended because it fell
+    behind (the caller reports 410)."""
+    try:
+        batch: Batch | None = sub.backlog
+        while batch is not None:
+            for event in batch.events:
+                if event.kind != kind or event.resource_version <= skip.get(event.name, sub.since):
+                    continue
+                if (seen := seen_as(event, selector)) is not None:
+                    yield event if seen == event.type else _as(event, seen)
+            yield batch.seq
+            batch = await sub.queue.get()
+        if sub.ended:
+            yield None
+    finally:
+        broadcaster.unsubscribe(sub)
+
+
+def _as(event: Event, kind: str) -> Event:
+    return Event(event.resource_version, kind, event.kind, event.name, event.document, event.labels, event.old_labels)
