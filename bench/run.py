@@ -11,7 +11,7 @@ Figures: 1 dag (DAG throughput vs make -j N), 2 latency (dependency latency on a
 re-apply), 5 idle (controller CPU with waiting jobs), 6 memory (peak RSS with 100,000 stored
 jobs), 8 cli (the read verbs' wall time), 9 apply-one (one job into 1,000 and 100,000 stored
 jobs), 10 notify (notifier delivery: events/s, completion-to-arrival latency), 11 api (`get jobs`
-through `serve` against straight from the store), 7 pg (figures 1
+through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs), 7 pg (figures 1
 and 3 on PostgreSQL). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
@@ -41,6 +41,7 @@ FULL = {
     "apply-one": dict(small=1000, large=100_000, rounds=5),
     "notify": dict(events=2000, jobs=300),
     "api": dict(jobs=10_000, rounds=5),
+    "metrics": dict(small=1000, large=100_000, rounds=7),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -53,8 +54,9 @@ SMALL = {
     "apply-one": dict(small=100, large=1000, rounds=2),
     "notify": dict(events=100, jobs=20),
     "api": dict(jobs=100, rounds=2),
+    "metrics": dict(small=100, large=2000, rounds=2),
 }
-NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "notify", "api", "pg")
+NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "notify", "api", "metrics", "pg")
 APPLY_AIMS = (10.0, 3.0)
 
 
@@ -123,7 +125,7 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, api, apply_one, cli, dag, idle, latency, memory, notify
+    from bench import admission, api, apply_one, cli, dag, idle, latency, memory, metrics, notify
 
     s = sizes
     out = {
@@ -176,6 +178,16 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
         ],
         "api": [
             ("11 CLI get jobs through the API (sqlite)", lambda: [api.row(s["api"]["jobs"], s["api"]["rounds"])]),
+        ],
+        "metrics": [
+            (
+                "12 metrics scrape of a large store (sqlite)",
+                lambda: [
+                    metrics.row(
+                        s["metrics"]["small"], s["metrics"]["large"], s["metrics"]["rounds"], full=sizes is FULL
+                    )
+                ],
+            )
         ],
         "pg": [
             (

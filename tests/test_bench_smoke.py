@@ -25,6 +25,7 @@ FIGURES = [
     "9 apply one job into a large store (sqlite)",
     "10 notifier delivery (sqlite)",
     "11 CLI get jobs through the API (sqlite)",
+    "12 metrics scrape of a large store (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",

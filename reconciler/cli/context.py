@@ -88,3 +88,27 @@ def duration_of(text: str | None, flag: str) -> float | None:
         return parse_duration(text)
     except ValueError as exc:
         raise InvalidInput(f"{flag}: {exc}") from None
+
+
+NODE_ADDRESS = typer.Option(
+    "127.0.0.1",
+    "--node-address",
+    envvar="RECONCILER_NODE_ADDRESS",
+    help="Where this node's services are reached; published in the service registry.",
+)
+
+
+def address_of(text: str) -> str:
+    """--node-address: an IP address or a host name, as other machines reach this one."""
+    import ipaddress
+    import re
+
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        pass
+    if len(text) <= 253 and re.fullmatch(
+        r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*", text
+    ):
+        return text
+    raise InvalidInput(f"--node-address {text!r}: not an IP address or a host name")

@@ -14,27 +14,11 @@ from typing import TYPE_CHECKING
 import typer
 
 from ..errors import InvalidInput
-from .context import ctx_of, duration_of, err
+from .context import NODE_ADDRESS, address_of, ctx_of, duration_of, err
 
 if TYPE_CHECKING:
     from ..client import Client
     from ..converge import Watched
-
-
-def _address(text: str) -> str:
-    """--node-address: an IP address or a host name, as other machines reach this one."""
-    import ipaddress
-    import re
-
-    try:
-        return str(ipaddress.ip_address(text))
-    except ValueError:
-        pass
-    if len(text) <= 253 and re.fullmatch(
-        r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*", text
-    ):
-        return text
-    raise InvalidInput(f"--node-address {text!r}: not an IP address or a host name")
 
 
 def _converge(
@@ -127,12 +111,7 @@ def controller(
         "other processes, and threads of one interpreter contend for its lock.",
     ),
     verbose: bool = typer.Option(False, "-v", "--verbose"),
-    node_address: str = typer.Option(
-        "127.0.0.1",
-        "--node-address",
-        envvar="RECONCILER_NODE_ADDRESS",
-        help="Where this node's services are reached; published in the service registry.",
-    ),
+    node_address: str = NODE_ADDRESS,
     metrics_port: int | None = typer.Option(
         None, "--metrics-port", min=1, max=65535, help="Serve Prometheus metrics at /metrics on this port."
     ),
@@ -152,7 +131,7 @@ def controller(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
-    with controller_running(store, workers=workers, address=_address(node_address)) as running:
+    with controller_running(store, workers=workers, address=address_of(node_address)) as running:
         if metrics_port is not None:
             from ..metrics import serve_metrics
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .context import ctx_of
+from .context import NODE_ADDRESS, address_of, ctx_of
 
 
 def serve(
@@ -20,6 +20,7 @@ def serve(
         False, "--no-local-node", help="This machine is no node: no Node registered, no run started here."
     ),
     workers: int = typer.Option(1, "--workers", help="Reconcile workers (as `controller --workers`)."),
+    node_address: str = NODE_ADDRESS,
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each request and the controller's steps."),
 ) -> None:
     """The HTTP API plus the controller, with this machine as a node unless --no-local-node."""
@@ -36,6 +37,7 @@ def serve(
         tls_cert=tls_cert,
         tls_key=tls_key,
         local_node=not no_local_node,
+        address=address_of(node_address),
         workers=workers,
         verbose=verbose,
     )

@@ -82,6 +82,8 @@ class Controller:
 
     def stop(self) -> None:
         self._stop.set()
+        if telemetry.workqueue_depth == self.queue.__len__:
+            telemetry.workqueue_depth = None
         self.runner.stop()
         self.notifier.drain(DRAIN)
         self.notifier.stop()

@@ -145,6 +145,14 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
         store.change_seq()
         return "ok"
 
+    @app.get("/metrics", tags=["server"])
+    def metrics() -> Response:
+        """Prometheus metrics in the text format (as `controller --metrics-port` serves them)."""
+        from ..metrics import exposition
+
+        body, content_type = exposition(store)
+        return Response(body, media_type=content_type)
+
     @app.get("/services", tags=["server"])
     def services() -> Response:
         """The service registry: `[{name, node, address, port, run, ready}]`."""

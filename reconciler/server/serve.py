@@ -59,6 +59,7 @@ def serve(
     local_node: bool,
     workers: int,
     verbose: bool,
+    address: str | None = None,
 ) -> None:
     import uvicorn  # only `serve` pays for it
 
@@ -79,7 +80,7 @@ def serve(
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    with controller_running(store, workers=workers, local_node=local_node) as running:
+    with controller_running(store, workers=workers, local_node=local_node, address=address) as running:
         scheme = "https" if tls_cert else "http"
         node = f"node {running.node}" if local_node else "no local node"
         auth = "tokens required" if tokens is not None else "no authentication: loopback only"

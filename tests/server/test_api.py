@@ -270,6 +270,18 @@ def test_job_actions_and_deletes(server):
     assert http.delete(f"{PREFIX}/jobs/j").status_code == 404
 
 
+def test_metrics_through_the_api(server):
+    http = server.http()
+    http.post(f"{PREFIX}/apply", json={"items": [job_manifest("m1"), job_manifest("m2", command=["false"])]})
+    settled(server, "m1", "m2")
+    answer = http.get("/metrics")
+    assert answer.status_code == 200 and answer.headers["content-type"].startswith("text/plain")
+    lines = answer.text.splitlines()
+    assert 'reconciler_jobs{outcome="Succeeded",phase="Completed"} 1.0' in lines
+    assert 'reconciler_jobs{outcome="Failed",phase="Completed"} 1.0' in lines
+    assert 'reconciler_runs_total{outcome="Failed",reason=""} 1.0' in lines
+
+
 def test_the_service_registry(server):
     http = server.http()
     service = job_manifest("web", command=["sleep", "60"], type="service", port=8080)

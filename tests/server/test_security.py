@@ -46,6 +46,8 @@ def test_tokens_and_roles(serve, sqlite_url, tokens_file):
     admin = server.http()
     assert admin.post(f"{PREFIX}/apply", json={"items": [job_manifest("a")]}).status_code == 200
     assert viewer.get(f"{PREFIX}/jobs/a").json()["metadata"]["name"] == "a"
+    assert anonymous.get("/metrics").status_code == 401, "metrics need a token"
+    assert "reconciler_jobs" in viewer.get("/metrics").text
 
     # an agent token: only its own node, read (the agent endpoints come later)
     node = {"apiVersion": "reconciler.dev/v1alpha1", "kind": "Node", "metadata": {"name": "worker-1"}, "spec": {}}
