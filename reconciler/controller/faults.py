@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import signal
 
-KILLS = ("after-admission", "after-spawn", "before-exit-record", "during-backoff", "after-completion")
+KILLS = ("after-admission", "after-spawn", "before-exit-record", "during-backoff", "after-completion", "after-ingest")
 RAISES = ("worker-dies", "watcher-dies")
 POINTS = KILLS + RAISES
 _ARMED = os.environ.get("RECONCILER_FAULT")

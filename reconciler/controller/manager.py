@@ -1,5 +1,6 @@
 """Wiring: one store, the local agent, the job reconciler, the work queue and its workers,
-the change watcher (other processes' writes), the node heartbeat and the notifier lanes."""
+the change watcher (other processes' writes), the node heartbeat, the notifier lanes and the
+source lanes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..store import scheduling as sched
 from ..store.feed import ChangeFeed
 from ..threads import critical, fatal
 from . import faults
+from .ingest import Ingester
 from .job import JobReconciler
 from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_name
 from .notify import Deliverer
@@ -49,6 +51,7 @@ class Controller:
         self.owner = process_owner()
         self.queue = WorkQueue()
         self.notifier = Deliverer(store, clock=self.clock, owner=self.owner)
+        self.sources = Ingester(store)
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
         self.jobs = JobReconciler(
             store,
@@ -77,6 +80,7 @@ class Controller:
         self.runner.start()
         self._watcher.start()
         self.notifier.start()
+        self.sources.start()
         telemetry.workqueue_depth = self.queue.__len__
         return self
 
@@ -84,6 +88,7 @@ class Controller:
         self._stop.set()
         if telemetry.workqueue_depth == self.queue.__len__:
             telemetry.workqueue_depth = None
+        self.sources.stop()  # first: no job arrives while the rest stops
         self.runner.stop()
         self.notifier.drain(DRAIN)
         self.notifier.stop()
