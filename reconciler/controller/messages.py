@@ -113,8 +113,9 @@ def _request(data: dict[str, Any]) -> tuple[dict[str, Any], bool, str | None]:
     """The seed's job request, as `POST /jobs` reads it; always named job-N."""
     try:
         request = JobRequest.model_validate(data)
-    except ValidationError as exc:
-        return data, False, "; ".join(field_problems(exc))
+    except ValidationError as exc:  # named as the request spells its fields (job_type, not jobType)
+        named = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return data, False, "; ".join(named)
     if (problem := request.problem()) is not None:
         return data, False, problem
     document = {"apiVersion": API_VERSION, "kind": "Job", "metadata": {"name": PLACEHOLDER}, "spec": request.spec()}
