@@ -43,11 +43,11 @@ def describe(exc: BaseException) -> str:
 
     if isinstance(exc, errors.ChannelClosedByBroker | errors.ConnectionClosedByBroker):
         return f"{exc.reply_code} {exc.reply_text}"
+    # pika's connection errors carry the cause as an argument whose repr says it, not its str
+    said = "; ".join(a if isinstance(a, str) else repr(a) for a in exc.args)
     if isinstance(exc, errors.ProbableAuthenticationError):
-        return "login refused (" + "; ".join(str(a) for a in exc.args) + ")"
-    if isinstance(exc, errors.AMQPConnectionError) and exc.args:
-        return "; ".join(str(a) for a in exc.args)
-    return str(exc) or type(exc).__name__
+        return f"login refused ({said})"
+    return said or type(exc).__name__
 
 
 class AmqpConsumer:

@@ -66,9 +66,9 @@ class Intake:
             source = repo.get(tx.session, kind="Source", name=self.source)
             if source is None or source.uid != self.uid:
                 return None
-            verdicts = [self._one(tx, message, d, now) for message, d in batch]
-            made = [(v.message.id, v.job) for v in verdicts if v.outcome == "created" and v.job]
-            ingested.record(tx, self.source, made, now)
+            made: dict[str, str] = {}  # message id -> job, of this batch (one message may come twice in it)
+            verdicts = [self._one(tx, message, d, now, made) for message, d in batch]
+            ingested.record(tx, self.source, made.items(), now)
             rejected = [v for v in verdicts if v.outcome == "rejected"]
             if rejected:
                 events = [
@@ -88,8 +88,9 @@ class Intake:
             repo.update_object(tx, source, status=status)
         return verdicts
 
-    def _one(self, tx: Tx, message: Message, d: Draft, now: float) -> Verdict:
-        if (found := ingested.job_of(tx.session, self.source, message.id)) is not None:
+    def _one(self, tx: Tx, message: Message, d: Draft, now: float, made: dict[str, str]) -> Verdict:
+        found = made.get(message.id) or ingested.job_of(tx.session, self.source, message.id)
+        if found is not None:
             return Verdict(message, "duplicate", job=found)
         if d.job is None:
             return Verdict(message, "rejected", problem=d.problem)
@@ -114,6 +115,7 @@ class Intake:
         )
         created = f"job created from source/{self.source} (message {shown(message.id)})"
         repo.record_events(tx, repo.ObjectEvent(obj, "Created", created))
+        made[message.id] = obj.name
         return Verdict(message, "created", job=obj.name)
 
     def _free_name(self, tx: Tx) -> str:
