@@ -8,9 +8,10 @@ from __future__ import annotations
 import os
 import signal
 
-KILLS = ("after-admission", "after-spawn", "before-exit-record", "during-backoff", "after-completion", "after-ingest")
+KILLS = ("after-admission", "after-spawn", "before-exit-record", "during-backoff", "after-completion")
+INGEST_KILLS = ("after-ingest",)  # a Source's batch stored, its messages not yet acknowledged
 RAISES = ("worker-dies", "watcher-dies")
-POINTS = KILLS + RAISES
+POINTS = KILLS + INGEST_KILLS + RAISES
 _ARMED = os.environ.get("RECONCILER_FAULT")
 
 
