@@ -7,6 +7,7 @@ recorded as a Warning event naming the field, and the counts durable in the Sour
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -93,7 +94,7 @@ def test_the_seed_job_request_becomes_a_job_with_the_template_under_it():
         "instance_id": "worker-2",
         "unknown": "ignored, as the seed ignored it",
     }
-    d = draft(json.dumps(body).encode(), TEMPLATE, base_dir="/srv")
+    d = draft(json.dumps(body).encode(), TEMPLATE, base_dir=Path("/srv"))
     assert d.problem is None and d.job is not None and not d.named
     spec = d.job.spec
     assert spec.shell == "echo hi" and spec.type == "service" and spec.port == 8080
@@ -113,7 +114,7 @@ def test_a_job_manifest_in_yaml_or_json_wins_over_the_template():
         "status": {"phase": "Running"},  # ignored, as apply ignores it
     }
     for body in (yaml.safe_dump(manifest), json.dumps(manifest)):
-        d = draft(body.encode(), TEMPLATE, base_dir="/srv")
+        d = draft(body.encode(), TEMPLATE, base_dir=Path("/srv"))
         assert d.problem is None and d.job is not None and d.named
         assert d.job.metadata.name == "built"
         assert d.job.metadata.labels == {"from": "inbox", "tier": "high"}

@@ -1,7 +1,10 @@
 """Messages a Source received, stored as jobs: one write transaction per batch holds the jobs,
 the message ids they came from (store/ingested.py), the events and the Source's counts, so
 whatever a crash interrupts is either all there or not at all, and the queue is acknowledged
-only after it commits (ingest.py). A redelivered message finds its id and creates nothing."""
+only after it commits (ingest.py). A redelivered message finds its id and creates nothing.
+
+A batch costs a handful of statements whatever its size (the ids looked up at once, the names
+it takes checked at once, the jobs and events inserted at once): per message, only checks."""
 
 from __future__ import annotations
 
@@ -48,9 +51,73 @@ def shown(message_id: str) -> str:
     return message_id if len(message_id) <= SHOWN_ID else message_id[: SHOWN_ID - 3] + "..."
 
 
+class _Batch:
+    """One batch's transaction: what it found and what it will write."""
+
+    def __init__(self, tx: Tx, source: str, batch: list[tuple[Message, Draft]], next_number: int):
+        self.tx = tx
+        self.source = source
+        self.known = ingested.jobs_of(tx.session, source, (m.id for m, _ in batch))
+        self.view = repo.SpecView(tx.session)
+        self.next_number = next_number
+        # every name this batch may take or ask for, checked in one statement
+        unnamed = sum(1 for _, d in batch if d.job is not None and not d.named)
+        self.checked_below = next_number + unnamed  # job-N below it: looked up with the rest
+        candidates = [f"job-{n}" for n in range(next_number, self.checked_below)]
+        named = [d.job.metadata.name for _, d in batch if d.job is not None and d.named]
+        self.taken = {o.name for o in repo.list_objects(tx.session, kind="Job", names=candidates + named)}
+        self.rows: list[dict[str, Any]] = []
+
+    def one(self, message: Message, d: Draft, now: float) -> Verdict:
+        if (found := self.known.get(message.id)) is not None:
+            return Verdict(message, "duplicate", job=found)
+        if d.job is None:
+            return Verdict(message, "rejected", problem=d.problem)
+        job = d.job
+        if d.named:
+            name = job.metadata.name
+            if name in self.taken:
+                return Verdict(message, "rejected", problem=f"metadata.name: job {name!r} already exists")
+        else:
+            name = self._free_name()
+        built = Built(KINDS["Job"], job)
+        # the draft's own name may be a placeholder: the checks name fields, not the job
+        problems = validate_apply([built], self.view)
+        if problems:
+            return Verdict(message, "rejected", problem="; ".join(problems))
+        spec = dump(job)["spec"]
+        self.view.remember("Job", name, spec)
+        self.taken.add(name)
+        self.known[message.id] = name
+        annotations = {**job.metadata.annotations, CREATED_BY: f"source/{self.source}", MESSAGE_ID: message.id}
+        status = dict(new_job_status(from_epoch(now)))
+        self.rows.append(
+            {
+                "kind": "Job",
+                "name": name,
+                "spec": spec,
+                "labels": job.metadata.labels,
+                "annotations": annotations,
+                "status": status,
+            }
+        )
+        return Verdict(message, "created", job=name)
+
+    def _free_name(self) -> str:
+        """job-N, as `run` names: above every job-N there is, the first not taken."""
+        while f"job-{self.next_number}" in self.taken or (
+            self.next_number >= self.checked_below
+            and repo.version(self.tx.session, kind="Job", name=f"job-{self.next_number}") is not None
+        ):
+            self.next_number += 1
+        name = f"job-{self.next_number}"
+        self.next_number += 1
+        return name
+
+
 class Intake:
     """One Source's writes. Keeps the next job-N number it will try, so a batch does not
-    read every job name (it checks each name it takes, in the transaction)."""
+    read every job name (it checks the names it takes, in the transaction)."""
 
     def __init__(self, store: Store, source: str, uid: str):
         self.store = store
@@ -66,75 +133,48 @@ class Intake:
             source = repo.get(tx.session, kind="Source", name=self.source)
             if source is None or source.uid != self.uid:
                 return None
-            made: dict[str, str] = {}  # message id -> job, of this batch (one message may come twice in it)
-            verdicts = [self._one(tx, message, d, now, made) for message, d in batch]
-            ingested.record(tx, self.source, made.items(), now)
+            if self._next_number is None:
+                taken = repo.names_starting(tx.session, kind="Job", prefix="job-")
+                self._next_number = 1 + max((int(n[4:]) for n in taken if n[4:].isdecimal()), default=0)
+            work = _Batch(tx, self.source, batch, self._next_number)
+            verdicts = [work.one(message, d, now) for message, d in batch]
+            created = repo.create_many(tx, work.rows)
+            message_of = {v.job: v.message.id for v in verdicts if v.outcome == "created"}
+            events = [
+                repo.ObjectEvent(
+                    obj, "Created", f"job created from source/{self.source} (message {shown(message_of[obj.name])})"
+                )
+                for obj in created
+            ]
             rejected = [v for v in verdicts if v.outcome == "rejected"]
-            if rejected:
-                events = [
-                    repo.ObjectEvent(source, "MessageRejected", f"message {shown(v.message.id)}: {v.problem}", True)
-                    for v in rejected
-                ]
-                repo.record_events(tx, *events)
-            status = dict(source.status or {})
-            for outcome in ("created", "duplicate", "rejected"):
-                key = "duplicates" if outcome == "duplicate" else outcome
-                status[key] = int(status.get(key, 0)) + sum(v.outcome == outcome for v in verdicts)
-            status["received"] = int(status.get("received", 0)) + len(verdicts)
-            status["lastMessageTime"] = from_epoch(now)
-            if rejected:
-                status["lastError"] = f"message {shown(rejected[-1].message.id)}: {rejected[-1].problem}"
-                status["lastErrorTime"] = status["lastMessageTime"]
-            repo.update_object(tx, source, status=status)
+            events += [
+                repo.ObjectEvent(source, "MessageRejected", f"message {shown(v.message.id)}: {v.problem}", True)
+                for v in rejected
+            ]
+            repo.record_events(tx, *events)
+            ingested.record(tx, self.source, [(message_of[o.name], o.name) for o in created], now)
+            repo.update_object(tx, source, status=_counted(source, verdicts, rejected, now))
+        self._next_number = work.next_number  # only once committed: a failed batch takes no name
         return verdicts
 
-    def _one(self, tx: Tx, message: Message, d: Draft, now: float, made: dict[str, str]) -> Verdict:
-        found = made.get(message.id) or ingested.job_of(tx.session, self.source, message.id)
-        if found is not None:
-            return Verdict(message, "duplicate", job=found)
-        if d.job is None:
-            return Verdict(message, "rejected", problem=d.problem)
-        job = d.job.model_copy(deep=True)  # a redelivery's draft is the same object: never name it twice
-        if d.named:
-            if repo.version(tx.session, kind="Job", name=job.metadata.name) is not None:
-                return Verdict(message, "rejected", problem=f"metadata.name: job {job.metadata.name!r} already exists")
-        else:
-            job.metadata.name = self._free_name(tx)
-        problems = validate_apply([Built(KINDS["Job"], job)], repo.SpecView(tx.session))
-        if problems:
-            return Verdict(message, "rejected", problem="; ".join(problems))
-        annotations = {**job.metadata.annotations, CREATED_BY: f"source/{self.source}", MESSAGE_ID: message.id}
-        obj = repo.create(
-            tx,
-            kind="Job",
-            name=job.metadata.name,
-            spec=dump(job)["spec"],
-            labels=job.metadata.labels,
-            annotations=annotations,
-            status=dict(new_job_status(from_epoch(now))),
-        )
-        created = f"job created from source/{self.source} (message {shown(message.id)})"
-        repo.record_events(tx, repo.ObjectEvent(obj, "Created", created))
-        made[message.id] = obj.name
-        return Verdict(message, "created", job=obj.name)
 
-    def _free_name(self, tx: Tx) -> str:
-        """job-N, as `run` names: above every job-N there is, the first not taken."""
-        if self._next_number is None:
-            taken = repo.names_starting(tx.session, kind="Job", prefix="job-")
-            self._next_number = 1 + max((int(n[4:]) for n in taken if n[4:].isdecimal()), default=0)
-        while repo.version(tx.session, kind="Job", name=f"job-{self._next_number}") is not None:
-            self._next_number += 1
-        name = f"job-{self._next_number}"
-        self._next_number += 1
-        return name
+def _counted(source: StoredObject, verdicts: list[Verdict], rejected: list[Verdict], now: float) -> dict[str, Any]:
+    status = dict(source.status or {})
+    for outcome, key in (("created", "created"), ("duplicate", "duplicates"), ("rejected", "rejected")):
+        status[key] = int(status.get(key, 0)) + sum(v.outcome == outcome for v in verdicts)
+    status["received"] = int(status.get("received", 0)) + len(verdicts)
+    status["lastMessageTime"] = from_epoch(now)
+    if rejected:
+        status["lastError"] = f"message {shown(rejected[-1].message.id)}: {rejected[-1].problem}"
+        status["lastErrorTime"] = status["lastMessageTime"]
+    return status
 
 
 def note_connection(store: Store, source: str, uid: str, *, connected: bool, error: str | None) -> None:
     """Say in the Source's status whether its queue is being consumed, and why not; written
     only when that changes, so a broker down for hours costs no write per retry."""
     with store.write() as tx:
-        current: StoredObject | None = repo.get(tx.session, kind="Source", name=source)
+        current = repo.get(tx.session, kind="Source", name=source)
         if current is None or current.uid != uid:
             return
         status = dict(current.status or {})

@@ -6,7 +6,6 @@ is intake.py's, in the transaction that stores the job."""
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,9 +34,10 @@ class Draft:
     problem: str | None = None  # `field.path: message`, as apply names a field
 
 
-def draft(body: bytes, template: dict[str, Any], *, base_dir: str | None = None) -> Draft:
+def draft(body: bytes, template: dict[str, Any], *, base_dir: Path | None = None) -> Draft:
     """The job a message body asks for, with `template` under it; never raises for what the
-    body says (every problem is a Draft's)."""
+    body says (every problem is a Draft's). A relative workingDir resolves against `base_dir`
+    (default: the current directory, where the controller runs), as the seed's `POST /jobs` does."""
     if len(body) > MAX_BODY:
         return Draft(problem=f"body: {len(body)} bytes, more than the {MAX_BODY} a message may have")
     try:
@@ -145,12 +145,12 @@ def _merged(under: dict[str, Any], over: Any) -> Any:
     return merged
 
 
-def _validated(document: dict[str, Any], named: bool, base_dir: str | None) -> Draft:
+def _validated(document: dict[str, Any], named: bool, base_dir: Path | None) -> Draft:
     try:
         job = Job.model_validate(document)
     except ValidationError as exc:
         return Draft(problem="; ".join(field_problems(exc)))
-    if (problem := resolve_working_dir(job.spec, Path(base_dir or os.getcwd()))) is not None:
+    if (problem := resolve_working_dir(job.spec, base_dir or Path.cwd())) is not None:
         return Draft(problem=f"spec.workingDir: {problem}")
     job.metadata.annotations = user_annotations(job.metadata.annotations)  # the system's are the system's
     return Draft(job=job, named=named)

@@ -5,6 +5,7 @@ annotation; this table is the indexed lookup."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 
 from .dbapi import Connection, Statement
@@ -22,6 +23,29 @@ def job_of(session: Connection, source: str, message_id: str) -> str | None:
     """The job a message of the source already made, if any."""
     found = _FIND.execute(session, {"source": source, "message_id": message_id}).scalar()
     return None if found is None else str(found)
+
+
+_AT_ONCE = 256
+
+
+@functools.cache
+def _find_many(width: int) -> Statement:
+    marks = ", ".join(f":m{i}" for i in range(width))
+    return Statement(f"SELECT message_id, job FROM ingested WHERE source = :source AND message_id IN ({marks})")
+
+
+def jobs_of(session: Connection, source: str, message_ids: Iterable[str]) -> dict[str, str]:
+    """message id -> job, of those of the ids the source already made a job of (a batch's
+    lookup: one statement per 256 ids)."""
+    wanted = sorted(set(message_ids))
+    found: dict[str, str] = {}
+    for start in range(0, len(wanted), _AT_ONCE):
+        chunk = wanted[start : start + _AT_ONCE]
+        # 1, 2, 4 ... placeholders, the last id repeated: a few statements serve every count
+        width = 1 << (len(chunk) - 1).bit_length()
+        params = {f"m{i}": chunk[min(i, len(chunk) - 1)] for i in range(width)}
+        found.update((r.message_id, r.job) for r in _find_many(width).execute(session, {"source": source, **params}))
+    return found
 
 
 def record(tx: Tx, source: str, made: Iterable[tuple[str, str]], now: float) -> None:
