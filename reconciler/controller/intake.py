@@ -78,6 +78,8 @@ class _Batch:
             name = job.metadata.name
             if name in self.taken:
                 return Verdict(message, "rejected", problem=f"metadata.name: job {name!r} already exists")
+            if name.startswith("job-") and name[4:].isdecimal():  # as `run` names: above every job-N
+                self.next_number = max(self.next_number, int(name[4:]) + 1)
         else:
             name = self._free_name()
         built = Built(KINDS["Job"], job)
