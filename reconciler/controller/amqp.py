@@ -24,8 +24,8 @@ if TYPE_CHECKING:
 
 logging.getLogger("pika").setLevel(logging.WARNING)  # it logs every connection step at INFO
 
-PREFETCH = 500  # unacknowledged messages the broker sends ahead: a batch's worth, and the next
-BATCH = 250  # messages stored in one transaction at most
+PREFETCH = 1000  # unacknowledged messages the broker sends ahead: a batch's worth, and the next
+BATCH = 500  # messages stored in one transaction at most
 HEARTBEAT = 30  # seconds: a broker that stopped answering is noticed within about two of these
 CONNECT_TIMEOUT = 10.0
 

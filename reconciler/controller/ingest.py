@@ -105,14 +105,16 @@ class Lane:
         settle each once stored; False when the Source is gone."""
         template = self.spec.template
         while not self.stopping.is_set():
-            # a queue that hands unsettled messages out again (HTTP) is not read meanwhile
-            for verdicts in writer.stored(wait=0.0 if inbox.overlaps or not writer.busy else POLL):
+            # the writer takes no third batch; and a queue that hands unsettled messages out
+            # again (HTTP) is not read while one is being stored: then the lane just waits
+            full = writer.pending >= 2 or (writer.pending == 1 and not inbox.overlaps)
+            for verdicts in writer.stored(wait=POLL if full else 0.0):
                 if verdicts is None:
                     return False
                 inbox.settle(verdicts)
-            if writer.busy and not inbox.overlaps:
+            if full:
                 continue
-            messages = inbox.fetch(BUSY_POLL if writer.busy else POLL)
+            messages = inbox.fetch(BUSY_POLL if writer.pending else POLL)
             self._note(True, None)
             if messages:
                 writer.submit([(m, draft(m.body, template, base_dir=self.base_dir)) for m in messages])
@@ -138,16 +140,12 @@ class _Writer:
         self.intake = intake
         self._todo: queue.Queue[list[tuple[Message, Draft]] | None] = queue.Queue(maxsize=1)
         self._done: queue.Queue[list[Verdict] | BaseException | None] = queue.Queue()
-        self._pending = 0  # batches submitted and not yet taken back by `stored`
+        self.pending = 0  # batches submitted and not yet taken back by `stored`
         self._thread = threading.Thread(target=self._run, name=f"source-{name}-writer", daemon=True)
         self._thread.start()
 
-    @property
-    def busy(self) -> bool:
-        return self._pending > 0
-
     def submit(self, batch: list[tuple[Message, Draft]]) -> None:
-        self._pending += 1
+        self.pending += 1
         self._todo.put(batch)
 
     def stored(self, wait: float = 0.0) -> list[list[Verdict] | None]:
@@ -159,7 +157,7 @@ class _Writer:
                 result = self._done.get(timeout=wait) if wait > 0 and not found else self._done.get_nowait()
             except queue.Empty:
                 return found
-            self._pending -= 1
+            self.pending -= 1
             if isinstance(result, BaseException):
                 raise result
             found.append(result)

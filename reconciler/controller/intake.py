@@ -54,9 +54,10 @@ def shown(message_id: str) -> str:
 class _Batch:
     """One batch's transaction: what it found and what it will write."""
 
-    def __init__(self, tx: Tx, source: str, batch: list[tuple[Message, Draft]], next_number: int):
+    def __init__(self, tx: Tx, source: str, batch: list[tuple[Message, Draft]], next_number: int, now: float):
         self.tx = tx
         self.source = source
+        self.accepted_at = from_epoch(now)
         self.known = ingested.jobs_of(tx.session, source, (m.id for m, _ in batch))
         self.view = repo.SpecView(tx.session)
         self.next_number = next_number
@@ -68,7 +69,7 @@ class _Batch:
         self.taken = {o.name for o in repo.list_objects(tx.session, kind="Job", names=candidates + named)}
         self.rows: list[dict[str, Any]] = []
 
-    def one(self, message: Message, d: Draft, now: float) -> Verdict:
+    def one(self, message: Message, d: Draft) -> Verdict:
         if (found := self.known.get(message.id)) is not None:
             return Verdict(message, "duplicate", job=found)
         if d.job is None:
@@ -92,7 +93,7 @@ class _Batch:
         self.taken.add(name)
         self.known[message.id] = name
         annotations = {**job.metadata.annotations, CREATED_BY: f"source/{self.source}", MESSAGE_ID: message.id}
-        status = dict(new_job_status(from_epoch(now)))
+        status = dict(new_job_status(self.accepted_at))
         self.rows.append(
             {
                 "kind": "Job",
@@ -138,8 +139,8 @@ class Intake:
             if self._next_number is None:
                 taken = repo.names_starting(tx.session, kind="Job", prefix="job-")
                 self._next_number = 1 + max((int(n[4:]) for n in taken if n[4:].isdecimal()), default=0)
-            work = _Batch(tx, self.source, batch, self._next_number)
-            verdicts = [work.one(message, d, now) for message, d in batch]
+            work = _Batch(tx, self.source, batch, self._next_number, now)
+            verdicts = [work.one(message, d) for message, d in batch]
             created = repo.create_many(tx, work.rows)
             message_of = {v.job: v.message.id for v in verdicts if v.outcome == "created"}
             events = [
