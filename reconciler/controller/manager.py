@@ -39,10 +39,12 @@ class Controller:
         clock: Clock | None = None,
         address: str | None = None,
         local_node: bool = True,
+        sources: bool = True,
     ):
         """`local_node=False` (`serve --no-local-node`): this machine is no node. No Node is
         registered or kept Ready for it, and the agent here owns no node (its name is empty,
-        which no Node can have), so it starts no run: jobs wait for other nodes."""
+        which no Node can have), so it starts no run: jobs wait for other nodes. `sources=False`
+        (`up`, `run --wait`): no Source is consumed."""
         self.store = store
         self.address = address or DEFAULT_ADDRESS  # where this node's services are reached: the registry publishes it
         self.clock = clock or RealClock()
@@ -51,7 +53,7 @@ class Controller:
         self.owner = process_owner()
         self.queue = WorkQueue()
         self.notifier = Deliverer(store, clock=self.clock, owner=self.owner)
-        self.sources = Ingester(store)
+        self.sources = Ingester(store) if sources else None
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
         self.jobs = JobReconciler(
             store,
@@ -80,7 +82,8 @@ class Controller:
         self.runner.start()
         self._watcher.start()
         self.notifier.start()
-        self.sources.start()
+        if self.sources is not None:
+            self.sources.start()
         telemetry.workqueue_depth = self.queue.__len__
         return self
 
@@ -88,7 +91,8 @@ class Controller:
         self._stop.set()
         if telemetry.workqueue_depth == self.queue.__len__:
             telemetry.workqueue_depth = None
-        self.sources.stop()  # first: no job arrives while the rest stops
+        if self.sources is not None:
+            self.sources.stop()  # first: no job arrives while the rest stops
         self.runner.stop()
         self.notifier.drain(DRAIN)
         self.notifier.stop()

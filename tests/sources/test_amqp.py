@@ -231,3 +231,16 @@ def _named_connections() -> list[str]:
     from tests.data.rabbit import connection_pids
 
     return connection_pids("reconciler source/inbox")
+
+
+def test_up_consumes_no_source(env: Env, broker: Broker):
+    """`up` ends with its jobs: a queue is left to a controller that stays."""
+    queue, _ = broker.queue()
+    env.apply(source(queue))
+    broker.publish(queue, json.dumps({"command": "true"}), "left")
+    path = env.work / "one.yaml"
+    path.write_text(yaml.safe_dump(job("one", "exit 0")))
+    env.cli("up", "-f", str(path), "--timeout", "60s")
+    assert sorted(jobs(env)) == ["one"]
+    assert broker.depth(queue) == (1, 0)
+    assert source_status(env) == {}
