@@ -54,8 +54,6 @@ class AmqpConsumer:
     """connect, then fetch and settle batches; any failure is a QueueError and the caller
     closes this consumer and makes a new one."""
 
-    overlaps = True  # the broker holds what it delivered until it is settled
-
     def __init__(self, spec: AmqpQueue, name: str):
         self.spec = spec
         self.name = name

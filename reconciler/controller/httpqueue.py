@@ -23,8 +23,6 @@ MAX_MESSAGES = 1000  # of one answer: more waits for the next GET
 
 
 class HttpConsumer:
-    overlaps = False  # a GET answers every message not deleted yet: one being stored would come twice
-
     def __init__(self, spec: HttpQueue, stop: threading.Event):
         self.spec = spec
         self.stop = stop

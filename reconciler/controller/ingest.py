@@ -14,7 +14,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import queue
 import threading
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,15 +23,14 @@ from ..store import Store
 from ..store import repository as repo
 from ..threads import critical
 from . import faults
-from .intake import Intake, Message, Verdict, note_connection
-from .messages import Draft, draft
+from .intake import Intake, note_connection
+from .messages import draft
 from .queues import Consumer, QueueError, consumer
 
 log = logging.getLogger("reconciler.ingest")
 
 LOOK = 1.0  # how often the Sources are listed: a new, changed or deleted one is acted on within it
 POLL = 0.5  # a lane's longest wait for a message: how soon it sees that it must stop
-BUSY_POLL = 0.002  # its wait while a batch is being written: it settles the batch soon after
 FIRST_RETRY = 1.0
 MAX_RETRY = 30.0
 
@@ -77,11 +75,10 @@ class Lane:
         failures = 0
         while not self.stopping.is_set():
             inbox = consumer(self.spec, self.wanted.name, self.stopping)
-            writer = _Writer(self.intake, self.wanted.name)
             error = None
             try:
                 inbox.connect()
-                if not self._consume(inbox, writer):
+                if not self._consume(inbox):
                     return  # the Source is gone: its lane ends
             except QueueError as exc:
                 error = str(exc)
@@ -89,8 +86,7 @@ class Lane:
                 log.warning("source %s: ingestion failed", self.wanted.name, exc_info=True)
                 error = f"{inbox.where}: {type(exc).__name__}: {exc}"
             finally:
-                writer.close()  # a batch being written is written; it is not settled: it comes again
-                inbox.close()
+                inbox.close()  # what was not settled goes back to the queue
             if error is None:
                 break
             failures += 1
@@ -100,24 +96,20 @@ class Lane:
         if self.say_stopped:
             self._note(False, None)
 
-    def _consume(self, inbox: Consumer, writer: _Writer) -> bool:
-        """Read, check and hand over batches while the writer stores the one before, and
-        settle each once stored; False when the Source is gone."""
+    def _consume(self, inbox: Consumer) -> bool:
+        """Fetch, store, then settle, batch after batch; False when the Source is gone
+        (nothing settled: the messages go back to the queue when the lane closes it)."""
         template = self.spec.template
         while not self.stopping.is_set():
-            # the writer takes no third batch; and a queue that hands unsettled messages out
-            # again (HTTP) is not read while one is being stored: then the lane just waits
-            full = writer.pending >= 2 or (writer.pending == 1 and not inbox.overlaps)
-            for verdicts in writer.stored(wait=POLL if full else 0.0):
-                if verdicts is None:
-                    return False
-                inbox.settle(verdicts)
-            if full:
-                continue
-            messages = inbox.fetch(BUSY_POLL if writer.pending else POLL)
+            messages = inbox.fetch(POLL)
             self._note(True, None)
-            if messages:
-                writer.submit([(m, draft(m.body, template, base_dir=self.base_dir)) for m in messages])
+            if not messages:
+                continue
+            verdicts = self.intake.store_batch([(m, draft(m.body, template, base_dir=self.base_dir)) for m in messages])
+            if verdicts is None:
+                return False
+            faults.point("after-ingest")  # stored, not acknowledged: the crash test's point
+            inbox.settle(verdicts)
         return True
 
     def _note(self, connected: bool, error: str | None) -> None:
@@ -128,55 +120,6 @@ class Lane:
             self._noted = (connected, error)
         except Exception:  # the store is down too: said when it is back
             log.warning("source %s: status not written", self.wanted.name, exc_info=True)
-
-
-class _Writer:
-    """Stores a lane's batches in a thread of its own, so that the lane reads and checks the
-    next batch (Python, holding the GIL) while this one is written (SQLite, much of it
-    without): one batch written, one waiting, at most. Its results come back to the lane,
-    the only thread that touches the queue's connection."""
-
-    def __init__(self, intake: Intake, name: str):
-        self.intake = intake
-        self._todo: queue.Queue[list[tuple[Message, Draft]] | None] = queue.Queue(maxsize=1)
-        self._done: queue.Queue[list[Verdict] | BaseException | None] = queue.Queue()
-        self.pending = 0  # batches submitted and not yet taken back by `stored`
-        self._thread = threading.Thread(target=self._run, name=f"source-{name}-writer", daemon=True)
-        self._thread.start()
-
-    def submit(self, batch: list[tuple[Message, Draft]]) -> None:
-        self.pending += 1
-        self._todo.put(batch)
-
-    def stored(self, wait: float = 0.0) -> list[list[Verdict] | None]:
-        """The batches stored since the last look, in order (None: the Source is gone),
-        waiting up to `wait` for one; raises what failed the writer."""
-        found: list[list[Verdict] | None] = []
-        while True:
-            try:
-                result = self._done.get(timeout=wait) if wait > 0 and not found else self._done.get_nowait()
-            except queue.Empty:
-                return found
-            self.pending -= 1
-            if isinstance(result, BaseException):
-                raise result
-            found.append(result)
-
-    def _run(self) -> None:
-        while (batch := self._todo.get()) is not None:
-            try:
-                verdicts = self.intake.store_batch(batch)
-            except Exception as exc:  # handed to the lane, which starts over
-                self._done.put(exc)
-                continue
-            if verdicts is not None:
-                faults.point("after-ingest")  # stored, not acknowledged: the crash test's point
-            self._done.put(verdicts)
-
-    def close(self) -> None:
-        """Wait for what was handed over to be written (or fail)."""
-        self._todo.put(None)
-        self._thread.join()
 
 
 class Ingester:

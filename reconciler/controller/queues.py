@@ -16,7 +16,6 @@ class QueueError(Exception):
 
 class Consumer(Protocol):
     where: str  # the queue, as errors name it (no password)
-    overlaps: bool  # may be read while a batch is being stored (it does not hand unsettled messages out again)
 
     def connect(self) -> None: ...
     def fetch(self, wait: float) -> list[Message]: ...
