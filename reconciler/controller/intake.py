@@ -88,7 +88,7 @@ class _Batch:
         problems = validate_apply([built], self.view)
         if problems:
             return Verdict(message, "rejected", problem="; ".join(problems))
-        spec = dump(job)["spec"]
+        spec = dump(job.spec)
         self.view.remember("Job", name, spec)
         self.taken.add(name)
         self.known[message.id] = name
