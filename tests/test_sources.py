@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from reconciler.api.annotations import CREATED_BY, MESSAGE_ID
+from reconciler.api.source import SourceStatus
 from reconciler.controller.intake import Intake, Message, note_connection
 from reconciler.controller.messages import draft
 from reconciler.store import Store, ingested
@@ -219,6 +220,7 @@ def test_a_batch_is_stored_in_one_transaction_and_a_redelivery_creates_nothing(s
         "rejected": 1,
     }
     assert status["lastError"] == "message m2: spec.pool: pool 'nope' does not exist"
+    SourceStatus.model_validate(status)  # what the controller writes is what the schema (and the CRD) says
 
 
 def test_a_named_job_that_exists_is_refused_and_names_are_not_reused(stored):
