@@ -24,6 +24,17 @@ from .store.feed import Change, ChangeFeed
 
 SERVICES = ("services", "service", "svc")
 EVENTS = ("events", "event", "ev")
+# Kinds whose shown status is partly derived at read time (pool and node usage, a node's
+# readiness from its heartbeat's age, a notifier's delivery counts): it changes with no write
+# to the object, so a follower (`get -w`) looks again on a timer, not only on a change.
+DERIVED_STATUS = ("Pool", "Node", "Notifier")
+DERIVED_LOOK = 1.0  # seconds between such looks
+
+
+def shown(obj: StoredObject) -> tuple[int, str]:
+    """What a follower compares to decide whether an object looks different: its version
+    and its status as shown (derived parts included)."""
+    return obj.resource_version, json.dumps(obj.status, sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)
@@ -219,15 +230,18 @@ def events(store: Store, names: list[str], limit: int = 1000) -> list[Any]:
 def watch(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> Iterator[StoredObject]:
     """Each selected object again whenever it changes (`get -w`), forever: the caller stops."""
     listing = objects(store, kind, names, selector)
-    seen = {o.name: o.resource_version for o in listing.objects}
+    seen = {o.name: shown(o) for o in listing.objects}
+    derived = listing.kind in DERIVED_STATUS
     feed = ChangeFeed(store)
+    next_look = time.monotonic() + DERIVED_LOOK
     while True:
         time.sleep(0.2)  # a CLI follower, not the controller: a short poll is the simple way
-        if not feed.poll():
+        if not feed.poll() and not (derived and time.monotonic() >= next_look):
             continue
+        next_look = time.monotonic() + DERIVED_LOOK
         for o in objects(store, kind, names, selector).objects:
-            if seen.get(o.name) != o.resource_version:
-                seen[o.name] = o.resource_version
+            if seen.get(o.name) != (look := shown(o)):
+                seen[o.name] = look
                 yield o
 
 
