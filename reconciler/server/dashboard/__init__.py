@@ -62,7 +62,7 @@ def _shell(view: str, title: str) -> str:
 tokens file). It is kept in this tab only (sessionStorage) and sent as a bearer token.</p>
 <label>token <input type="password" name="token" autocomplete="off" required></label>
 <button type="submit">Sign in</button><span class="said"></span></form>
-<main id="main"><p class="loading">loading…</p></main>
+<p id="notice" class="notice" aria-live="polite"></p><main id="main"><p class="loading">loading…</p></main>
 <script src="/ui/static/dashboard.js"></script></body></html>"""
 
 

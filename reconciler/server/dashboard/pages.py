@@ -268,7 +268,7 @@ def _actions(name: str, phase: Phase, admin: bool) -> str:
         for a, shown in wanted
         if shown
     )
-    return f'<p class="actions">{buttons}<span class="said"></span></p>'
+    return f'<p class="actions">{buttons}</p>'
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> str:

@@ -163,7 +163,7 @@
   }
 
   async function act(button) {
-    const said = button.parentElement.querySelector(".said");
+    const said = document.getElementById("notice"); // outside the view: it outlives the refresh
     const url = API + "/jobs/" + encodeURIComponent(button.dataset.job) + "/" + button.dataset.action + "?requestedBy=dashboard";
     button.disabled = true;
     try {
