@@ -48,9 +48,9 @@ def _apply(server: Server, *items: dict) -> None:
 
 
 def _held(name: str, go: Path, before: str = "", after: str = "", **spec) -> dict:
-    """A job whose run lasts until the test creates `go`."""
-    script = f"{before}while [ ! -e '{go}' ]; do sleep 0.05; done; {after or 'true'}"
-    return job_manifest(name, ["sh", "-c", script], **spec)
+    """A job whose run lasts until the test creates `go` (in its working directory)."""
+    script = f"{before}while [ ! -e {go.name} ]; do sleep 0.05; done; {after or 'true'}"
+    return job_manifest(name, ["sh", "-c", script], workingDir=str(go.parent), **spec)
 
 
 def _shoot(page, tmp_path: Path, name: str) -> Path:
@@ -72,23 +72,32 @@ def _sign_in(page, server: Server, path: str, token: str) -> None:
 
 def test_graph_shows_a_job_go_from_running_to_succeeded_without_a_reload(page, server, tmp_path):
     go = tmp_path / "go"
+    shards = [f"analyse-{i}" for i in (1, 2, 3)]
+    pool = {"apiVersion": "reconciler.dev/v1alpha1", "kind": "Pool", "metadata": {"name": "analysis"}}
     _apply(
         server,
+        {**pool, "spec": {"slots": 2}},  # two shards at a time: the third queues
         job_manifest("prepare", ["true"]),
-        _held("analyse", go, dependsOn=[{"job": "prepare"}]),
-        job_manifest("report", ["true"], dependsOn=[{"job": "analyse"}]),
+        *(_held(name, go, dependsOn=[{"job": "prepare"}], pool="analysis") for name in shards),
+        job_manifest("report", ["true"], dependsOn=[{"job": name} for name in shards]),
     )
     page.goto(server.url + "/")
-    page.wait_for_selector('g[data-job="analyse"].st-Running', timeout=SEEN)
     page.wait_for_selector('g[data-job="prepare"].st-Succeeded', timeout=SEEN)
-    assert page.locator("path.edge").count() == 2  # prepare -> analyse -> report
+    page.wait_for_selector("g.job.st-Queued", timeout=SEEN)
+    running = page.locator("g.job.st-Running").first
+    running.wait_for(timeout=SEEN)
+    watched = running.get_attribute("data-job")
+    assert watched in shards
+    assert page.locator("path.edge").count() == 6  # prepare -> each shard -> report
+    assert page.locator('g[data-job="report"].st-Waiting').count() == 1
+    page.wait_for_selector(".legend .st-Queued", timeout=SEEN)  # the counts follow too
+    _shoot(page, tmp_path, "dashboard-graph.png")
     page.evaluate("window.stillTheSamePage = true")
     page.wait_for_selector("#live.on", timeout=SEEN)
     go.touch()
-    page.wait_for_selector('g[data-job="analyse"].st-Succeeded', timeout=SEEN)
+    page.wait_for_selector(f'g[data-job="{watched}"].st-Succeeded', timeout=SEEN)
     page.wait_for_selector('g[data-job="report"].st-Succeeded', timeout=SEEN)
     assert page.evaluate("window.stillTheSamePage") is True  # no reload: the watch stream did it
-    _shoot(page, tmp_path, "dashboard-graph.png")
 
 
 def test_job_page_follows_its_logs_live(page, server, tmp_path):
