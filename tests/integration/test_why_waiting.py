@@ -84,3 +84,28 @@ def test_no_node_fits_said(env):
     why = _why(env, "pinned")
     assert why.startswith("1st of 1 in the global queue; no node fits: 0/1 nodes are available"), why
     assert "didn't match nodeName" in why
+
+
+def test_global_limit_backoff_and_suspension_said(env):
+    go = env.root / "go"
+    env.controller()
+    env.apply("hold.yaml", docs(pool_yaml("global", 1), job_yaml("hold", held_until(go))))
+    env.wait_phase("hold", "Running")
+    env.apply(
+        "others.yaml",
+        docs(
+            job_yaml("next", "command: ['true']"),
+            job_yaml("paused", "command: ['true']\nsuspend: true"),
+        ),
+    )
+    env.wait_phase("next", "Queued")
+    env.wait_phase("paused", "Suspended")
+    assert _why(env, "next") == "1st of 1 in the global queue; the global limit is full (1/1 slots in use, 1 needed)"
+    assert _why(env, "paused") == "suspended: resume it to go on"
+
+    go.touch()
+    env.wait_completed("hold", "next")
+    env.apply("flaky.yaml", job_yaml("flaky", "command: ['false']\nretry: {limit: 2, backoff: {delay: 1h}}"))
+    status = env.wait_phase("flaky", "Backoff")
+    assert _why(env, "flaky") == f"backing off after run 1: runs again at {status['nextRunAt']}"
+    assert _message_column(env)["flaky"] == _why(env, "flaky")
