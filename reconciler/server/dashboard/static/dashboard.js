@@ -233,5 +233,12 @@
   async function start() {
     if (await load().catch(function () { return false; })) watch();
   }
+  // a node's allocation changes with the jobs placed on it, and its heartbeat's age with the
+  // clock: the nodes view (watching nodes) is also fetched again every few seconds
+  if (view === "nodes") {
+    setInterval(function () {
+      if (login.hidden) refresh(0);
+    }, 5000);
+  }
   start();
 })();
