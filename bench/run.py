@@ -13,7 +13,8 @@ jobs), 8 cli (the read verbs' wall time), 9 apply-one (one job into 1,000 and 10
 jobs), 10 notify (notifier delivery: events/s, completion-to-arrival latency), 11 api (`get jobs`
 through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs),
 13 chain (time per link of a 300-job chain from whole commands' wall times, beside doit and
-make), 7 pg (figures 1, 3 and 13 on PostgreSQL). Prints
+make), 14 dashboard (each view's page at 2,000 jobs, beside the API's list),
+7 pg (figures 1, 3 and 13 on PostgreSQL). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
 """
@@ -44,6 +45,7 @@ FULL = {
     "api": dict(jobs=10_000, rounds=5),
     "metrics": dict(small=1000, large=100_000, rounds=7),
     "chain": dict(jobs=300, rounds=3),
+    "dashboard": dict(jobs=2000, rounds=7),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -58,6 +60,7 @@ SMALL = {
     "api": dict(jobs=100, rounds=2),
     "metrics": dict(small=100, large=2000, rounds=2),
     "chain": dict(jobs=20, rounds=1),
+    "dashboard": dict(jobs=400, rounds=2),
 }
 NAMES = (
     "dag",
@@ -72,6 +75,7 @@ NAMES = (
     "api",
     "metrics",
     "chain",
+    "dashboard",
     "pg",
 )
 APPLY_AIMS = (10.0, 3.0)
@@ -142,7 +146,7 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, api, apply_one, chain, cli, dag, idle, latency, memory, metrics, notify
+    from bench import admission, api, apply_one, chain, cli, dag, dashboard, idle, latency, memory, metrics, notify
 
     s = sizes
     out = {
@@ -208,6 +212,12 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
         ],
         "chain": [
             ("13 chain per link (sqlite)", lambda: [chain.row(s["chain"]["jobs"], s["chain"]["rounds"])]),
+        ],
+        "dashboard": [
+            (
+                "14 dashboard pages (sqlite)",
+                lambda: [dashboard.row(s["dashboard"]["jobs"], s["dashboard"]["rounds"])],
+            )
         ],
         "pg": [
             (

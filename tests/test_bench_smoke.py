@@ -27,6 +27,7 @@ FIGURES = [
     "11 CLI get jobs through the API (sqlite)",
     "12 metrics scrape of a large store (sqlite)",
     "13 chain per link (sqlite)",
+    "14 dashboard pages (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",
