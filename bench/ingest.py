@@ -1,4 +1,4 @@
-"""Figure 13: ingestion from RabbitMQ (the machine's broker, amqp://guest:guest@127.0.0.1:5672/)
+"""Figure 15: ingestion from RabbitMQ (the machine's broker, amqp://guest:guest@127.0.0.1:5672/)
 into stored jobs, against a plain pika consumer that only acknowledges, in the same run.
 
 - reconciler: M messages (the seed's job request, each with its own message id) are published
@@ -167,7 +167,7 @@ def row(count: int, rounds: int = 3) -> Row:
     rate, plain_rate = median(ours), median(theirs)
     # each round's two runs are minutes apart at most: their ratio is what this machine can tell
     ratio = median([p / o for p, o in zip(theirs, ours, strict=True)])
-    label = "13 ingestion from RabbitMQ (sqlite)"
+    label = "15 ingestion from RabbitMQ (sqlite)"
     note = (
         f"{label}: {count} job requests waiting in a queue; a controller process stores them as jobs "
         f"(batches of up to {BATCH} a transaction, then one acknowledgement a batch), median of {rounds} rounds "

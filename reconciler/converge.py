@@ -171,6 +171,7 @@ class Until:
     stop: threading.Event
     on_change: OnChange = _quiet
     fail_fast: bool = False
+    interrupt: threading.Event = field(default_factory=threading.Event)  # set with `stop` by a Ctrl-C
 
 
 def converge(store: Store, names: list[str], until: Until) -> Converged:
@@ -224,7 +225,7 @@ def _follow(watch: Follower, until: Until) -> Converged:
         if deadline is not None and time.monotonic() >= deadline:
             return Converged(watch.jobs, "timed out")
         until.stop.wait(LOOK_INTERVAL)
-    return Converged(watch.jobs, "stopped")
+    return Converged(watch.jobs, "interrupted" if until.interrupt.is_set() else "stopped")
 
 
 def did_not_succeed(job: Watched) -> bool:

@@ -22,7 +22,10 @@ from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 FOLDERS = ["examples/shards", "examples/ci", "examples/service", "examples/retry", "examples/inbox", "manifests"]
-NOT_MANIFESTS = ["examples/systemd", "examples/grafana"]  # unit files, a dashboard: no objects
+NOT_MANIFESTS = [
+    "examples/grafana",  # a Grafana dashboard for the metrics, no objects (tests/metrics/test_dashboard.py)
+    "examples/systemd",  # how to run reconciler as a service: unit files, no objects
+]
 KIND_WORDS = {"Job": "jobs", "Pool": "pools", "Node": "nodes", "Notifier": "notifiers", "Source": "sources"}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..waiting import why_waiting
 from .render import age, attempts, job_state
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ def job_row(o: StoredObject, wide: bool) -> list[Any]:
     if wide:
         deps = ",".join(d["job"] for d in o.spec.get("dependsOn", []))
         row += [s.get("revision", 1), o.spec.get("priority", 0), o.spec.get("slots", 1), s.get("reason") or "", deps]
+        row.append(why_waiting(o.spec, s) or s.get("message") or "")  # last: the one free-text column
     return row
 
 
@@ -84,7 +86,7 @@ def service_row(o: StoredObject, _wide: bool) -> list[Any]:
 COLUMNS = {
     "Job": (
         ["NAME", "STATUS", "POOL", "NODE", "ATTEMPTS", "AGE"],
-        ["REVISION", "PRIORITY", "SLOTS", "REASON", "DEPENDS-ON"],
+        ["REVISION", "PRIORITY", "SLOTS", "REASON", "DEPENDS-ON", "MESSAGE"],
         job_row,
     ),
     "Pool": (["NAME", "SLOTS", "USED", "QUEUED", "AGE"], ["MAX-BYPASS"], pool_row),

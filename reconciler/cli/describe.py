@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..api.source import shown_url
+from ..waiting import why_waiting
 from .render import age, dump_yaml, job_state, table
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
         ("Started", status.get("startTime")),
         ("Completed", status.get("completionTime")),
     ]
+    if why := why_waiting(spec, status):  # after Message: the same words as the dashboard's
+        state.insert(5, ("Why Waiting", why))
     if adm := status.get("admission"):
         state.append(
             ("Admission", f"pool={adm.get('pool') or 'global'} slots={adm.get('slots')} at {adm.get('admittedAt')}")
