@@ -251,3 +251,20 @@ def test_the_connection_state_is_written_only_when_it_changes(stored):
     status = _status(store)
     assert (first["connected"], first["lastError"]) == (False, "refused")
     assert status["connected"] is True and status["lastError"] == "refused"  # the last error stays to be read
+
+
+def test_message_ids_are_forgotten_after_a_week(stored):
+    """A redelivery comes within minutes; the ids of a week ago are dropped (the table would
+    grow by a row a message for ever), and only those."""
+    import time
+
+    from reconciler.controller.intake import REMEMBER
+
+    store, uid = stored
+    intake = Intake(store, "inbox", uid)
+    intake.store_batch(_batch(("old", '{"command": "x"}')))
+    assert intake.forget(time.time()) == 0
+    assert intake.forget(time.time() + REMEMBER + 1) == 1
+    with store.read() as session:
+        assert ingested.job_of(session, "inbox", "old") is None
+        assert repo.get(session, kind="Job", name="job-1") is not None  # the job stays

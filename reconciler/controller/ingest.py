@@ -15,6 +15,7 @@ import functools
 import json
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,6 +32,7 @@ log = logging.getLogger("reconciler.ingest")
 
 LOOK = 1.0  # how often the Sources are listed: a new, changed or deleted one is acted on within it
 POLL = 0.5  # a lane's longest wait for a message: how soon it sees that it must stop
+FORGET_EVERY = 3600.0  # seconds between forgetting message ids older than intake.REMEMBER
 FIRST_RETRY = 1.0
 MAX_RETRY = 30.0
 
@@ -66,6 +68,7 @@ class Lane:
         self.stopping = threading.Event()
         self.say_stopped = False  # on stop, say the queue is no longer consumed (not when a new lane takes over)
         self._noted: tuple[bool, str | None] | None = None
+        self._forget_at = 0.0  # when to forget old message ids next (monotonic): at once, then hourly
 
     def stop(self, *, say_stopped: bool) -> None:
         self.say_stopped = say_stopped
@@ -101,6 +104,9 @@ class Lane:
         (nothing settled: the messages go back to the queue when the lane closes it)."""
         template = self.spec.template
         while not self.stopping.is_set():
+            if time.monotonic() >= self._forget_at:
+                self.intake.forget(time.time())
+                self._forget_at = time.monotonic() + FORGET_EVERY
             messages = inbox.fetch(POLL)
             self._note(True, None)
             if not messages:

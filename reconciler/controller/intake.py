@@ -23,6 +23,7 @@ from ..store.engine import Tx
 from .messages import Draft
 
 SHOWN_ID = 80  # characters of a message id that events and errors show
+REMEMBER = 7 * 24 * 3600.0  # seconds a message id is known: a redelivery comes within minutes, not weeks
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +160,12 @@ class Intake:
             repo.update_object(tx, source, status=_counted(source, verdicts, rejected, now))
         self._next_number = work.next_number  # only once committed: a failed batch takes no name
         return verdicts
+
+    def forget(self, now: float) -> int:
+        """Forget the message ids ingested more than REMEMBER ago (the table would grow by
+        one row a message for ever); how many."""
+        with self.store.write() as tx:
+            return ingested.forget(tx, self.source, now - REMEMBER)
 
 
 def _counted(source: StoredObject, verdicts: list[Verdict], rejected: list[Verdict], now: float) -> dict[str, Any]:

@@ -54,6 +54,14 @@ def record(tx: Tx, source: str, made: Iterable[tuple[str, str]], now: float) -> 
     _ADD.execute_rows(tx.session, rows)
 
 
+_FORGET = Statement("DELETE FROM ingested WHERE source = :source AND created_at < :cutoff")
+
+
+def forget(tx: Tx, source: str, cutoff: float) -> int:
+    """Drop what the source remembered of messages ingested before `cutoff`; how many."""
+    return int(_FORGET.execute(tx.session, {"source": source, "cutoff": cutoff}).rowcount)
+
+
 def drop(tx: Tx, source: str) -> None:
     """A deleted source: what it remembered goes (its jobs stay)."""
     _DROP.execute(tx.session, {"source": source})

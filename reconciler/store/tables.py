@@ -137,6 +137,7 @@ class IngestedRow(SQLModel, table=True):
     redelivery of the message finds it and creates nothing new (schema 4)."""
 
     __tablename__ = "ingested"
+    __table_args__ = (Index("ix_ingested_age", "source", "created_at"),)  # forgetting the old ones
     source: str = Field(primary_key=True)
     message_id: str = Field(primary_key=True)
     job: str
