@@ -14,6 +14,7 @@ jobs), 10 notify (notifier delivery: events/s, completion-to-arrival latency), 1
 through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs),
 13 chain (time per link of a 300-job chain from whole commands' wall times, beside doit and
 make), 14 dashboard (each view's page at 2,000 jobs, beside the API's list),
+15 ingest (jobs from a RabbitMQ queue: messages/s against a plain pika consumer),
 7 pg (figures 1, 3 and 13 on PostgreSQL). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
@@ -46,6 +47,7 @@ FULL = {
     "metrics": dict(small=1000, large=100_000, rounds=7),
     "chain": dict(jobs=300, rounds=3),
     "dashboard": dict(jobs=2000, rounds=7),
+    "ingest": dict(messages=5000, rounds=3),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -61,6 +63,7 @@ SMALL = {
     "metrics": dict(small=100, large=2000, rounds=2),
     "chain": dict(jobs=20, rounds=1),
     "dashboard": dict(jobs=400, rounds=2),
+    "ingest": dict(messages=1000, rounds=1),
 }
 NAMES = (
     "dag",
@@ -76,6 +79,7 @@ NAMES = (
     "metrics",
     "chain",
     "dashboard",
+    "ingest",
     "pg",
 )
 APPLY_AIMS = (10.0, 3.0)
@@ -146,7 +150,21 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, api, apply_one, chain, cli, dag, dashboard, idle, latency, memory, metrics, notify
+    from bench import (
+        admission,
+        api,
+        apply_one,
+        chain,
+        cli,
+        dag,
+        dashboard,
+        idle,
+        ingest,
+        latency,
+        memory,
+        metrics,
+        notify,
+    )
 
     s = sizes
     out = {
@@ -217,6 +235,12 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
             (
                 "14 dashboard pages (sqlite)",
                 lambda: [dashboard.row(s["dashboard"]["jobs"], s["dashboard"]["rounds"])],
+            )
+        ],
+        "ingest": [
+            (
+                "15 ingestion from RabbitMQ (sqlite)",
+                lambda: [ingest.row(s["ingest"]["messages"], s["ingest"]["rounds"])],
             )
         ],
         "pg": [

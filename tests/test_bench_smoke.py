@@ -28,6 +28,7 @@ FIGURES = [
     "12 metrics scrape of a large store (sqlite)",
     "13 chain per link (sqlite)",
     "14 dashboard pages (sqlite)",
+    "15 ingestion from RabbitMQ (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",

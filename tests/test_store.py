@@ -105,6 +105,8 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
 
 def _downgrade(tx, *, to: int) -> None:
     """Make a current store's schema what version `to` created (what each upgrade undoes)."""
+    if to < 4:
+        tx.session.run("DROP TABLE ingested")
     if to < 3:
         tx.session.run("DROP INDEX ix_objects_state")
         for column in ("outcome", "reason", "pool"):
@@ -137,6 +139,29 @@ def test_a_version_2_store_gets_the_state_columns_filled_from_its_documents(stor
         upgraded.dispose()
 
 
+def test_a_version_3_store_gets_the_ingested_table(store_url):
+    """Source ingestion (schema 4): a store from before it can remember message ids once opened."""
+    from reconciler.store import ingested
+
+    s = Store(store_url)
+    _create(s, "kept")
+    with s.write() as tx:
+        _downgrade(tx, to=3)
+    assert "ingested" not in _tables(s)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION
+        with upgraded.write() as tx:
+            ingested.record(tx, "inbox", [("m1", "kept")], 1.0)
+        with upgraded.read() as conn:
+            assert ingested.job_of(conn, "inbox", "m1") == "kept"
+            assert repo.get(conn, kind="Job", name="kept") is not None
+    finally:
+        upgraded.dispose()
+
+
 def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissions(store_url):
     """A store made before notifier delivery and service ports (schema 1: no outbox, no
     admissions.port) gets them when opened, and keeps what it held."""
@@ -155,7 +180,7 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     upgraded = Store(store_url)
     try:
-        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 3
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 4
         assert {"outbox", "deliveries"} <= _tables(upgraded)
         with upgraded.read() as conn:
             assert repo.get(conn, kind="Job", name="old").uid == obj.uid

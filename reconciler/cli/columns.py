@@ -56,6 +56,19 @@ def notifier_row(o: StoredObject, wide: bool) -> list[Any]:
     return row + ([o.spec.get("selector") or "", s.get("lastError") or ""] if wide else [])
 
 
+def _clipped(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def source_row(o: StoredObject, wide: bool) -> list[Any]:
+    s = o.status or {}
+    protocol = "amqp" if o.spec.get("amqp") else "http"
+    queue = f"{protocol}:{(o.spec.get(protocol) or {}).get('queue', '')}"
+    row = [o.name, queue, s.get("received", 0), s.get("created", 0), s.get("rejected", 0)]
+    row += [str(bool(s.get("connected"))).lower(), _clipped(s.get("lastError") or ""), age(o.created_at)]
+    return row + ([s.get("duplicates", 0), s.get("lastMessageTime") or ""] if wide else [])
+
+
 def service_row(o: StoredObject, _wide: bool) -> list[Any]:
     s = o.status or {}
     ready = "True" if s.get("readinessProbe") else "-"  # listed means ready; "-": it has no probe
@@ -82,6 +95,11 @@ COLUMNS = {
         ["NAME", "TARGET", "EVENTS", "DELIVERED", "PENDING", "FAILED", "AGE"],
         ["SELECTOR", "LAST-ERROR"],
         notifier_row,
+    ),
+    "Source": (
+        ["NAME", "QUEUE", "RECEIVED", "CREATED", "REJECTED", "CONNECTED", "LAST-ERROR", "AGE"],
+        ["DUPLICATES", "LAST-MESSAGE"],
+        source_row,
     ),
     "Service": (["NAME", "NODE", "ADDRESS", "PORT", "RUN", "READY", "AGE"], [], service_row),
 }

@@ -130,3 +130,15 @@ class DeliveryRow(SQLModel, table=True):
     last_delivery_at: float | None = None
     owner: str | None = None  # host:pid:start of the delivering process
     lease_until: float | None = None
+
+
+class IngestedRow(SQLModel, table=True):
+    """A queue message a Source turned into a job, written in the job's transaction: a
+    redelivery of the message finds it and creates nothing new (schema 4)."""
+
+    __tablename__ = "ingested"
+    __table_args__ = (Index("ix_ingested_age", "source", "created_at"),)  # forgetting the old ones
+    source: str = Field(primary_key=True)
+    message_id: str = Field(primary_key=True)
+    job: str
+    created_at: float
