@@ -105,6 +105,8 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
 
 def _downgrade(tx, *, to: int) -> None:
     """Make a current store's schema what version `to` created (what each upgrade undoes)."""
+    if to < 4:
+        tx.session.run("DROP TABLE leases")
     if to < 3:
         tx.session.run("DROP INDEX ix_objects_state")
         for column in ("outcome", "reason", "pool"):
@@ -155,8 +157,8 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     upgraded = Store(store_url)
     try:
-        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 3
-        assert {"outbox", "deliveries"} <= _tables(upgraded)
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 4
+        assert {"outbox", "deliveries", "leases"} <= _tables(upgraded)
         with upgraded.read() as conn:
             assert repo.get(conn, kind="Job", name="old").uid == obj.uid
             assert Statement("SELECT count(*) FROM outbox").execute(conn).scalar() == 0

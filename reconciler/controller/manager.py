@@ -8,16 +8,18 @@ import threading
 import time
 
 from .. import telemetry
-from ..agent.local import LocalAgent, process_owner
+from ..agent.local import LocalAgent
 from ..clock import Clock, RealClock
 from ..store import Store
 from ..store import scheduling as sched
+from ..store.engine import Fenced
 from ..store.feed import ChangeFeed
 from ..threads import critical, fatal
 from . import faults
 from .job import JobReconciler
 from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_name
 from .notify import Deliverer
+from .owners import controller_owner
 from .runtime import Runner, WorkQueue
 
 log = logging.getLogger("reconciler.controller")
@@ -37,16 +39,19 @@ class Controller:
         clock: Clock | None = None,
         address: str | None = None,
         local_node: bool = True,
+        term: int | None = None,
     ):
         """`local_node=False` (`serve --no-local-node`): this machine is no node. No Node is
         registered or kept Ready for it, and the agent here owns no node (its name is empty,
-        which no Node can have), so it starts no run: jobs wait for other nodes."""
+        which no Node can have), so it starts no run: jobs wait for other nodes. `term`: the
+        controller lease's term this controller leads in (`serve`, leader.py); what it claims
+        is owned in that term, so the leader of a later term takes it over."""
         self.store = store
         self.address = address or DEFAULT_ADDRESS  # where this node's services are reached: the registry publishes it
         self.clock = clock or RealClock()
         self.local_node = local_node
         self.node = (node or local_node_name()) if local_node else ""
-        self.owner = process_owner()
+        self.owner = controller_owner(term)
         self.queue = WorkQueue()
         self.notifier = Deliverer(store, clock=self.clock, owner=self.owner)
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
@@ -80,12 +85,15 @@ class Controller:
         telemetry.workqueue_depth = self.queue.__len__
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, drain: bool = True) -> None:
+        """`drain`: give events due now a moment to be delivered (not when stepping down:
+        another server leads, and its lanes deliver them)."""
         self._stop.set()
         if telemetry.workqueue_depth == self.queue.__len__:
             telemetry.workqueue_depth = None
         self.runner.stop()
-        self.notifier.drain(DRAIN)
+        if drain:
+            self.notifier.drain(DRAIN)
         self.notifier.stop()
         self.jobs.paths.close()
         self.jobs.probes.close()
@@ -125,6 +133,8 @@ class Controller:
                         # Ready again (or registered again): a write of this process, which the
                         # change feed skips, so the jobs that found no node are woken here
                         self._wake_first_in_line()
+                    next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+                except Fenced:  # another server leads: this controller is being stopped
                     next_beat = time.monotonic() + HEARTBEAT_INTERVAL
                 except Exception:  # the store may be briefly unavailable: the next tick tries again
                     log.warning("node heartbeat failed", exc_info=True)

@@ -23,7 +23,7 @@ from .dbapi import Connection, Statement, StoreError
 
 BUSY_TIMEOUT_MS = 30_000
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
-SCHEMA_VERSION = 3  # 1 + the number of migrations.UPGRADES: what a current store records in meta
+SCHEMA_VERSION = 4  # 1 + the number of migrations.UPGRADES: what a current store records in meta
 _SQLITE_SETUP = (
     "PRAGMA journal_mode=WAL",
     f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
@@ -116,7 +116,34 @@ def _postgresql(conninfo: str, *, write: bool) -> Connection:
 COUNT_UP = Statement("UPDATE meta SET value = value + 1 WHERE key = :key RETURNING value")  # a store-wide counter
 META = Statement("SELECT value FROM meta WHERE key = :key")
 _LOCK_SEQ = Statement("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE")
+# a leader's write: the same lock, and the term of the controller lease in the same round trip
+_LOCK_SEQ_TERM = Statement(
+    "SELECT (SELECT term FROM leases WHERE name = 'controller') AS term FROM meta WHERE key = 'seq' FOR UPDATE"
+)
+_TERM = Statement("SELECT term FROM leases WHERE name = 'controller'")  # SQLite: BEGIN IMMEDIATE is the lock
 _NOTIFY = Statement("SELECT pg_notify('reconciler', :rv)")
+
+
+class Fenced(StoreError):
+    """A leader's write found another term: the lease changed hands, this process no
+    longer leads, and the write was rolled back."""
+
+
+class Fence:
+    """The term of the controller lease this process leads in (`serve`, controller/leader.py).
+    The controller's writes (`Store.write(known=True)`) compare it with the lease row inside
+    their transaction, under the lock every write takes, so a write either lands before the
+    lease changed hands or fails with `Fenced`: a former leader (paused, cut off) cannot write.
+    `valid_until` (time.monotonic) is when the lease may have expired unseen: what is not a
+    write (spawning a process) asks `holds()` first."""
+
+    def __init__(self, term: int, valid_until: float):
+        self.term = term
+        self.valid_until = valid_until
+        self.broken = threading.Event()  # set when a write found another term
+
+    def holds(self) -> bool:
+        return not self.broken.is_set() and time.monotonic() < self.valid_until
 
 
 class Tx:
@@ -160,6 +187,7 @@ class Store:
         self.url = default_store_url() if url is None else url
         self.is_sqlite = self.url.startswith("sqlite")
         self.known_writes: set[int] = set()  # resourceVersions written with known=True: the change feed skips them
+        self.fence: Fence | None = None  # set while this process leads through the controller lease
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 25 ms and turns contention between threads into latency.
         self._writer = threading.Lock()
@@ -285,13 +313,22 @@ class Store:
         """A write transaction. `known`: the writer acts on what it writes itself (the
         controller's reconcile steps), so this process's change feed need not tell it: its
         resourceVersion goes into `known_writes`. Every other write, by whatever part of
-        this process (a verb, a folder's applies), is seen by the change feed."""
+        this process (a verb, a folder's applies), is seen by the change feed. While a
+        `fence` is set, the controller's writes (`known`) check its term first (`Fenced`)."""
+        fence = self.fence if known else None
         with self._writer:
             conn = self._writer_connection()
             conn.begin("BEGIN IMMEDIATE")
             commit = False
             try:
-                if not self.is_sqlite:
+                if fence is not None:
+                    if fence.broken.is_set():
+                        raise Fenced("this server does not lead (it holds no controller lease): the write is refused")
+                    term = (_TERM if self.is_sqlite else _LOCK_SEQ_TERM).execute(conn).scalar()
+                    if term != fence.term:
+                        fence.broken.set()
+                        raise Fenced(f"the controller lease is in term {term}, not {fence.term}: another server leads")
+                elif not self.is_sqlite:
                     _LOCK_SEQ.execute(conn)
                 tx = Tx(conn, self)
                 yield tx

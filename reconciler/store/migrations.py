@@ -71,7 +71,12 @@ def _v3(conn: Connection) -> None:
     conn.run("CREATE INDEX ix_objects_state ON objects (kind, phase, outcome, pool, reason)")
 
 
-UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3]
+def _v4(conn: Connection) -> None:
+    """The leader lease of `serve` processes sharing a store."""
+    _create(conn, ["leases"])
+
+
+UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

@@ -130,3 +130,17 @@ class DeliveryRow(SQLModel, table=True):
     last_delivery_at: float | None = None
     owner: str | None = None  # host:pid:start of the delivering process
     lease_until: float | None = None
+
+
+class LeaseRow(SQLModel, table=True):
+    """Who leads: one row per lease (today only `controller`, held by the `serve` process
+    that runs the reconcile loop). `term` only grows: it is bumped each time the lease
+    changes hands, and the leader's writes check it, so a former leader cannot write
+    (schema 4). Times are the database's clock, so servers' clocks need not agree."""
+
+    __tablename__ = "leases"
+    name: str = Field(primary_key=True)
+    holder: str | None = None  # host:pid:start of the leading process; None once released
+    term: int
+    expires_at: float  # the database's epoch seconds: another may take the lease after it
+    renewed_at: float
