@@ -401,16 +401,16 @@ def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(sqlite_url):
 
 # --------------------------------------------------------------------------- SQL text and connections
 
-PG_ONLY = {"_LOCK_SEQ", "_NOTIFY", "_ONE_MIGRATOR", "_HAS_META[postgresql]"}
-SQLITE_ONLY = {"_HAS_META[sqlite]"}
+PG_ONLY = {"_LOCK_SEQ", "_LOCK_SEQ_TERM", "_NOTIFY", "_ONE_MIGRATOR", "_HAS_META[postgresql]", "_NOW[postgresql]"}
+SQLITE_ONLY = {"_HAS_META[sqlite]", "_NOW[sqlite]"}
 
 
 def _runtime_statements() -> dict[str, Statement]:
     """Every statement the store runs, by name: the module-level ones, and one of each shape
     the cached builders make (a new builder must be added here, or this fails)."""
-    from reconciler.store import engine, migrations, outbox, scheduling
+    from reconciler.store import engine, lease, migrations, outbox, scheduling
 
-    modules = (engine, repo, scheduling, migrations, outbox)
+    modules = (engine, repo, scheduling, migrations, outbox, lease)
     found: dict[str, Statement] = {}
     for module in modules:
         for name, value in vars(module).items():

@@ -13,7 +13,7 @@ from ..clock import Clock, RealClock
 from ..store import Store
 from ..store import scheduling as sched
 from ..store.engine import Fenced
-from ..store.feed import ChangeFeed
+from ..store.feed import ChangeFeed, poll_interval
 from ..threads import critical, fatal
 from . import faults
 from .job import JobReconciler
@@ -24,7 +24,6 @@ from .runtime import Runner, WorkQueue
 
 log = logging.getLogger("reconciler.controller")
 
-WATCH_INTERVAL = 0.05  # how far behind other processes' writes we may be
 WAKE_ON_ROOM = 8  # jobs first in line woken when a pool or node may have room (each admission wakes on)
 DRAIN = 2.0  # on stop, how long events due now may take to be delivered (`up` ends right after its jobs)
 
@@ -67,11 +66,12 @@ class Controller:
         self._stop = threading.Event()
         self._watcher = critical("change-watcher", self._watch)
         self._feed: ChangeFeed | None = None
+        self._interval = poll_interval()  # a bad RECONCILER_POLL_INTERVAL is refused here, not in the thread
 
     def start(self) -> Controller:
         if self.local_node:
             heartbeat(self.store, self.node, self.owner, self.clock.now(), address=self.address)
-        self._feed = ChangeFeed(self.store, skip_known=True)
+        self._feed = ChangeFeed(self.store, skip_known=True, listen=True)
         with self.store.read() as session:
             for job, deps in sched.dependency_graph(session).items():
                 for dep in deps:
@@ -89,6 +89,7 @@ class Controller:
         """`drain`: give events due now a moment to be delivered (not when stepping down:
         another server leads, and its lanes deliver them)."""
         self._stop.set()
+        self.store.wakeups().poke()  # the change watcher may be waiting for a notification
         if telemetry.workqueue_depth == self.queue.__len__:
             telemetry.workqueue_depth = None
         self.runner.stop()
@@ -110,9 +111,14 @@ class Controller:
         heartbeat, here rather than through the work queue, where a backlog of thousands of
         jobs could hold it past the node's readiness window."""
         # start() opens the feed before it lists the open jobs, so no change falls in between
-        feed = self._feed if self._feed is not None else ChangeFeed(self.store, skip_known=True)
+        feed = self._feed if self._feed is not None else ChangeFeed(self.store, skip_known=True, listen=True)
+        interval = self._interval
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL
-        while not self._stop.wait(WATCH_INTERVAL):
+        while True:
+            # woken by another process's write (PostgreSQL's notifications), else the poll
+            feed.wait(min(interval, max(0.0, next_beat - time.monotonic())) if self.local_node else interval)
+            if self._stop.is_set():
+                return
             faults.point("watcher-dies")
             if self.store.file_replaced():
                 fatal(

@@ -13,6 +13,7 @@ import re
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from pathlib import Path
 from ..errors import InvalidInput
 from ..files import make_private_dirs
 from .dbapi import Connection, Statement, StoreError
+from .listen import Listener, Wakeups
 
 BUSY_TIMEOUT_MS = 30_000
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
@@ -121,7 +123,7 @@ _LOCK_SEQ_TERM = Statement(
     "SELECT (SELECT term FROM leases WHERE name = 'controller') AS term FROM meta WHERE key = 'seq' FOR UPDATE"
 )
 _TERM = Statement("SELECT term FROM leases WHERE name = 'controller'")  # SQLite: BEGIN IMMEDIATE is the lock
-_NOTIFY = Statement("SELECT pg_notify('reconciler', :rv)")
+_NOTIFY = Statement("SELECT pg_notify('reconciler', :payload)")  # listen.py reads it
 
 
 class Fenced(StoreError):
@@ -188,6 +190,9 @@ class Store:
         self.is_sqlite = self.url.startswith("sqlite")
         self.known_writes: set[int] = set()  # resourceVersions written with known=True: the change feed skips them
         self.fence: Fence | None = None  # set while this process leads through the controller lease
+        self.origin = uuid.uuid4().hex[:16]  # names this store's own writes in its notifications
+        self._wakeups = Wakeups()
+        self._listener: Listener | None = None
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 25 ms and turns contention between threads into latency.
         self._writer = threading.Lock()
@@ -333,12 +338,22 @@ class Store:
                 tx = Tx(conn, self)
                 yield tx
                 if tx.changed and not tx.discarded and not self.is_sqlite:
-                    _NOTIFY.execute(conn, {"rv": str(tx.rv())})
+                    payload = f"{tx.rv()} {self.origin}" if known else str(tx.rv())
+                    _NOTIFY.execute(conn, {"payload": payload})
                 commit = not tx.discarded
             finally:
                 conn.end(commit=commit)
             if commit and tx.changed and known:
                 self.known_writes.add(tx.rv())
+
+    def wakeups(self) -> Wakeups:
+        """What the change feed's followers wait on between polls: on PostgreSQL announced by
+        a listening thread (LISTEN/NOTIFY, started on first use), on SQLite by nothing."""
+        if self.path is None and self._listener is None:
+            with self._kept_lock:
+                if self._listener is None:
+                    self._listener = Listener(self._conninfo, self._wakeups, self.origin)
+        return self._wakeups
 
     def change_seq(self) -> int:
         """The cheap "did anything change" probe other processes poll."""
@@ -348,6 +363,9 @@ class Store:
     def dispose(self) -> None:
         with self._kept_lock:
             kept, self._kept = self._kept, []
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         for conn in kept:
             conn.close()
         self._write_conn = None
