@@ -14,7 +14,8 @@ jobs), 10 notify (notifier delivery: events/s, completion-to-arrival latency), 1
 through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs),
 13 chain (time per link of a 300-job chain from whole commands' wall times, beside doit and
 make), 14 dashboard (each view's page at 2,000 jobs, beside the API's list),
-7 pg (figures 1, 3 and 13 on PostgreSQL). Prints
+7 pg (figures 1, 3 and 13 on PostgreSQL, and 15: a write to watch event and admission on PostgreSQL,
+LISTEN/NOTIFY against the poll). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
 """
@@ -46,6 +47,7 @@ FULL = {
     "metrics": dict(small=1000, large=100_000, rounds=7),
     "chain": dict(jobs=300, rounds=3),
     "dashboard": dict(jobs=2000, rounds=7),
+    "wakeup": dict(jobs=100),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -61,6 +63,7 @@ SMALL = {
     "metrics": dict(small=100, large=2000, rounds=2),
     "chain": dict(jobs=20, rounds=1),
     "dashboard": dict(jobs=400, rounds=2),
+    "wakeup": dict(jobs=10),
 }
 NAMES = (
     "dag",
@@ -146,7 +149,21 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, api, apply_one, chain, cli, dag, dashboard, idle, latency, memory, metrics, notify
+    from bench import (
+        admission,
+        api,
+        apply_one,
+        chain,
+        cli,
+        dag,
+        dashboard,
+        idle,
+        latency,
+        memory,
+        metrics,
+        notify,
+        wakeup,
+    )
 
     s = sizes
     out = {
@@ -231,6 +248,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                 ),
             ),
             ("13 chain per link (postgresql)", lambda: [chain.row(s["chain"]["jobs"], s["chain"]["rounds"], "pg")]),
+            ("15 wake-up after a write (postgresql)", lambda: [wakeup.row(s["wakeup"]["jobs"])]),
         ],
     }
     return out[name] if (name != "pg" or pg) else []

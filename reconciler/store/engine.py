@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import InvalidInput
 from ..files import make_private_dirs
 from .dbapi import Connection, Statement, StoreError
-from .listen import Listener, Wakeups
+from .listen import Listener, Wakeups, listening
 
 BUSY_TIMEOUT_MS = 30_000
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
@@ -348,8 +348,9 @@ class Store:
 
     def wakeups(self) -> Wakeups:
         """What the change feed's followers wait on between polls: on PostgreSQL announced by
-        a listening thread (LISTEN/NOTIFY, started on first use), on SQLite by nothing."""
-        if self.path is None and self._listener is None:
+        a listening thread (LISTEN/NOTIFY, started on first use; not with RECONCILER_LISTEN=off),
+        on SQLite by nothing."""
+        if self.path is None and self._listener is None and listening():
             with self._kept_lock:
                 if self._listener is None:
                     self._listener = Listener(self._conninfo, self._wakeups, self.origin)

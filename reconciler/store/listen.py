@@ -13,13 +13,26 @@ what it wrote itself (it skips those writes anyway)."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
+
+from ..errors import InvalidInput
 
 log = logging.getLogger("reconciler.store")
 
 CHANNEL = "reconciler"
 RECONNECT_MAX = 5.0  # seconds between attempts to listen again at most
 _NOTIFIES_TIMEOUT = 1.0  # how often the listening thread looks whether it should stop
+
+
+def listening() -> bool:
+    """`RECONCILER_LISTEN=off` turns the notifications off: followers only poll. For a
+    connection pooler in transaction mode (pgbouncer), which cannot keep a LISTEN, and for
+    measuring what they bring (bench/wakeup.py)."""
+    text = os.environ.get("RECONCILER_LISTEN", "on")
+    if text not in ("on", "off"):
+        raise InvalidInput(f"RECONCILER_LISTEN={text!r}: give on (the default) or off")
+    return text == "on"
 
 
 class Wakeups:
