@@ -329,9 +329,9 @@ class ChangeReader:
         self.store = store
         self._feed = ChangeFeed(store, since=since, listen=listen)
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
         """Until the store announces a change, or `timeout` (the poll): see ChangeFeed.wait."""
-        self._feed.wait(timeout)
+        return self._feed.wait(timeout)
 
     @property
     def seq(self) -> int:

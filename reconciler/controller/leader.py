@@ -57,6 +57,11 @@ class Leadership:
         store.fence = _broken()
 
     @property
+    def running(self) -> Running | None:
+        """The controller of the term this server leads in; None while it follows."""
+        return self._running
+
+    @property
     def term(self) -> int | None:
         fence = self.store.fence
         return fence.term if fence is not None and self._running is not None else None

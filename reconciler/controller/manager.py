@@ -25,6 +25,7 @@ from .runtime import Runner, WorkQueue
 log = logging.getLogger("reconciler.controller")
 
 WAKE_ON_ROOM = 8  # jobs first in line woken when a pool or node may have room (each admission wakes on)
+HEARTBEAT_RETRY = 0.5  # seconds after a failed heartbeat before the next try
 DRAIN = 2.0  # on stop, how long events due now may take to be delivered (`up` ends right after its jobs)
 
 
@@ -114,9 +115,12 @@ class Controller:
         feed = self._feed if self._feed is not None else ChangeFeed(self.store, skip_known=True, listen=True)
         interval = self._interval
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+        next_poll = time.monotonic() + interval
         while True:
-            # woken by another process's write (PostgreSQL's notifications), else the poll
-            feed.wait(min(interval, max(0.0, next_beat - time.monotonic())) if self.local_node else interval)
+            # woken by another process's write (PostgreSQL's notifications), the poll's period
+            # or the heartbeat's; the feed is read on the first two only
+            until = min(next_poll, next_beat) if self.local_node else next_poll
+            announced = feed.wait(max(0.0, until - time.monotonic()))
             if self._stop.is_set():
                 return
             faults.point("watcher-dies")
@@ -142,8 +146,12 @@ class Controller:
                     next_beat = time.monotonic() + HEARTBEAT_INTERVAL
                 except Fenced:  # another server leads: this controller is being stopped
                     next_beat = time.monotonic() + HEARTBEAT_INTERVAL
-                except Exception:  # the store may be briefly unavailable: the next tick tries again
+                except Exception:  # the store may be briefly unavailable: try again shortly
                     log.warning("node heartbeat failed", exc_info=True)
+                    next_beat = time.monotonic() + HEARTBEAT_RETRY
+            if not announced and time.monotonic() < next_poll:
+                continue  # a heartbeat's turn only
+            next_poll = time.monotonic() + interval
             try:
                 foreign = feed.poll()
                 for change in foreign:

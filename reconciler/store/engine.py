@@ -208,6 +208,7 @@ class Store:
             _owner_only_file(self.path)
         else:
             self._conninfo = "postgresql://" + self.url.split("://", 1)[1]
+            self._listen = listening()  # a bad RECONCILER_LISTEN is refused when the store opens
         self._migrate()
         if self.path is not None:
             found = os.stat(self.path)
@@ -350,7 +351,7 @@ class Store:
         """What the change feed's followers wait on between polls: on PostgreSQL announced by
         a listening thread (LISTEN/NOTIFY, started on first use; not with RECONCILER_LISTEN=off),
         on SQLite by nothing."""
-        if self.path is None and self._listener is None and listening():
+        if self.path is None and self._listener is None and self._listen:
             with self._kept_lock:
                 if self._listener is None:
                     self._listener = Listener(self._conninfo, self._wakeups, self.origin)

@@ -50,10 +50,12 @@ class ChangeFeed:
         self._seen = store.wakeups().seen(foreign=skip_known) if listen else 0
         self.seq = store.change_seq() if since is None else since
 
-    def wait(self, timeout: float) -> None:
+    def wait(self, timeout: float) -> bool:
         """Until the store announces a change this feed follows (PostgreSQL's NOTIFY; with
-        `skip_known`, not the controller's own writes) or `timeout` passes: then `poll`."""
-        self._seen = self.store.wakeups().wait(self._seen, timeout, foreign=self.skip_known)
+        `skip_known`, not the controller's own writes) or `timeout` passes; True when a
+        change was announced (`poll` now), False when the time passed."""
+        seen, self._seen = self._seen, self.store.wakeups().wait(self._seen, timeout, foreign=self.skip_known)
+        return self._seen != seen
 
     def poll(self) -> list[Change]:
         """Objects written or deleted since the last poll, oldest first."""

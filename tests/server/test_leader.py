@@ -189,8 +189,10 @@ class _Events:
 def test_notifications_wake_the_watch_streams_and_the_controller_before_the_poll(serve, pg_url, tmp_path):
     """With the poll set to a minute (RECONCILER_POLL_INTERVAL), a write by another process
     reaches a watch stream of a follower, and the leader's controller, within seconds:
-    only PostgreSQL's notifications can have told them."""
+    only PostgreSQL's notifications can have told them (the controller's heartbeat does not
+    read the change feed; nothing else of the leader looks at a job it has not seen)."""
     env = _env(tmp_path, RECONCILER_POLL_INTERVAL="60")
+    started = time.monotonic()
     leader = serve(pg_url, "--lease", LEASE, env=env)
     follower = serve(pg_url, "--lease", LEASE, env=env)
     listing = follower.http().get(f"{PREFIX}/jobs").json()
@@ -208,9 +210,10 @@ def test_notifications_wake_the_watch_streams_and_the_controller_before_the_poll
     at, event = events.arrived.get(timeout=20)
     assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "woken")
     assert at - written < 20  # a minute's poll could not have brought it
-    # the leader's change watcher was woken too: the job ran long before a poll
+    # the leader's change watcher was woken too: the job ran long before its first poll
     status = wait_until(lambda: _all_completed(leader, ["woken"]), timeout=20, message="the job ran")
     assert status["woken"]["outcome"] == "Succeeded"
+    assert time.monotonic() - started < 50, "the minute's poll could have run it"
 
 
 def test_a_lone_server_on_sqlite_leads_and_says_so(serve, sqlite_url):
@@ -229,3 +232,10 @@ def test_a_bad_lease_or_poll_interval_is_refused(sqlite_url, tmp_path):
     assert result.code == 2 and "--lease" in (result.stdout + result.stderr)
     result = run_cli("serve", store=sqlite_url, timeout=30, env={"RECONCILER_POLL_INTERVAL": "never"})
     assert result.code == 2 and "RECONCILER_POLL_INTERVAL='never'" in (result.stdout + result.stderr)
+
+
+def test_a_bad_listen_setting_is_refused_when_a_postgresql_store_opens(pg_url):
+    from tests.helpers import run_cli
+
+    result = run_cli("get", "jobs", store=pg_url, timeout=30, env={"RECONCILER_LISTEN": "maybe"})
+    assert result.code == 2 and "RECONCILER_LISTEN='maybe': give on (the default) or off" in result.stderr
