@@ -112,3 +112,53 @@ def test_what_a_former_leader_claimed_is_released_to_the_leader_of_a_later_term(
     gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
     dead = f"{host_pid_start.split(':')[0]}:{gone.stdout.strip()}:1.0/term9"
     assert released(dead, me)  # its process is gone, whatever its term
+
+
+class _Recorded:
+    """What a won term starts, in place of a controller: it records its stop."""
+
+    def __init__(self, term: int, log: list):
+        self.term, self.log = term, log
+        log.append(("lead", term))
+
+    def stop(self, *, drain: bool = True) -> None:
+        self.log.append(("stop", self.term, drain))
+
+
+@pytest.mark.postgres
+def test_the_election_thread_leads_renews_steps_down_and_hands_over(pg_url):
+    """Two elections on one store (as two servers): the first leads, renews past its period,
+    hands over on a clean stop; the second, fenced by a term it finds moved on, steps down."""
+    from reconciler.controller.leader import Leadership
+
+    stores = [Store(pg_url), Store(pg_url)]
+    logs: list[list] = [[], []]
+    first = Leadership(stores[0], lambda term: _Recorded(term, logs[0]), period=1.0, holder="one")
+    second = Leadership(stores[1], lambda term: _Recorded(term, logs[1]), period=1.0, holder="two")
+    try:
+        first.start()
+        second.start()
+        assert logs == [[("lead", 1)], []]
+        assert first.describe()["leader"] and not second.describe()["leader"]
+        assert not stores[1].fence.holds()  # the follower's controller writes are refused
+        before = _lease(stores[0]).expires_at
+        wait_until(lambda: _lease(stores[0]).expires_at > before + 1, timeout=10, message="renewed past its period")
+        assert first.term == 1 and second.term is None
+
+        first.stop()  # releases the lease: the other leads at its next look
+        assert logs[0] == [("lead", 1), ("stop", 1, True)]
+        wait_until(lambda: second.term == 2, timeout=10, message="the second leads")
+        assert logs[1] == [("lead", 2)] and _lease(stores[1]).holder == second.holder
+
+        with stores[0].write() as tx:  # another server takes the lease behind its back
+            assert leases.take(tx, "elsewhere", 60, gone=second.holder) == 3
+        with pytest.raises(Fenced), stores[1].write(known=True) as tx:
+            repo.record_events  # noqa: B018  (nothing is written: the term check fails first)
+        wait_until(lambda: second.term is None, timeout=10, message="it stepped down")
+        assert logs[1] == [("lead", 2), ("stop", 2, False)]
+        assert not second.describe()["leader"] and second.describe()["holder"] == "elsewhere"
+    finally:
+        first.stop()
+        second.stop()
+        for store in stores:
+            store.dispose()

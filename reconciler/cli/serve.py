@@ -32,7 +32,9 @@ def serve(
     node_address: str = NODE_ADDRESS,
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each request and the controller's steps."),
 ) -> None:
-    """The HTTP API plus the controller, with this machine as a node unless --no-local-node."""
+    """The HTTP API plus the controller, with this machine as a node unless --no-local-node.
+    Several servers may share a PostgreSQL store: all answer the API, the one holding the
+    controller lease runs the controller (GET /leader tells which)."""
     from ..server.serve import check
     from ..server.serve import serve as run
 

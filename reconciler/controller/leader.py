@@ -45,10 +45,14 @@ class Leadership:
     """`lead(term)` starts the controller of a won term and returns it; it is stopped when
     the term ends. Until it leads, the store's fence refuses the controller's writes."""
 
-    def __init__(self, store: Store, lead: Callable[[int], Running], *, period: float = LEASE_PERIOD):
+    def __init__(
+        self, store: Store, lead: Callable[[int], Running], *, period: float = LEASE_PERIOD, holder: str | None = None
+    ):
+        """`holder`: who this server is in the lease (this process, `host:pid:start`, unless a
+        test runs two elections in one process)."""
         self.store = store
         self.period = period
-        self.holder = process_owner()
+        self.holder = holder or process_owner()
         self._lead = lead
         self._running: Running | None = None
         self._stop = threading.Event()
@@ -76,7 +80,8 @@ class Leadership:
     def stop(self) -> None:
         """Stop the controller and release the lease, so that another server takes over at once."""
         self._stop.set()
-        self._thread.join(5)
+        if self._thread.ident is not None:  # started
+            self._thread.join(5)
         term = self.term
         self._step_down("this server is stopping", drain=True)
         if term is not None:

@@ -1,5 +1,6 @@
-"""`reconciler serve`: refuse what would be unsafe, then run the controller and the API in
-one process until SIGINT or SIGTERM."""
+"""`reconciler serve`: refuse what would be unsafe, then run the API, and the controller while
+this server holds the store's controller lease (several servers may share a store: one
+leads, the others take over), in one process until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
