@@ -103,6 +103,7 @@ class Leadership:
             "holder": None if current is None else current.holder,
             "term": None if current is None else current.term,
             "expiresIn": None if current is None else round(max(current.expires_in, 0.0), 3),
+            "termAge": None if current is None else round(current.now - current.acquired_at, 3),
             "leaseSeconds": self.period,
         }
 
@@ -118,12 +119,15 @@ class Leadership:
             elif now < next_look:
                 continue
             elif self._running is None:
-                self._campaign()
-                next_look = now + self.period / 15  # 1 s at 15 s: fail-over soon after the expiry
+                next_look = now + self._campaign()
             else:
                 next_look = now + self._renew()
 
-    def _campaign(self) -> None:
+    def _campaign(self) -> float:
+        """Take the lease if it is free; seconds until the next look: a fifteenth of the
+        period (1 s at 15 s), or less when the leader's lease runs out sooner, so that a
+        dead leader is replaced within a tick of its lease's end."""
+        look = self.period / 15
         try:
             with self.store.read() as conn:
                 current = leases.read(conn)
@@ -133,15 +137,15 @@ class Leadership:
                 if current.holder == self.holder or owner_gone(current.holder):
                     gone = current.holder
                 elif current.expires_in > 0:
-                    return  # another server leads
+                    return min(look, current.expires_in + TICK / 5)  # another server leads
             started = time.monotonic()
             with self.store.write() as tx:
                 term = leases.take(tx, self.holder, self.period, gone=gone)
         except StoreError:
             log.warning("could not look at the controller lease; trying again", exc_info=True)
-            return
-        if term is None:
-            return
+            return look
+        if term is None:  # another server was quicker, or the lease had a moment left: look again soon
+            return TICK
         self.store.fence = Fence(term, started + self.period)
         log.info("leading as term %d (lease %gs)", term, self.period)
         try:
@@ -149,9 +153,10 @@ class Leadership:
         except StoreError:
             log.warning("the controller of term %d could not start; stepping down", term, exc_info=True)
             self.store.fence.broken.set()
-            return
+            return look
         with self._lock:
             self._running = running
+        return look
 
     def _renew(self) -> float:
         """Renew the lease; seconds until the next look."""

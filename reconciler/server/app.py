@@ -90,7 +90,7 @@ def create_app(
         @app.get("/leader", tags=["server"])
         def leading() -> Response:
             """Which server runs the reconcile loop: `{leader, server, holder, term, expiresIn,
-            leaseSeconds}`, `leader` true on the server that holds the controller lease (no
+            termAge, leaseSeconds}`, `leader` true on the server that holds the controller lease (no
             token needed)."""
             return _json(leader())
 

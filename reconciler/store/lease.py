@@ -18,12 +18,13 @@ _NOW = {
     "sqlite": Statement("SELECT (julianday('now') - 2440587.5) * 86400.0 AS now"),
     "postgresql": Statement("SELECT EXTRACT(EPOCH FROM clock_timestamp())::float8 AS now"),
 }
-_READ = Statement("SELECT holder, term, expires_at FROM leases WHERE name = :name")
+_READ = Statement("SELECT holder, term, expires_at, acquired_at FROM leases WHERE name = :name")
 _INSERT = Statement(
-    "INSERT INTO leases (name, holder, term, expires_at, renewed_at) VALUES (:name, :holder, 1, :until, :now)"
+    "INSERT INTO leases (name, holder, term, expires_at, renewed_at, acquired_at)"
+    " VALUES (:name, :holder, 1, :until, :now, :now)"
 )
 _TAKE = Statement(
-    "UPDATE leases SET holder = :holder, term = term + 1, expires_at = :until, renewed_at = :now"
+    "UPDATE leases SET holder = :holder, term = term + 1, expires_at = :until, renewed_at = :now, acquired_at = :now"
     " WHERE name = :name AND (holder IS NULL OR expires_at <= :now OR holder = :gone) RETURNING term"
 )
 _RENEW = Statement(
@@ -39,6 +40,7 @@ class Lease:
     holder: str | None  # None: released, anyone may take it
     term: int
     expires_at: float
+    acquired_at: float  # when this term began
     now: float  # the database's clock when it was read
 
     @property
@@ -55,7 +57,7 @@ def read(conn: Connection) -> Lease | None:
     row = _READ.execute(conn, {"name": NAME}).first()
     if row is None:
         return None
-    return Lease(row.holder, int(row.term), float(row.expires_at), db_now(conn))
+    return Lease(row.holder, int(row.term), float(row.expires_at), float(row.acquired_at), db_now(conn))
 
 
 def take(tx: Tx, holder: str, period: float, *, gone: str | None = None) -> int | None:

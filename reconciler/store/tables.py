@@ -144,3 +144,4 @@ class LeaseRow(SQLModel, table=True):
     term: int
     expires_at: float  # the database's epoch seconds: another may take the lease after it
     renewed_at: float
+    acquired_at: float  # when this term began

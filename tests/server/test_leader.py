@@ -21,6 +21,8 @@ import httpx
 import pytest
 import yaml
 
+from reconciler.store import Store
+from reconciler.store import lease as leases
 from tests.crash.harness import marked, marker_runs
 from tests.helpers import wait_until
 from tests.server.conftest import PREFIX, Server
@@ -127,6 +129,26 @@ def test_a_paused_former_leader_cannot_write_after_it_resumes_and_steps_down(ser
 
     os.kill(first.proc.pid, signal.SIGSTOP)
     try:
+        # the lease as the store holds it, read until it changes hands (the database's clock)
+        store, last_expiry = Store(pg_url), None
+        try:
+
+            def taken() -> leases.Lease | None:
+                nonlocal last_expiry
+                with store.read() as conn:
+                    found = leases.read(conn)
+                assert found is not None
+                if found.term == 1:
+                    last_expiry = found.expires_at  # a renewal in flight at the pause may still land
+                    return None
+                return found
+
+            new = wait_until(taken, timeout=30, interval=0.05, message="the lease changed hands")
+        finally:
+            store.dispose()
+        assert new.term == 2 and last_expiry is not None
+        # never before the paused leader's lease ran out, and within one lease period of it
+        assert last_expiry <= new.acquired_at < last_expiry + 3.0, (last_expiry, new.acquired_at)
         took_over = wait_until(lambda: _leads(second), timeout=30, message="the other server leads")
         assert took_over["term"] == 2
         wait_until(lambda: agent_of_node().endswith("/term2"), timeout=30, message="the new leader's heartbeat")
