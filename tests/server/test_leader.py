@@ -126,6 +126,10 @@ def test_a_paused_former_leader_cannot_write_after_it_resumes_and_steps_down(ser
         return node_status()["agent"]
 
     assert agent_of_node() == f"{first_owner}/term1"
+    markers = tmp_path / "markers"
+    # a run the first leader starts, which ends while it is paused: the next leader records it
+    _apply(second, tmp_path, [_job("long", marked(markers, "sleep 4"), [])])
+    wait_until(lambda: second.job("long")["status"].get("phase") == "Running", timeout=60, message="long runs")
 
     os.kill(first.proc.pid, signal.SIGSTOP)
     try:
@@ -153,7 +157,6 @@ def test_a_paused_former_leader_cannot_write_after_it_resumes_and_steps_down(ser
         assert took_over["term"] == 2
         wait_until(lambda: agent_of_node().endswith("/term2"), timeout=30, message="the new leader's heartbeat")
         beat = node_status()["heartbeatAt"]
-        markers = tmp_path / "markers"
         _apply(second, tmp_path, [_job("during", marked(markers, "true"), [])])
         wait_until(lambda: _all_completed(second, ["during"]), timeout=60, message="the job applied meanwhile ran")
         # the new leader's next heartbeat (10 s on): the paused one's is overdue, so its change
@@ -170,9 +173,11 @@ def test_a_paused_former_leader_cannot_write_after_it_resumes_and_steps_down(ser
     while time.monotonic() < deadline:
         assert agent_of_node().endswith("/term2"), agent_of_node()
         time.sleep(0.1)
-    status = second.job("during")["status"]
-    assert [r["number"] for r in status["runs"]] == [1]
-    assert [r[0] for r in marker_runs(markers)["during"]] == [1]
+    done = wait_until(lambda: _all_completed(second, ["during", "long"]), timeout=60, message="both completed")
+    for name, status in done.items():
+        assert status["outcome"] == "Succeeded", status
+        assert [r["number"] for r in status["runs"]] == [1], status
+        assert [r[0] for r in marker_runs(markers)[name]] == [1]
     # it serves the API as a follower: a write through it lands, and the leader runs it
     _apply(first, tmp_path, [_job("after", "true", [])])
     wait_until(lambda: _all_completed(second, ["after"]), timeout=60, message="a job applied through the follower ran")
