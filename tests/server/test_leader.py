@@ -79,7 +79,7 @@ def _all_completed(server: Server, names) -> dict[str, dict] | None:
 
 
 @pytest.mark.postgres
-def test_one_server_leads_and_another_takes_over_after_kill_9_with_nothing_run_twice(serve, pg_url, tmp_path):
+def test_one_server_leads_and_another_takes_over_after_kill_9_with_nothing_run_twice(pg_url, serve, tmp_path):
     env = _env(tmp_path)
     first = serve(pg_url, "--lease", LEASE, env=env)
     second = serve(pg_url, "--lease", LEASE, env=env)
@@ -111,7 +111,7 @@ def test_one_server_leads_and_another_takes_over_after_kill_9_with_nothing_run_t
 
 
 @pytest.mark.postgres
-def test_a_paused_former_leader_cannot_write_after_it_resumes_and_steps_down(serve, pg_url, tmp_path):
+def test_a_paused_former_leader_cannot_write_after_it_resumes_and_steps_down(pg_url, serve, tmp_path):
     env = _env(tmp_path)
     first = serve(pg_url, "--lease", LEASE, env=env)
     second = serve(pg_url, "--lease", LEASE, env=env)
@@ -184,7 +184,7 @@ def test_a_paused_former_leader_cannot_write_after_it_resumes_and_steps_down(ser
 
 
 @pytest.mark.postgres
-def test_a_stopped_leader_releases_the_lease_and_the_other_leads_at_once(serve, pg_url, tmp_path):
+def test_a_stopped_leader_releases_the_lease_and_the_other_leads_at_once(pg_url, serve, tmp_path):
     env = _env(tmp_path)
     first = serve(pg_url, "--lease", "60s", env=env)
     second = serve(pg_url, "--lease", "60s", env=env)
@@ -213,7 +213,7 @@ class _Events:
 
 
 @pytest.mark.postgres
-def test_notifications_wake_the_watch_streams_and_the_controller_before_the_poll(serve, pg_url, tmp_path):
+def test_notifications_wake_the_watch_streams_and_the_controller_before_the_poll(pg_url, serve, tmp_path):
     """With the poll set to a minute (RECONCILER_POLL_INTERVAL), a write by another process
     reaches a watch stream of a follower, and the leader's controller, within seconds:
     only PostgreSQL's notifications can have told them (the controller's heartbeat does not
