@@ -15,7 +15,8 @@ through `serve` against straight from the store), 12 metrics (a /metrics scrape 
 13 chain (time per link of a 300-job chain from whole commands' wall times, beside doit and
 make), 14 dashboard (each view's page at 2,000 jobs, beside the API's list),
 15 ingest (jobs from a RabbitMQ queue: messages/s against a plain pika consumer),
-7 pg (figures 1, 3 and 13 on PostgreSQL). Prints
+7 pg (figures 1, 3 and 13 on PostgreSQL, and 16: a write to watch event and admission on PostgreSQL,
+LISTEN/NOTIFY against the poll). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
 """
@@ -48,6 +49,7 @@ FULL = {
     "chain": dict(jobs=300, rounds=3),
     "dashboard": dict(jobs=2000, rounds=7),
     "ingest": dict(messages=5000, rounds=3),
+    "wakeup": dict(jobs=100),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -64,6 +66,7 @@ SMALL = {
     "chain": dict(jobs=20, rounds=1),
     "dashboard": dict(jobs=400, rounds=2),
     "ingest": dict(messages=1000, rounds=1),
+    "wakeup": dict(jobs=10),
 }
 NAMES = (
     "dag",
@@ -164,6 +167,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
         memory,
         metrics,
         notify,
+        wakeup,
     )
 
     s = sizes
@@ -255,6 +259,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                 ),
             ),
             ("13 chain per link (postgresql)", lambda: [chain.row(s["chain"]["jobs"], s["chain"]["rounds"], "pg")]),
+            ("16 wake-up after a write (postgresql)", lambda: [wakeup.row(s["wakeup"]["jobs"])]),
         ],
     }
     return out[name] if (name != "pg" or pg) else []

@@ -25,6 +25,7 @@ from .store import scheduling as sched
 from .store.feed import ChangeFeed
 
 if TYPE_CHECKING:
+    from .controller.leader import Leadership
     from .controller.manager import Controller
 
 LOOK_INTERVAL = 0.05  # how often `up` looks at the change feed
@@ -284,6 +285,38 @@ def controller_running(
         yield controller
     finally:
         controller.stop()
+
+
+@contextmanager
+def controller_elected(
+    store: Store,
+    *,
+    lease: float,
+    workers: int = 1,
+    local_node: bool = True,
+    address: str | None = None,
+) -> Iterator[Elected]:
+    """`serve`: a controller in this process only while it holds the store's controller
+    lease (`lease` seconds), so that of several servers on one store exactly one runs the
+    reconcile loop; the others take over when its lease expires."""
+    from .controller.leader import Leadership
+    from .controller.manager import Controller
+    from .controller.nodes import local_node_name
+
+    def lead(term: int) -> Controller:
+        return Controller(store, workers=workers, local_node=local_node, address=address, term=term).start()
+
+    leadership = Leadership(store, lead, period=lease).start()
+    try:
+        yield Elected(local_node_name() if local_node else "", leadership)
+    finally:
+        leadership.stop()
+
+
+@dataclass(frozen=True)
+class Elected:
+    node: str  # this machine's node ("" when it is none), run by whichever controller leads here
+    leadership: Leadership
 
 
 # -- wait -------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from .store import Store, StoredObject, outbox
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.feed import Change, ChangeFeed
+from .store.feed import poll_interval as poll_interval  # the API's watch broadcaster polls as the feed says
 
 SERVICES = ("services", "service", "svc")
 EVENTS = ("events", "event", "ev")
@@ -324,9 +325,13 @@ class ChangeReader:
     the HTTP API's watch streams share one (server/watch.py), so a look costs one read of
     the change feed however many clients watch."""
 
-    def __init__(self, store: Store, since: int | None = None):
+    def __init__(self, store: Store, since: int | None = None, *, listen: bool = False):
         self.store = store
-        self._feed = ChangeFeed(store, since=since)
+        self._feed = ChangeFeed(store, since=since, listen=listen)
+
+    def wait(self, timeout: float) -> bool:
+        """Until the store announces a change, or `timeout` (the poll): see ChangeFeed.wait."""
+        return self._feed.wait(timeout)
 
     @property
     def seq(self) -> int:

@@ -35,6 +35,7 @@ PG_FIGURES = [
     "7 admission at depth, no room (postgresql)",
     "7 admission at depth, head blocks (postgresql)",
     "13 chain per link (postgresql)",
+    "16 wake-up after a write (postgresql)",
 ]
 
 

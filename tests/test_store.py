@@ -105,6 +105,8 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
 
 def _downgrade(tx, *, to: int) -> None:
     """Make a current store's schema what version `to` created (what each upgrade undoes)."""
+    if to < 5:
+        tx.session.run("DROP TABLE leases")
     if to < 4:
         tx.session.run("DROP TABLE ingested")
     if to < 3:
@@ -162,6 +164,25 @@ def test_a_version_3_store_gets_the_ingested_table(store_url):
         upgraded.dispose()
 
 
+def test_a_version_4_store_gets_the_leases_table(store_url):
+    """The leader lease of serve (schema 5): a store from before it gets the table once opened."""
+    s = Store(store_url)
+    _create(s, "kept")
+    with s.write() as tx:
+        _downgrade(tx, to=4)
+    assert "leases" not in _tables(s)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION
+        assert {"ingested", "leases"} <= _tables(upgraded)
+        with upgraded.read() as conn:
+            assert repo.get(conn, kind="Job", name="kept") is not None
+    finally:
+        upgraded.dispose()
+
+
 def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissions(store_url):
     """A store made before notifier delivery and service ports (schema 1: no outbox, no
     admissions.port) gets them when opened, and keeps what it held."""
@@ -180,8 +201,8 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     upgraded = Store(store_url)
     try:
-        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 4
-        assert {"outbox", "deliveries"} <= _tables(upgraded)
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 5
+        assert {"outbox", "deliveries", "ingested", "leases"} <= _tables(upgraded)
         with upgraded.read() as conn:
             assert repo.get(conn, kind="Job", name="old").uid == obj.uid
             assert Statement("SELECT count(*) FROM outbox").execute(conn).scalar() == 0
@@ -424,16 +445,16 @@ def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(sqlite_url):
 
 # --------------------------------------------------------------------------- SQL text and connections
 
-PG_ONLY = {"_LOCK_SEQ", "_NOTIFY", "_ONE_MIGRATOR", "_HAS_META[postgresql]"}
-SQLITE_ONLY = {"_HAS_META[sqlite]"}
+PG_ONLY = {"_LOCK_SEQ", "_LOCK_SEQ_TERM", "_NOTIFY", "_ONE_MIGRATOR", "_HAS_META[postgresql]", "_NOW[postgresql]"}
+SQLITE_ONLY = {"_HAS_META[sqlite]", "_NOW[sqlite]"}
 
 
 def _runtime_statements() -> dict[str, Statement]:
     """Every statement the store runs, by name: the module-level ones, and one of each shape
     the cached builders make (a new builder must be added here, or this fails)."""
-    from reconciler.store import engine, migrations, outbox, scheduling
+    from reconciler.store import engine, lease, migrations, outbox, scheduling
 
-    modules = (engine, repo, scheduling, migrations, outbox)
+    modules = (engine, repo, scheduling, migrations, outbox, lease)
     found: dict[str, Statement] = {}
     for module in modules:
         for name, value in vars(module).items():

@@ -7,7 +7,7 @@ import functools
 import json
 import math
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -56,8 +56,15 @@ STREAMS = anyio.CapacityLimiter(256)  # log follows, beside the thread pool the 
 EVENTS_LIMIT = 1000  # `get events`: the newest, as the CLI shows them
 
 
-def create_app(store: Store, *, tokens: Tokens | None = None, max_body: int = MAX_BODY) -> Guard:
-    """The API over `store`, behind the token and body-size guard."""
+def create_app(
+    store: Store,
+    *,
+    tokens: Tokens | None = None,
+    max_body: int = MAX_BODY,
+    leader: Callable[[], dict[str, Any]] | None = None,
+) -> Guard:
+    """The API over `store`, behind the token and body-size guard. `leader`: who holds the
+    controller lease, as `GET /leader` shows it (serve's leader election)."""
     broadcaster = Broadcaster(store)
 
     @asynccontextmanager
@@ -78,6 +85,15 @@ def create_app(store: Store, *, tokens: Tokens | None = None, max_body: int = MA
     )
     _errors(app)
     _routes(app, store, broadcaster)
+    if leader is not None:
+
+        @app.get("/leader", tags=["server"])
+        def leading() -> Response:
+            """Which server runs the reconcile loop: `{leader, server, holder, term, expiresIn,
+            termAge, leaseSeconds}`, `leader` true on the server that holds the controller lease (no
+            token needed)."""
+            return _json(leader())
+
     seed.routes(app, store)
     dashboard.routes(app, store)
     return Guard(app, tokens=tokens, max_body=max_body)

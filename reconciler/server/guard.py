@@ -18,7 +18,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 MAX_BODY = 8 * 2**20  # as one manifest file (manifests.MAX_FILE_BYTES): an apply of thousands of jobs fits
-OPEN_PATHS = ("/healthz",)  # what a load balancer or systemd probes without a token
+OPEN_PATHS = ("/healthz", "/leader")  # what a load balancer or systemd probes without a token
 
 
 class Guard:

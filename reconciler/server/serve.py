@@ -1,5 +1,6 @@
-"""`reconciler serve`: refuse what would be unsafe, then run the controller and the API in
-one process until SIGINT or SIGTERM."""
+"""`reconciler serve`: refuse what would be unsafe, then run the API, and the controller while
+this server holds the store's controller lease (several servers may share a store: one
+leads, the others take over), in one process until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import socket
 import sys
 from pathlib import Path
 
-from ..converge import controller_running
+from ..converge import controller_elected
 from ..errors import InvalidInput
 from ..store import Store
 from .app import create_app
@@ -60,31 +61,36 @@ def serve(
     workers: int,
     verbose: bool,
     address: str | None = None,
+    lease: float,
 ) -> None:
     import uvicorn  # only `serve` pays for it
 
-    config = uvicorn.Config(
-        create_app(store, tokens=tokens),
-        host=host,
-        port=port,
-        ssl_certfile=tls_cert,
-        ssl_keyfile=tls_key,
-        log_level="info" if verbose else "warning",
-        access_log=verbose,
-        timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
-        server_header=False,
-    )
-    server = uvicorn.Server(config)
     logging.basicConfig(  # the controller's log, as `controller` writes it
         level=logging.DEBUG if verbose else logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    with controller_running(store, workers=workers, local_node=local_node, address=address) as running:
+    with controller_elected(store, lease=lease, workers=workers, local_node=local_node, address=address) as elected:
+        config = uvicorn.Config(
+            create_app(store, tokens=tokens, leader=elected.leadership.describe),
+            host=host,
+            port=port,
+            ssl_certfile=tls_cert,
+            ssl_keyfile=tls_key,
+            log_level="info" if verbose else "warning",
+            access_log=verbose,
+            timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
+            server_header=False,
+        )
+        server = uvicorn.Server(config)
         scheme = "https" if tls_cert else "http"
-        node = f"node {running.node}" if local_node else "no local node"
+        node = f"node {elected.node}" if local_node else "no local node"
         auth = "tokens required" if tokens is not None else "no authentication: loopback only"
+        term = elected.leadership.term
+        role = f"leading in term {term}" if term is not None else "following the leader"
         print(
-            f"serving {scheme}://{host}:{port} (store {store.display_url}, {node}, {auth})", file=sys.stderr, flush=True
+            f"serving {scheme}://{host}:{port} (store {store.display_url}, {node}, {auth}, {role})",
+            file=sys.stderr,
+            flush=True,
         )
         server.run()

@@ -76,7 +76,12 @@ def _v4(conn: Connection) -> None:
     _create(conn, ["ingested"])
 
 
-UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4]
+def _v5(conn: Connection) -> None:
+    """The leader lease of `serve` processes sharing a store."""
+    _create(conn, ["leases"])
+
+
+UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

@@ -142,3 +142,18 @@ class IngestedRow(SQLModel, table=True):
     message_id: str = Field(primary_key=True)
     job: str
     created_at: float
+
+
+class LeaseRow(SQLModel, table=True):
+    """Who leads: one row per lease (today only `controller`, held by the `serve` process
+    that runs the reconcile loop). `term` only grows: it is bumped each time the lease
+    changes hands, and the leader's writes check it, so a former leader cannot write
+    (schema 5). Times are the database's clock, so servers' clocks need not agree."""
+
+    __tablename__ = "leases"
+    name: str = Field(primary_key=True)
+    holder: str | None = None  # host:pid:start of the leading process; None once released
+    term: int
+    expires_at: float  # the database's epoch seconds: another may take the lease after it
+    renewed_at: float
+    acquired_at: float  # when this term began
