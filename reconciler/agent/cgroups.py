@@ -302,7 +302,11 @@ def detect(root: Path = DEFAULT_ROOT) -> Hierarchy:
         raise CgroupUnavailable(f"the cgroup v2 hierarchy at {root} does not offer the {missing} controller")
     found = {
         name: path.resolve()
-        for name, probe in (("memory", "memory.limit_in_bytes"), ("cpu", "cpu.cfs_quota_us"), ("cpuacct", "cpuacct.usage"))
+        for name, probe in (
+            ("memory", "memory.limit_in_bytes"),
+            ("cpu", "cpu.cfs_quota_us"),
+            ("cpuacct", "cpuacct.usage"),
+        )
         if (path := root / name / probe).exists()
     }
     if len(found) == 3:

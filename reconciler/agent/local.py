@@ -89,9 +89,7 @@ class LocalAgent:
     """`on_exit(job)` is called when something the job waits for in the agent happened: its
     run's process exited, or its run's artifact is ready (or cannot be)."""
 
-    def __init__(
-        self, node: str, state_dir: Path, on_exit: Callable[[str], None], *, cgroup_root: Path | None = None
-    ):
+    def __init__(self, node: str, state_dir: Path, on_exit: Callable[[str], None], *, cgroup_root: Path | None = None):
         self.node = node
         self.state_dir = Path(state_dir)
         make_private_dirs(self.state_dir / "runs")

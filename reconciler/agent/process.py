@@ -136,9 +136,7 @@ def spawn_run(
     ready_r, ready_w = os.pipe()  # the wrapper's first stderr: EOF once its traps are armed
     try:
         popen = subprocess.Popen(
-            wrapper_argv(
-                run_dir.resolve(), command, fsync=fsync_exit, join=join, address_space_kib=address_space_kib
-            ),
+            wrapper_argv(run_dir.resolve(), command, fsync=fsync_exit, join=join, address_space_kib=address_space_kib),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=ready_w,

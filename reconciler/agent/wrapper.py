@@ -24,8 +24,9 @@ _TRAPS = "\n".join(f"trap 't={128 + getattr(signal, 'SIG' + name)}' {name}" for 
 
 # Positional parameters: $1 = run dir, $2 = 1 to fsync the record, $3 = the
 # run's cgroup.procs files, blank-separated (none: no cgroup), $4 = an address-space
-# limit in KiB for `ulimit -v` (empty: none), the rest = the argv to run (argv[0] an absolute path, so no shell builtin can stand in
-# for the program, and "$@" means no splitting, globbing or redirection).
+# limit in KiB for `ulimit -v` (empty: none), the rest = the argv to run
+# (argv[0] an absolute path, so no shell builtin can stand in for the program,
+# and "$@" means no splitting, globbing or redirection).
 # - `exec 2>>`: spawn_run gives the wrapper a pipe as stderr, which closes once
 #   the traps are armed; groups.py waits for that before it sends a signal, so
 #   no signal of ours can kill the wrapper before it records.

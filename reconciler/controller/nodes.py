@@ -7,8 +7,11 @@ import re
 import socket
 from typing import Any
 
+import psutil
+
 from ..api.meta import from_epoch
 from ..api.node import heartbeat_fresh
+from ..api.quantity import format_cpu, format_size
 from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
@@ -23,6 +26,14 @@ def local_node_name() -> str:
 
 
 DEFAULT_ADDRESS = "127.0.0.1"  # a node that names no address: reachable from this machine
+MiB = 1 << 20
+
+
+def host_capacity() -> dict[str, Any]:
+    """What the local node declares when it registers: the host's CPUs and memory (in whole
+    MiB), counted against the runs' resources. An operator's Node manifest overrides it."""
+    memory = psutil.virtual_memory().total // MiB * MiB
+    return {"cpu": format_cpu(os.cpu_count() or 1), "memory": format_size(memory)}
 
 
 def heartbeat(
@@ -44,12 +55,13 @@ def heartbeat(
                 tx,
                 kind="Node",
                 name=node,
-                spec={"capacity": {}, "unschedulable": False},
+                spec={"capacity": host_capacity(), "unschedulable": False},
                 labels={"reconciler.dev/hostname": socket.gethostname()[:63]},
                 annotations={"reconciler.dev/managed-by": "agent"},
             )
             repo.record_events(tx, repo.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
-        allocated = next((f.allocated for f in sched.node_facts(tx.session, now) if f.name == node), 0)
+        mine = next((f for f in sched.node_facts(tx.session, now) if f.name == node), None)
+        allocated = mine.allocated_status() if mine else {"slots": 0}
         stamp = from_epoch(now)
         previous = obj.status or {}
         became_ready = not heartbeat_fresh(previous, now)
@@ -66,7 +78,7 @@ def heartbeat(
                 }
             ],
             "heartbeatAt": stamp,
-            "allocated": {"slots": allocated},
+            "allocated": allocated,
             "cpuCount": os.cpu_count() or 1,
             "agent": owner,
             "address": address,

@@ -23,8 +23,8 @@ from ..agent.local import (
 from ..agent.probe import Probes
 from ..api.annotations import LOST_RUN, lost_run
 from ..api.meta import from_epoch, to_epoch
-from ..api.quantity import format_size
 from ..api.node import heartbeat_fresh
+from ..api.quantity import format_size
 from ..api.status import Phase, RunDict, RunOutcome
 from ..store import Store
 from ..store import repository as repo

@@ -167,7 +167,7 @@ def test_v1_create_writes_the_memory_limit_and_the_cpu_quota(v1_group):
 def test_the_wrapper_joins_the_cgroup_before_the_command_runs(spawn, v1_group, tmp_path):
     """The command reads its own /proc/self/cgroup: it is in the run's cgroup in every
     hierarchy from its first instruction."""
-    identity, run_dir = spawn(argv=["cat", "/proc/self/cgroup"], join=v1_group.procs_files)
+    _identity, run_dir = spawn(argv=["cat", "/proc/self/cgroup"], join=v1_group.procs_files)
     wait_until(lambda: read_exit(run_dir), timeout=10)
     lines = (run_dir / "stdout").read_text().splitlines()
     for controller in ("memory", "cpu", "cpuacct"):
@@ -179,7 +179,7 @@ def test_the_wrapper_joins_the_cgroup_before_the_command_runs(spawn, v1_group, t
 def test_v1_finds_kills_and_counts_a_process_that_left_the_group(spawn, v1_group, tmp_path):
     pid_file = tmp_path / "escapee"
     shell = f"setsid sh -c 'echo $$ > {pid_file}; while :; do :; done' & exit 0"
-    identity, run_dir = spawn(shell=shell, join=v1_group.procs_files)
+    identity, _run_dir = spawn(shell=shell, join=v1_group.procs_files)
     escapee = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=10))
     assert escapee in v1_group.pids()
     assert os.getpgid(escapee) != identity.pid
@@ -190,7 +190,7 @@ def test_v1_finds_kills_and_counts_a_process_that_left_the_group(spawn, v1_group
 
 @real_v1
 def test_v1_counts_an_oom_kill(spawn, v1_group):
-    identity, run_dir = spawn(argv=["python3", "-c", "b = bytearray(200 * 1024 * 1024)"], join=v1_group.procs_files)
+    _identity, run_dir = spawn(argv=["python3", "-c", "b = bytearray(200 * 1024 * 1024)"], join=v1_group.procs_files)
     record = wait_until(lambda: read_exit(run_dir), timeout=30)
     usage = v1_group.usage()
     assert record.exit_code == 137 and usage.oom_kills == 1
@@ -199,7 +199,7 @@ def test_v1_counts_an_oom_kill(spawn, v1_group):
 
 def test_the_fallback_rlimit_holds_the_command(spawn):
     """`ulimit -v` in the wrapper, in KiB: the command sees it as its RLIMIT_AS."""
-    identity, run_dir = spawn(argv=["cat", "/proc/self/limits"], address_space_kib=256 * 1024)
+    _identity, run_dir = spawn(argv=["cat", "/proc/self/limits"], address_space_kib=256 * 1024)
     wait_until(lambda: read_exit(run_dir), timeout=10)
     line = next(x for x in (run_dir / "stdout").read_text().splitlines() if x.startswith("Max address space"))
     assert line.split()[3] == str(256 * MiB)
