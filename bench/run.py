@@ -11,8 +11,8 @@ Figures: 1 dag (DAG throughput vs make -j N), 2 latency (dependency latency on a
 re-apply), 5 idle (controller CPU with waiting jobs), 6 memory (peak RSS with 100,000 stored
 jobs), 8 cli (the read verbs' wall time), 9 apply-one (one job into 1,000 and 100,000 stored
 jobs), 10 notify (notifier delivery: events/s, completion-to-arrival latency), 11 api (`get jobs`
-through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs), 7 pg (figures 1
-and 3 on PostgreSQL). Prints
+through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs), 13 cgroups
+(starting a run with its cgroup against without), 7 pg (figures 1 and 3 on PostgreSQL). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
 """
@@ -42,6 +42,7 @@ FULL = {
     "notify": dict(events=2000, jobs=300),
     "api": dict(jobs=10_000, rounds=5),
     "metrics": dict(small=1000, large=100_000, rounds=7),
+    "cgroups": dict(runs=200, rounds=5),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -55,8 +56,12 @@ SMALL = {
     "notify": dict(events=100, jobs=20),
     "api": dict(jobs=100, rounds=2),
     "metrics": dict(small=100, large=2000, rounds=2),
+    "cgroups": dict(runs=20, rounds=2),
 }
-NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "notify", "api", "metrics", "pg")
+NAMES = (
+    *("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "notify", "api", "metrics"),
+    *("cgroups", "pg"),
+)
 APPLY_AIMS = (10.0, 3.0)
 
 
@@ -125,7 +130,7 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, api, apply_one, cli, dag, idle, latency, memory, metrics, notify
+    from bench import admission, api, apply_one, cgroups, cli, dag, idle, latency, memory, metrics, notify
 
     s = sizes
     out = {
@@ -188,6 +193,9 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                     )
                 ],
             )
+        ],
+        "cgroups": [
+            ("13 run start with a cgroup", lambda: [cgroups.row(s["cgroups"]["runs"], s["cgroups"]["rounds"])]),
         ],
         "pg": [
             (

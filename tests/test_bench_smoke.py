@@ -26,6 +26,7 @@ FIGURES = [
     "10 notifier delivery (sqlite)",
     "11 CLI get jobs through the API (sqlite)",
     "12 metrics scrape of a large store (sqlite)",
+    "13 run start with a cgroup",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",

@@ -38,6 +38,11 @@ def test_the_same_allocation_within_the_limit_succeeds(env: Env):
     assert status["outcome"] == "Succeeded", status
     assert run["peakMemory"] >= 300 * 1024 * 1024
     assert run["cpuSeconds"] > 0
+    described = env.cli("describe", "job", "fits").stdout
+    header = next(line for line in described.splitlines() if "PEAK MEMORY" in line)
+    assert "CPU SECONDS" in header and "LIMITS" in header
+    row = next(line for line in described.splitlines() if "Succeeded" in line and "cgroup" in line)
+    assert f"{run['peakMemory'] / 2**20:.1f}Mi" in row and f"{run['cpuSeconds']:.2f}" in row
 
 
 def test_a_busy_loop_under_a_fifth_of_a_cpu_gets_about_that(env: Env):
