@@ -17,7 +17,7 @@ import psutil
 from ..api.job import Artifact, JobSpec
 from ..files import make_private_dirs
 from .artifacts import WORK, Artifacts, Preparation
-from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgroup, Usage, detect
+from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgroup, Spares, Usage, detect
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import has_legacy_runs, run_dir
 from .logtrim import LogTrimmer
@@ -101,9 +101,11 @@ class LocalAgent:
         self._artifacts = Artifacts(self.state_dir, wake=on_exit)
         root = cgroup_root or Path(os.environ.get(CGROUP_ROOT_ENV) or DEFAULT_ROOT)
         self._hierarchy: Hierarchy | None = None
+        self._spares: Spares | None = None
         self._no_hierarchy = ""
         try:
             self._hierarchy = detect(root)
+            self._spares = Spares(self._hierarchy)
         except CgroupUnavailable as exc:
             self._no_hierarchy = str(exc)
             log.warning("runs get no cgroup on this node: %s; memory limits become address-space rlimits", exc)
@@ -159,10 +161,10 @@ class LocalAgent:
 
     def _make_cgroup(self, name: str, limits: Limits) -> tuple[RunCgroup | None, str | None]:
         """The run's cgroup, or None and why there is none (never a reason to fail the run)."""
-        if self._hierarchy is None:
+        if self._spares is None:
             return None, self._no_hierarchy
         try:
-            return self._hierarchy.create(name, limits), None
+            return self._spares.take(name, limits), None
         except CgroupUnavailable as exc:
             log.warning("run %s gets no cgroup: %s", name, exc)
             return None, str(exc)
@@ -333,6 +335,8 @@ class LocalAgent:
                 group.kill_all()
 
     def close(self) -> None:
+        if self._spares is not None:
+            self._spares.close()
         self._watcher.close()
         self._logs.close()
         self._artifacts.close()

@@ -14,6 +14,7 @@ import pytest
 from reconciler.agent.cgroups import (
     CgroupUnavailable,
     Limits,
+    Spares,
     V1Hierarchy,
     V2Hierarchy,
     detect,
@@ -108,6 +109,53 @@ def test_opening_a_cgroup_that_is_gone_reads_as_empty(fake_v2):
 def test_names_the_wrapper_could_not_join_are_refused(fake_v2, name):
     with pytest.raises(CgroupUnavailable):
         detect(fake_v2).create(name, Limits(cpu=1, memory=MiB))
+
+
+# -- spares: cgroups made ahead, renamed at a run's start --------------------------------------
+def _spares_in(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("spare-"))
+
+
+def test_a_run_takes_a_spare_by_renaming_it_and_the_thread_makes_another(fake_v2):
+    spares = Spares(detect(fake_v2), keep=2)
+    parent = fake_v2 / "reconciler"
+    try:
+        spares.take("first.uid.1", Limits(cpu=1, memory=MiB))  # none ready yet: made at once
+        wait_until(lambda: spares.ready() == 2, timeout=10)
+        before = _spares_in(parent)
+        group = spares.take("job.uid.2", Limits(cpu=0.5, memory=2 * MiB))
+        assert group.dirs == (parent / "job.uid.2",)
+        assert (parent / "job.uid.2" / "memory.max").read_text() == str(2 * MiB)
+        assert (parent / "job.uid.2" / "cpu.max").read_text() == "50000 100000"
+        assert len(set(before) - set(_spares_in(parent))) == 1, "the run's cgroup is a spare renamed"
+        wait_until(lambda: spares.ready() == 2, timeout=10)
+    finally:
+        spares.close()
+    assert _spares_in(parent) == [], "closing removes the spares left"
+
+
+def test_a_run_whose_cgroup_exists_keeps_it_and_the_spare_goes(fake_v2):
+    hier = detect(fake_v2)
+    hier.create("job.uid.1", Limits(cpu=1, memory=MiB))  # made before a crash, before its spawn
+    spares = Spares(hier, keep=1)
+    try:
+        spares.take("warm.uid.1", Limits(cpu=1, memory=MiB))
+        wait_until(lambda: spares.ready() == 1, timeout=10)
+        group = spares.take("job.uid.1", Limits(cpu=2, memory=MiB))
+        assert (group.dirs[0] / "cpu.max").read_text() == "200000 100000"
+    finally:
+        spares.close()
+
+
+def test_spares_of_a_process_that_is_gone_are_swept(fake_v2):
+    hier = detect(fake_v2)
+    hier.prepare()
+    parent = fake_v2 / "reconciler"
+    gone = 2**22 + 12345  # above pid_max's default ceiling: no such process
+    (parent / f"spare-{gone}-abc").mkdir()
+    (parent / f"spare-{os.getpid()}-mine").mkdir()
+    Spares(hier).sweep()
+    assert _spares_in(parent) == [f"spare-{os.getpid()}-mine"]
 
 
 # -- v1: detection on fake folders, the rest on the real hierarchy ----------------------------

@@ -75,7 +75,9 @@ def test_an_adopted_run_keeps_its_cgroup_across_a_controller_restart(env: Env):
     assert not group.exists(), "the adopted run's cgroup outlived it"
 
 
-ESCAPEE = "setsid sh -c 'echo $$ > {pid}; trap \"\" TERM; exec sleep 1000' &"
+# a process that leaves the run's process group and ignores SIGTERM; the command goes on
+# once it has written its pid (so a stop cannot reach it before its trap is set)
+ESCAPEE = "setsid sh -c 'trap \"\" TERM; echo $$ > {pid}; exec sleep 1000' & while [ ! -s {pid} ]; do sleep 0.01; done;"
 
 
 @pytest.mark.parametrize(
