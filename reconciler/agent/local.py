@@ -166,7 +166,9 @@ class LocalAgent:
         try:
             return self._spares.take(name, limits), None
         except CgroupUnavailable as exc:
-            log.warning("run %s gets no cgroup: %s", name, exc)
+            if str(exc) != self._no_hierarchy:  # said once per cause, not once per run
+                self._no_hierarchy = str(exc)
+                log.warning("runs get no cgroup (%s): memory limits become address-space rlimits", exc)
             return None, str(exc)
 
     def _cgroup(self, name: str | None) -> RunCgroup | None:
