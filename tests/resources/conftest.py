@@ -1,18 +1,13 @@
 """Fixtures for resource limits: real controller processes (tests/crash/harness.py) whose
-runs get real cgroups on this machine's hierarchy; every cgroup a test's runs left (a
-controller killed on purpose) is removed at teardown, after their processes."""
+runs get real cgroups on this machine's hierarchy (the harness removes the cgroups of runs a
+test left behind, a controller killed on purpose, at teardown)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
-
-from reconciler.agent.cgroups import PARENT, CgroupUnavailable, Hierarchy, detect
-from reconciler.store import repository as repo
-from tests.crash.harness import Env
+from reconciler.agent.cgroups import CgroupUnavailable, Hierarchy, detect
+from tests.crash.harness import env  # noqa: F401  (the shared fixture)
 
 
 def hierarchy() -> Hierarchy | None:
@@ -24,25 +19,4 @@ def hierarchy() -> Hierarchy | None:
 
 def run_cgroup_dirs(hier: Hierarchy, uid: str) -> list[Path]:
     """Every folder of every run cgroup of the job `uid`, in each hierarchy."""
-    parents = {d.parent for d in hier.open("x").dirs}
-    return [d for parent in parents for d in parent.glob(f"*.{uid}.*")]
-
-
-@pytest.fixture
-def env(tmp_path: Path) -> Iterator[Env]:
-    e = Env(tmp_path)
-    try:
-        yield e
-    finally:
-        with e.store.read() as session:
-            uids = [o.uid for o in repo.list_objects(session, kind="Job")]
-        e.close()
-        hier = hierarchy()
-        if hier is not None:
-            for uid in uids:
-                for d in run_cgroup_dirs(hier, uid):
-                    with contextlib.suppress(OSError):
-                        d.rmdir()
-
-
-__all__ = ["PARENT", "hierarchy", "run_cgroup_dirs"]
+    return [d for parent in hier.parents() for d in parent.glob(f"*.{uid}.*")]
