@@ -58,7 +58,8 @@ def wait_until(predicate: Callable[[], T], timeout: float = 20.0, interval: floa
 
 def remove_run_cgroups(root: Path) -> None:
     """After a test killed its runs itself (no controller recorded their ends), remove their
-    cgroups: each is named like its run folder (`<job>.<uid>.<n>`), found under `root`."""
+    cgroups: each is named like its run folder (`<job>.<uid>.<n>`), found under `root`.
+    Anything still in one is the test's own and is killed first."""
     from reconciler.agent.cgroups import CgroupUnavailable, detect
 
     try:
@@ -67,8 +68,9 @@ def remove_run_cgroups(root: Path) -> None:
         return
     names = {run.name for runs in root.rglob("runs") if runs.is_dir() for run in runs.iterdir()}
     for name in names:
-        with contextlib.suppress(CgroupUnavailable, OSError):
+        with contextlib.suppress(CgroupUnavailable, OSError, AssertionError):
             group = hierarchy.open(name)
             if group.exists():
+                group.kill_all()
                 wait_until(lambda group=group: not group.pids(), timeout=10, message=f"cgroup {name} empty")
                 group.remove()
