@@ -130,7 +130,7 @@ def row(runs: int, rounds: int) -> Row:
         f"{len(version) and 'cgroup.procs files'} against to /dev/null); spawn "
         f"{c['spawn'] * 1000:.2f} ms with the joins in the wrapper's argv against {p['spawn'] * 1000:.2f} ms; the "
         f"whole run (start to the wrapper reaped and its cgroup removed) {c['whole'] * 1000:.2f} ms against "
-        f"{p['whole'] * 1000:.2f} ms (this machine's noise is larger than the difference); beside the loop, the "
+        f"{p['whole'] * 1000:.2f} ms; beside the loop, the "
         f"spares thread spends {c['ahead'] * 1000:.2f} ms a run making a cgroup (timed as make + remove of a bare one)"
     )
     return Row(

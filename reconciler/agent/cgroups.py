@@ -368,6 +368,8 @@ class Spares:
                 # after the spawn that took a spare: making one at once would contend with it
                 # (for the interpreter's lock, and in the kernel for the cgroup lock its join takes)
                 time.sleep(REFILL_DELAY)
+        except CgroupUnavailable as exc:  # runs get none either: the agent says so per cause
+            log.info("no spare cgroups are made ahead: %s", exc)
         except Exception:  # a spare is a saving, not a need: take makes cgroups itself from now on
             log.warning("no more spare cgroups are made ahead", exc_info=True)
 

@@ -291,6 +291,8 @@ class RunSteps:
 
     def _ended(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result:
         faults.point("before-exit-record")
+        if (exited is None or exited.exit_code != 0) and (oom := self._oom_killed(ctx, run, exited)) is not None:
+            return oom
         if exited is None:
             return self.finish(
                 ctx,
@@ -300,24 +302,24 @@ class RunSteps:
                 reason="ProcessLost",
                 message=f"run {run['number']} ended without recording an exit status",
             )
-        if exited.exit_code != 0 and (usage := self.agent.usage(run.get("cgroup"))) and usage.oom_kills:
-            # the cgroup's own count, not a guess from 137: a run killed by SIGKILL from
-            # elsewhere is no OOM, and a run whose command survived a killed child is no failure
-            limit = format_size(ctx.spec.resources.memory or 0)
-            message = f"the kernel killed {usage.oom_kills} process(es) of the run at its memory limit ({limit})"
-            return self.finish(
-                ctx,
-                run,
-                RunEnd(RunOutcome.FAILED, exited.exit_code, reason="OOMKilled"),
-                exit_code=exited.exit_code,
-                signal=exited.signal,
-                reason="OOMKilled",
-                message=message,
-            )
         outcome = RunOutcome.SUCCEEDED if exited.exit_code == 0 else RunOutcome.FAILED
         return self.finish(
             ctx, run, RunEnd(outcome, exited.exit_code), exit_code=exited.exit_code, signal=exited.signal
         )
+
+    def _oom_killed(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result | None:
+        """A run that failed (or whose wrapper was killed before it could record) after the
+        kernel killed a process of its cgroup at the memory limit ends Failed/OOMKilled. The
+        cgroup's own count decides, not a guess from 137: a run killed by SIGKILL from
+        elsewhere is no OOM, and a run whose command survived a killed child is no failure."""
+        usage = self.agent.usage(run.get("cgroup"))
+        if usage is None or not usage.oom_kills:
+            return None
+        limit = format_size(ctx.spec.resources.memory or 0)
+        message = f"the kernel killed {usage.oom_kills} process(es) of the run at its memory limit ({limit})"
+        code, sig = (exited.exit_code, exited.signal) if exited is not None else (None, None)
+        end = RunEnd(RunOutcome.FAILED, code, reason="OOMKilled")
+        return self.finish(ctx, run, end, exit_code=code, signal=sig, reason="OOMKilled", message=message)
 
     def _begin_stop(self, ctx: Ctx, identity: ProcessIdentity, stop: Stop, cgroup: str | None) -> Result:
         reason, message = stop
