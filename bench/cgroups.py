@@ -1,4 +1,4 @@
-"""Figure 13, what a run's cgroup costs: runs of `/bin/true` started through the run wrapper
+"""Figure 16, what a run's cgroup costs: runs of `/bin/true` started through the run wrapper
 (`spawn_run`) without a cgroup, as before, against the same with one as the agent makes it
 (`Spares.take` with the job defaults: a cgroup made ahead by the spares thread, renamed; the
 wrapper joining it; `remove` after the exit), interleaved in rounds in this one process. Per
@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import Row, log
 
 AIM_MS = 0.5
-FIGURE = "13 run start with a cgroup"
+FIGURE = "16 run start with a cgroup"
 
 
 def _one(work: Path, index: int, spares, limits) -> dict[str, float]:  # type: ignore[no-untyped-def]
@@ -117,14 +117,14 @@ def row(runs: int, rounds: int) -> Row:
     try:
         m = measure(runs, rounds)
     except CgroupUnavailable as exc:
-        return Row(FIGURE, "no cgroup here", "-", None, "ms", None, [f"13 cgroups: not measured: {exc}"])
+        return Row(FIGURE, "no cgroup here", "-", None, "ms", None, [f"16 cgroups: not measured: {exc}"])
     c, p = m["cgroup"], m["plain"]
     version = "v2" if c["version"] == 2.0 else "v1"
     # what a cgroup adds to a run's start and end: on the loop's path (take, remove) and in
     # the wrapper before the command starts (its joins)
     added = (c["take"] + c["remove"] + max(0.0, c["join"])) * 1000
     note = (
-        f"13 cgroups ({version}): medians of {rounds} x {runs} runs of /bin/true each way, interleaved; on the "
+        f"16 cgroups ({version}): medians of {rounds} x {runs} runs of /bin/true each way, interleaved; on the "
         f"loop's path a cgroup adds take {c['take'] * 1000:.3f} ms + remove {c['remove'] * 1000:.3f} ms; the "
         f"wrapper's joins add {c['join'] * 1000:.3f} ms before the command starts (sh writing its pid to the "
         f"{len(version) and 'cgroup.procs files'} against to /dev/null); spawn "

@@ -11,8 +11,12 @@ Figures: 1 dag (DAG throughput vs make -j N), 2 latency (dependency latency on a
 re-apply), 5 idle (controller CPU with waiting jobs), 6 memory (peak RSS with 100,000 stored
 jobs), 8 cli (the read verbs' wall time), 9 apply-one (one job into 1,000 and 100,000 stored
 jobs), 10 notify (notifier delivery: events/s, completion-to-arrival latency), 11 api (`get jobs`
-through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs), 13 cgroups
-(starting a run with its cgroup against without), 7 pg (figures 1 and 3 on PostgreSQL). Prints
+through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs),
+13 chain (time per link of a 300-job chain from whole commands' wall times, beside doit and
+make), 14 dashboard (each view's page at 2,000 jobs, beside the API's list),
+15 ingest (jobs from a RabbitMQ queue: messages/s against a plain pika consumer),
+16 cgroups (starting a run with its cgroup against without),
+7 pg (figures 1, 3 and 13 on PostgreSQL). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
 """
@@ -42,6 +46,9 @@ FULL = {
     "notify": dict(events=2000, jobs=300),
     "api": dict(jobs=10_000, rounds=5),
     "metrics": dict(small=1000, large=100_000, rounds=7),
+    "chain": dict(jobs=300, rounds=3),
+    "dashboard": dict(jobs=2000, rounds=7),
+    "ingest": dict(messages=5000, rounds=3),
     "cgroups": dict(runs=200, rounds=5),
 }
 SMALL = {
@@ -56,11 +63,28 @@ SMALL = {
     "notify": dict(events=100, jobs=20),
     "api": dict(jobs=100, rounds=2),
     "metrics": dict(small=100, large=2000, rounds=2),
+    "chain": dict(jobs=20, rounds=1),
+    "dashboard": dict(jobs=400, rounds=2),
+    "ingest": dict(messages=1000, rounds=1),
     "cgroups": dict(runs=20, rounds=2),
 }
 NAMES = (
-    *("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "notify", "api", "metrics"),
-    *("cgroups", "pg"),
+    "dag",
+    "latency",
+    "admission",
+    "apply",
+    "idle",
+    "memory",
+    "cli",
+    "apply-one",
+    "notify",
+    "api",
+    "metrics",
+    "chain",
+    "dashboard",
+    "ingest",
+    "cgroups",
+    "pg",
 )
 APPLY_AIMS = (10.0, 3.0)
 
@@ -130,7 +154,22 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, api, apply_one, cgroups, cli, dag, idle, latency, memory, metrics, notify
+    from bench import (
+        admission,
+        api,
+        apply_one,
+        cgroups,
+        chain,
+        cli,
+        dag,
+        dashboard,
+        idle,
+        ingest,
+        latency,
+        memory,
+        metrics,
+        notify,
+    )
 
     s = sizes
     out = {
@@ -194,8 +233,23 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                 ],
             )
         ],
+        "chain": [
+            ("13 chain per link (sqlite)", lambda: [chain.row(s["chain"]["jobs"], s["chain"]["rounds"])]),
+        ],
+        "dashboard": [
+            (
+                "14 dashboard pages (sqlite)",
+                lambda: [dashboard.row(s["dashboard"]["jobs"], s["dashboard"]["rounds"])],
+            )
+        ],
+        "ingest": [
+            (
+                "15 ingestion from RabbitMQ (sqlite)",
+                lambda: [ingest.row(s["ingest"]["messages"], s["ingest"]["rounds"])],
+            )
+        ],
         "cgroups": [
-            ("13 run start with a cgroup", lambda: [cgroups.row(s["cgroups"]["runs"], s["cgroups"]["rounds"])]),
+            ("16 run start with a cgroup", lambda: [cgroups.row(s["cgroups"]["runs"], s["cgroups"]["rounds"])]),
         ],
         "pg": [
             (
@@ -208,6 +262,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                     s["admission"]["depths"], "pg", "7 admission at depth (postgresql)", s["admission"]["reps"]
                 ),
             ),
+            ("13 chain per link (postgresql)", lambda: [chain.row(s["chain"]["jobs"], s["chain"]["rounds"], "pg")]),
         ],
     }
     return out[name] if (name != "pg" or pg) else []

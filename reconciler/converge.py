@@ -171,11 +171,13 @@ class Until:
     stop: threading.Event
     on_change: OnChange = _quiet
     fail_fast: bool = False
+    interrupt: threading.Event = field(default_factory=threading.Event)  # set with `stop` by a Ctrl-C
 
 
 def converge(store: Store, names: list[str], until: Until) -> Converged:
-    """Run a controller in this process until every named job is settled (see `follow`)."""
-    with controller_running(store):
+    """Run a controller in this process until every named job is settled (see `follow`). It
+    consumes no Source: a queue is for a controller that stays, not one that ends with its jobs."""
+    with controller_running(store, sources=False):
         return follow(
             JobWatch(store, names),
             cancel=lambda name, by: cancel(store, name, by=by),
@@ -223,7 +225,7 @@ def _follow(watch: Follower, until: Until) -> Converged:
         if deadline is not None and time.monotonic() >= deadline:
             return Converged(watch.jobs, "timed out")
         until.stop.wait(LOOK_INTERVAL)
-    return Converged(watch.jobs, "stopped")
+    return Converged(watch.jobs, "interrupted" if until.interrupt.is_set() else "stopped")
 
 
 def did_not_succeed(job: Watched) -> bool:
@@ -270,13 +272,14 @@ def longest_grace(specs: list[dict[str, Any]]) -> float:
 
 @contextmanager
 def controller_running(
-    store: Store, *, workers: int = 1, local_node: bool = True, address: str | None = None
+    store: Store, *, workers: int = 1, local_node: bool = True, address: str | None = None, sources: bool = True
 ) -> Iterator[Controller]:
     """A controller (the reconcile loop and, unless `local_node` is False, this machine's
-    agent and Node) running in this process for the duration of the block."""
+    agent and Node; unless `sources` is False, the Sources' consumers) running in this
+    process for the duration of the block."""
     from .controller.manager import Controller  # not for `wait`, which imports this module too
 
-    controller = Controller(store, workers=workers, local_node=local_node, address=address).start()
+    controller = Controller(store, workers=workers, local_node=local_node, address=address, sources=sources).start()
     try:
         yield controller
     finally:

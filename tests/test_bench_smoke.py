@@ -26,12 +26,16 @@ FIGURES = [
     "10 notifier delivery (sqlite)",
     "11 CLI get jobs through the API (sqlite)",
     "12 metrics scrape of a large store (sqlite)",
-    "13 run start with a cgroup",
+    "13 chain per link (sqlite)",
+    "14 dashboard pages (sqlite)",
+    "15 ingestion from RabbitMQ (sqlite)",
+    "16 run start with a cgroup",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",
     "7 admission at depth, no room (postgresql)",
     "7 admission at depth, head blocks (postgresql)",
+    "13 chain per link (postgresql)",
 ]
 
 

@@ -105,10 +105,12 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
 
 def _downgrade(tx, *, to: int) -> None:
     """Make a current store's schema what version `to` created (what each upgrade undoes)."""
-    if to < 4:
+    if to < 5:
         for table in ("admissions", "queue"):
             for column in ("cpu", "memory"):
                 tx.session.run(f"ALTER TABLE {table} DROP COLUMN {column}")
+    if to < 4:
+        tx.session.run("DROP TABLE ingested")
     if to < 3:
         tx.session.run("DROP INDEX ix_objects_state")
         for column in ("outcome", "reason", "pool"):
@@ -141,7 +143,30 @@ def test_a_version_2_store_gets_the_state_columns_filled_from_its_documents(stor
         upgraded.dispose()
 
 
-def test_a_version_3_store_gets_cpu_and_memory_on_admissions_and_queue_rows(store_url):
+def test_a_version_3_store_gets_the_ingested_table(store_url):
+    """Source ingestion (schema 4): a store from before it can remember message ids once opened."""
+    from reconciler.store import ingested
+
+    s = Store(store_url)
+    _create(s, "kept")
+    with s.write() as tx:
+        _downgrade(tx, to=3)
+    assert "ingested" not in _tables(s)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION
+        with upgraded.write() as tx:
+            ingested.record(tx, "inbox", [("m1", "kept")], 1.0)
+        with upgraded.read() as conn:
+            assert ingested.job_of(conn, "inbox", "m1") == "kept"
+            assert repo.get(conn, kind="Job", name="kept") is not None
+    finally:
+        upgraded.dispose()
+
+
+def test_a_version_4_store_gets_cpu_and_memory_on_admissions_and_queue_rows(store_url):
     """Admissions made before are kept, holding no cpu or memory (they were not counted);
     new ones hold the job's resources, summed per node."""
     from reconciler.store import scheduling as sched
@@ -150,7 +175,7 @@ def test_a_version_3_store_gets_cpu_and_memory_on_admissions_and_queue_rows(stor
     _create(s, "node-1", kind="Node", spec={"capacity": {"slots": 4, "cpu": "2", "memory": "1Gi"}})
     with s.write() as tx:
         sched.admit(tx, uid="u1", name="old", pool=None, slots=1, node="node-1", run_number=1)
-        _downgrade(tx, to=3)
+        _downgrade(tx, to=4)
     s.dispose()
 
     upgraded = Store(store_url)
@@ -207,7 +232,7 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     upgraded = Store(store_url)
     try:
-        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 4
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 5
         assert {"outbox", "deliveries"} <= _tables(upgraded)
         with upgraded.read() as conn:
             assert repo.get(conn, kind="Job", name="old").uid == obj.uid

@@ -1,5 +1,6 @@
 """Wiring: one store, the local agent, the job reconciler, the work queue and its workers,
-the change watcher (other processes' writes), the node heartbeat and the notifier lanes."""
+the change watcher (other processes' writes), the node heartbeat, the notifier lanes and the
+source lanes."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from ..store import scheduling as sched
 from ..store.feed import ChangeFeed
 from ..threads import critical, fatal
 from . import faults
+from .ingest import Ingester
 from .job import JobReconciler
 from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_name
 from .notify import Deliverer
@@ -37,10 +39,12 @@ class Controller:
         clock: Clock | None = None,
         address: str | None = None,
         local_node: bool = True,
+        sources: bool = True,
     ):
         """`local_node=False` (`serve --no-local-node`): this machine is no node. No Node is
         registered or kept Ready for it, and the agent here owns no node (its name is empty,
-        which no Node can have), so it starts no run: jobs wait for other nodes."""
+        which no Node can have), so it starts no run: jobs wait for other nodes. `sources=False`
+        (`up`, `run --wait`): no Source is consumed."""
         self.store = store
         self.address = address or DEFAULT_ADDRESS  # where this node's services are reached: the registry publishes it
         self.clock = clock or RealClock()
@@ -49,6 +53,7 @@ class Controller:
         self.owner = process_owner()
         self.queue = WorkQueue()
         self.notifier = Deliverer(store, clock=self.clock, owner=self.owner)
+        self.sources = Ingester(store) if sources else None
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
         self.jobs = JobReconciler(
             store,
@@ -77,6 +82,8 @@ class Controller:
         self.runner.start()
         self._watcher.start()
         self.notifier.start()
+        if self.sources is not None:
+            self.sources.start()
         telemetry.workqueue_depth = self.queue.__len__
         return self
 
@@ -84,6 +91,8 @@ class Controller:
         self._stop.set()
         if telemetry.workqueue_depth == self.queue.__len__:
             telemetry.workqueue_depth = None
+        if self.sources is not None:
+            self.sources.stop()  # first: no job arrives while the rest stops
         self.runner.stop()
         self.notifier.drain(DRAIN)
         self.notifier.stop()

@@ -43,7 +43,7 @@ from ..wire import (
     object_list,
     status,
 )
-from . import seed
+from . import dashboard, seed
 from .auth import Tokens
 from .guard import MAX_BODY, Guard
 from .watch import Broadcaster, Expired, stream
@@ -79,6 +79,7 @@ def create_app(store: Store, *, tokens: Tokens | None = None, max_body: int = MA
     _errors(app)
     _routes(app, store, broadcaster)
     seed.routes(app, store)
+    dashboard.routes(app, store)
     return Guard(app, tokens=tokens, max_body=max_body)
 
 

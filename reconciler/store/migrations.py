@@ -72,6 +72,11 @@ def _v3(conn: Connection) -> None:
 
 
 def _v4(conn: Connection) -> None:
+    """Source ingestion: the messages each Source turned into jobs, for redeliveries."""
+    _create(conn, ["ingested"])
+
+
+def _v5(conn: Connection) -> None:
     """Admissions and queue rows carry the job's cpu and memory, which nodes that declare
     them count. Rows from before hold NULL: admitted uncounted, they count as nothing."""
     for table in ("admissions", "queue"):
@@ -79,7 +84,7 @@ def _v4(conn: Connection) -> None:
         conn.run(f"ALTER TABLE {table} ADD COLUMN memory BIGINT")
 
 
-UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4]
+UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

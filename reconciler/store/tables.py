@@ -81,7 +81,7 @@ class AdmissionRow(SQLModel, table=True):
     owner: str | None = None  # the agent that claimed the spawn (host:pid:start), so no run starts twice
     port: int | None = None  # a service's port, held on its node while admitted
     # spec.resources, held on the node while admitted: counted where the node declares cpu or
-    # memory capacity (schema 4; NULL in admissions made before, counted as nothing)
+    # memory capacity (schema 5; NULL in admissions made before, counted as nothing)
     cpu: float | None = Field(default=None, sa_column=Column(Float))
     memory: int | None = Field(default=None, sa_column=Column(BigInteger))
 
@@ -103,7 +103,7 @@ class QueueRow(SQLModel, table=True):
     bypass_count: int = 0
     node_name: str | None = None  # placement constraints, so a head's fit can be judged from here
     node_selector: str = "{}"
-    cpu: float | None = Field(default=None, sa_column=Column(Float))  # what a head needs of a node (schema 4)
+    cpu: float | None = Field(default=None, sa_column=Column(Float))  # what a head needs of a node (schema 5)
     memory: int | None = Field(default=None, sa_column=Column(BigInteger))
 
 
@@ -136,3 +136,15 @@ class DeliveryRow(SQLModel, table=True):
     last_delivery_at: float | None = None
     owner: str | None = None  # host:pid:start of the delivering process
     lease_until: float | None = None
+
+
+class IngestedRow(SQLModel, table=True):
+    """A queue message a Source turned into a job, written in the job's transaction: a
+    redelivery of the message finds it and creates nothing new (schema 4)."""
+
+    __tablename__ = "ingested"
+    __table_args__ = (Index("ix_ingested_age", "source", "created_at"),)  # forgetting the old ones
+    source: str = Field(primary_key=True)
+    message_id: str = Field(primary_key=True)
+    job: str
+    created_at: float
