@@ -29,13 +29,14 @@ FIGURES = [
     "13 chain per link (sqlite)",
     "14 dashboard pages (sqlite)",
     "15 ingestion from RabbitMQ (sqlite)",
+    "16 run start with a cgroup",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",
     "7 admission at depth, no room (postgresql)",
     "7 admission at depth, head blocks (postgresql)",
     "13 chain per link (postgresql)",
-    "16 wake-up after a write (postgresql)",
+    "17 wake-up after a write (postgresql)",
 ]
 
 

@@ -12,8 +12,16 @@ from .quantity import CPU, Size
 
 class Capacity(Strict):
     slots: int | None = Field(default=None, ge=0, le=MAX_SLOTS, description="Default: the node's CPU count.")
-    cpu: CPU | None = None
-    memory: Size | None = None
+    cpu: CPU | None = Field(
+        default=None,
+        description="CPUs the runs placed here may hold (their resources.cpu); unset: not counted. "
+        "The local node declares the host's count when it registers.",
+    )
+    memory: Size | None = Field(
+        default=None,
+        description="Memory the runs placed here may hold (their resources.memory); unset: not counted. "
+        "The local node declares the host's memory when it registers.",
+    )
 
 
 class NodeSpec(Strict):
@@ -23,6 +31,8 @@ class NodeSpec(Strict):
 
 class Allocated(Strict):
     slots: int = 0
+    cpu: CPU | None = Field(default=None, description="resources.cpu of the runs admitted here, if counted.")
+    memory: Size | None = Field(default=None, description="resources.memory of the runs admitted here, if counted.")
 
 
 class NodeStatus(Strict):

@@ -81,7 +81,15 @@ def _v5(conn: Connection) -> None:
     _create(conn, ["leases"])
 
 
-UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5]
+def _v6(conn: Connection) -> None:
+    """Admissions and queue rows carry the job's cpu and memory, which nodes that declare
+    them count. Rows from before hold NULL: admitted uncounted, they count as nothing."""
+    for table in ("admissions", "queue"):
+        conn.run(f"ALTER TABLE {table} ADD COLUMN cpu FLOAT")
+        conn.run(f"ALTER TABLE {table} ADD COLUMN memory BIGINT")
+
+
+UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5, _v6]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

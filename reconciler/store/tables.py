@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Text, text
+from sqlalchemy import BigInteger, Column, Float, Index, Text, text
 from sqlmodel import Field, SQLModel
 
 
@@ -80,6 +80,10 @@ class AdmissionRow(SQLModel, table=True):
     admitted_at: float
     owner: str | None = None  # the agent that claimed the spawn (host:pid:start), so no run starts twice
     port: int | None = None  # a service's port, held on its node while admitted
+    # spec.resources, held on the node while admitted: counted where the node declares cpu or
+    # memory capacity (schema 6; NULL in admissions made before, counted as nothing)
+    cpu: float | None = Field(default=None, sa_column=Column(Float))
+    memory: int | None = Field(default=None, sa_column=Column(BigInteger))
 
 
 class QueueRow(SQLModel, table=True):
@@ -99,6 +103,8 @@ class QueueRow(SQLModel, table=True):
     bypass_count: int = 0
     node_name: str | None = None  # placement constraints, so a head's fit can be judged from here
     node_selector: str = "{}"
+    cpu: float | None = Field(default=None, sa_column=Column(Float))  # what a head needs of a node (schema 6)
+    memory: int | None = Field(default=None, sa_column=Column(BigInteger))
 
 
 class OutboxRow(SQLModel, table=True):
