@@ -180,6 +180,38 @@ def test_creating_a_store_does_not_import_sqlalchemy(store_url):
         s.dispose()
 
 
+def test_a_commit_wakes_the_change_feeds_of_its_own_process(store_url, tmp_path):
+    """A write's commit is announced to this process's followers at once (`up` sees its
+    job's end as the controller writes it, not a poll later): on SQLite nothing else would
+    tell them. The controller's own writes (known) do not wake its change watcher."""
+    from reconciler.store.feed import ChangeFeed
+
+    store = Store(store_url)
+    try:
+        every = ChangeFeed(store, listen=True)
+        foreign = ChangeFeed(store, skip_known=True, listen=True)
+        _create(store, "written")
+        assert every.wait(60), "a commit in this process wakes its followers"
+        assert foreign.wait(60), "a write that is not the controller's wakes its change watcher"
+        assert [c.name for c in every.poll()] == ["written"]
+    finally:
+        store.dispose()
+
+    sqlite = Store(f"sqlite:///{tmp_path / 'known' / 'state.db'}")  # no notifications that could move it
+    try:
+        watcher = ChangeFeed(sqlite, skip_known=True, listen=True)
+        follower = ChangeFeed(sqlite, listen=True)
+        with sqlite.write(known=True) as tx:
+            repo.create(tx, kind="Job", name="own", spec=SPEC, labels={}, annotations={}, status=None)
+        assert follower.wait(60)
+        assert not watcher.wait(0.0), "the controller's own writes are not announced to its watcher"
+        with sqlite.write() as tx:  # a write that changes nothing announces nothing
+            tx.discard()
+        assert not follower.wait(0.0)
+    finally:
+        sqlite.dispose()
+
+
 def test_opening_an_existing_store_again_is_a_no_op(store_url):
     first = Store(store_url)
     obj = _create(first, "keep")

@@ -344,8 +344,12 @@ class Store:
                 commit = not tx.discarded
             finally:
                 conn.end(commit=commit)
-            if commit and tx.changed and known:
-                self.known_writes.add(tx.rv())
+            if commit and tx.changed:
+                if known:
+                    self.known_writes.add(tx.rv())
+                # this process's followers hear of its own commits at once, as other processes'
+                # hear of them through PostgreSQL's NOTIFY (SQLite has nothing that tells them)
+                self._wakeups.announce(foreign=not known)
 
     def wakeups(self) -> Wakeups:
         """What the change feed's followers wait on between polls: on PostgreSQL announced by
