@@ -30,9 +30,9 @@ if TYPE_CHECKING:
 
 LOOK_INTERVAL = 0.05  # how often `up` looks at the change feed when nothing announces a change
 # looks woken by announced changes: a few at once (a job's admission, start and end, each seen
-# as written), then at most one per LOOK_GAP however fast the controller writes (a DAG of
-# thousands), so that `up` does not take the interpreter's lock from the reconcile loop per write
-LOOK_GAP = 0.01
+# as written), then no more often than the poll, however fast the controller writes (a DAG of
+# thousands): each look takes the interpreter's lock and the store from the reconcile loop
+LOOK_GAP = LOOK_INTERVAL
 LOOK_BURST = 4
 
 
