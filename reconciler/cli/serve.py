@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from .context import NODE_ADDRESS, address_of, ctx_of
+from .context import NODE_ADDRESS, address_of, ctx_of, duration_of
 
 
 def serve(
@@ -21,6 +21,12 @@ def serve(
     ),
     workers: int = typer.Option(1, "--workers", help="Reconcile workers (as `controller --workers`)."),
     node_address: str = NODE_ADDRESS,
+    node_lost_after: str | None = typer.Option(
+        None,
+        "--node-lost-after",
+        envvar="RECONCILER_NODE_LOST_AFTER",
+        help="A node without a heartbeat this long is NotReady (default 40s; tests shorten it).",
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each request and the controller's steps."),
 ) -> None:
     """The HTTP API plus the controller, with this machine as a node unless --no-local-node."""
@@ -28,6 +34,11 @@ def serve(
     from ..server.serve import serve as run
 
     store_needed = ctx_of(ctx).local_only("serve")
+    lost_after = duration_of(node_lost_after, "--node-lost-after")
+    if lost_after is not None:
+        from ..api.node import set_ready_window
+
+        set_ready_window(lost_after)
     checked = check(host, tokens, tls_cert, tls_key)
     run(
         store_needed,

@@ -7,6 +7,7 @@ import ipaddress
 import logging
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from ..converge import controller_running
@@ -63,8 +64,14 @@ def serve(
 ) -> None:
     import uvicorn  # only `serve` pays for it
 
+    woken: list[Callable[[str], None]] = []  # the controller's, once it runs
+
+    def wake(job: str) -> None:
+        for hand in woken:
+            hand(job)
+
     config = uvicorn.Config(
-        create_app(store, tokens=tokens),
+        create_app(store, tokens=tokens, wake=wake),
         host=host,
         port=port,
         ssl_certfile=tls_cert,
@@ -80,7 +87,9 @@ def serve(
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # log fetches from agents: a line each otherwise
     with controller_running(store, workers=workers, local_node=local_node, address=address) as running:
+        woken.append(running.wake)
         scheme = "https" if tls_cert else "http"
         node = f"node {running.node}" if local_node else "no local node"
         auth = "tokens required" if tokens is not None else "no authentication: loopback only"

@@ -13,7 +13,7 @@ import re
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -23,7 +23,7 @@ from .dbapi import Connection, Statement, StoreError
 
 BUSY_TIMEOUT_MS = 30_000
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
-SCHEMA_VERSION = 3  # 1 + the number of migrations.UPGRADES: what a current store records in meta
+SCHEMA_VERSION = 4  # 1 + the number of migrations.UPGRADES: what a current store records in meta
 _SQLITE_SETUP = (
     "PRAGMA journal_mode=WAL",
     f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
@@ -160,6 +160,9 @@ class Store:
         self.url = default_store_url() if url is None else url
         self.is_sqlite = self.url.startswith("sqlite")
         self.known_writes: set[int] = set()  # resourceVersions written with known=True: the change feed skips them
+        # called after each committed change, in the writer's thread: what waits on this
+        # process's writes (a node agent's long poll) is told at once, not at its next poll
+        self.committed: list[Callable[[], None]] = []
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 25 ms and turns contention between threads into latency.
         self._writer = threading.Lock()
@@ -302,6 +305,9 @@ class Store:
                 conn.end(commit=commit)
             if commit and tx.changed and known:
                 self.known_writes.add(tx.rv())
+        if commit and tx.changed:
+            for listener in self.committed:
+                listener()
 
     def change_seq(self) -> int:
         """The cheap "did anything change" probe other processes poll."""

@@ -19,12 +19,15 @@ class Change:
 
 
 class ChangeFeed:
-    def __init__(self, store: Store, *, skip_known: bool = False, since: int | None = None):
+    def __init__(self, store: Store, *, skip_known: bool = False, since: int | None = None, reports: bool = False):
         """`skip_known`: leave out the writes made with `store.write(known=True)` (the
         controller's own steps, which act on what they write). `since`: the change sequence
-        to follow from (a list's resourceVersion), instead of now."""
+        to follow from (a list's resourceVersion), instead of now. `reports`: a remote
+        agent's report on a job's admission counts as a change of that job (the controller
+        acts on them; the job object itself is not written by a report)."""
         self.store = store
         self.skip_known = skip_known
+        self.reports = reports
         self.seq = store.change_seq() if since is None else since
 
     def poll(self) -> list[Change]:
@@ -34,6 +37,8 @@ class ChangeFeed:
             return []
         with self.store.read() as session:
             rows = sched.changed_since(session, self.seq)
+            if self.reports:
+                rows += [("Job", name, rv) for name, rv in sched.reported_since(session, self.seq)]
         changes = [Change(kind, name, rv) for kind, name, rv in rows]
         self.seq = max([current, *(c.resource_version for c in changes)])
         if self.skip_known:

@@ -80,6 +80,13 @@ class AdmissionRow(SQLModel, table=True):
     admitted_at: float
     owner: str | None = None  # the agent that claimed the spawn (host:pid:start), so no run starts twice
     port: int | None = None  # a service's port, held on its node while admitted
+    # schema 4: the admission's epoch (the resourceVersion that admitted it, or restarted its
+    # service's run): a remote agent's report names it, and one for an epoch no longer
+    # current is refused; the agent's last report of the run (JSON), and the change
+    # sequence number of its write, which the controller's change feed follows
+    epoch: int | None = None
+    report: str | None = Field(default=None, sa_column=Column(Text))
+    reported_rv: int | None = None
 
 
 class QueueRow(SQLModel, table=True):

@@ -1,0 +1,96 @@
+"""What the node agent knows of each run it started, kept in the run's folder
+(`agent.json`) so that a restarted agent adopts live runs and reports the ends it missed:
+which admission (job, uid, run, epoch) the run belongs to, its process identity, its end,
+and which of its reports the server has taken."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from ..agent.local import ProcessIdentity
+
+RECORD = "agent.json"
+
+
+@dataclass
+class Record:
+    job: str
+    uid: str
+    run: int
+    epoch: int
+    dir: str
+    pid: int | None = None
+    process_start_time: float | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    gone: bool = False
+    start_failed: str | None = None  # why it could not start
+    start_reported: bool = False
+    end_reported: bool = False
+    stale: bool = False  # the server refused a report (409): the admission is no longer current
+    grace: float = 10.0  # the job's stopGracePeriod
+    stop_at: float | None = None  # monotonic time a stop began (SIGTERM sent)
+
+    @property
+    def identity(self) -> ProcessIdentity | None:
+        if self.pid is None or self.process_start_time is None:
+            return None
+        return ProcessIdentity(self.pid, self.process_start_time)
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+    @property
+    def settled(self) -> bool:
+        """Nothing more to tell the server, nothing running."""
+        return self.finished and (self.end_reported or self.stale)
+
+    def report(self) -> dict[str, Any]:
+        """The run report (wire.RunReport) of all this record knows."""
+        facts = {
+            "pid": self.pid,
+            "processStartTime": self.process_start_time,
+            "startedAt": self.started_at,
+            "finishedAt": self.finished_at,
+            "exitCode": self.exit_code,
+            "signal": self.signal,
+            "startFailed": self.start_failed,
+        }
+        body: dict[str, Any] = {"uid": self.uid, "run": self.run, "epoch": self.epoch}
+        body.update({k: v for k, v in facts.items() if v is not None})
+        if self.gone:
+            body["gone"] = True
+        return body
+
+    def save(self) -> None:
+        """Written whole and renamed into place: a crash leaves the old record or the new."""
+        path = Path(self.dir) / RECORD
+        tmp = path.with_suffix(".tmp")
+        document = {k: v for k, v in asdict(self).items() if k != "stop_at"}
+        with open(tmp, "w") as out:
+            json.dump(document, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+
+
+def load_all(runs: Path) -> list[Record]:
+    """The records of runs not yet settled, found in the run folders."""
+    known = {f.name for f in fields(Record)}
+    found = []
+    for path in runs.glob(f"*/{RECORD}"):
+        try:
+            document = json.loads(path.read_text())
+            record = Record(**{k: v for k, v in document.items() if k in known})
+        except (OSError, ValueError, TypeError):
+            continue  # a record half written by hand, or of another version: not ours to act on
+        if not record.settled:
+            found.append(record)
+    return found
