@@ -8,7 +8,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from .meta import API_VERSION, MAX_SLOTS, Condition, ObjectMeta, Strict, Time, from_epoch, to_epoch
-from .quantity import CPU, Size
+from .quantity import CPU, Size, parse_duration
 
 
 class Capacity(Strict):
@@ -51,11 +51,14 @@ LOST_AFTER_ENV = "RECONCILER_NODE_LOST_AFTER"
 def _ready_window() -> float:
     """Seconds without a heartbeat before a node is NotReady: 40, or RECONCILER_NODE_LOST_AFTER
     (tests shorten it; every process that judges nodes reads the same variable)."""
-    text = os.environ.get(LOST_AFTER_ENV, "")
+    text = os.environ.get(LOST_AFTER_ENV, "").strip()
+    if not text:
+        return 40.0
     try:
-        return float(text) if text and float(text) > 0 else 40.0
+        seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
     except ValueError:
         return 40.0
+    return seconds if seconds > 0 else 40.0
 
 
 READY_WINDOW = _ready_window()
@@ -65,7 +68,7 @@ def set_ready_window(seconds: float) -> None:
     """`serve --node-lost-after`: this process and those it starts judge nodes by `seconds`."""
     global READY_WINDOW
     READY_WINDOW = seconds
-    os.environ[LOST_AFTER_ENV] = f"{seconds:g}"
+    os.environ[LOST_AFTER_ENV] = f"{seconds:g}s"
 
 
 def heartbeat_fresh(status: dict[str, Any] | None, now: float) -> bool:

@@ -24,8 +24,7 @@ def serve(
     node_lost_after: str | None = typer.Option(
         None,
         "--node-lost-after",
-        envvar="RECONCILER_NODE_LOST_AFTER",
-        help="A node without a heartbeat this long is NotReady (default 40s; tests shorten it).",
+        help="A node without a heartbeat this long is NotReady (default 40s, or RECONCILER_NODE_LOST_AFTER).",
     ),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each request and the controller's steps."),
 ) -> None:
