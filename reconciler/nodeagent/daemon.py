@@ -13,6 +13,7 @@ import random
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,8 +90,8 @@ class Api:
         timeout = httpx.Timeout(10.0, read=LONG_POLL + 15)
         return self._call("GET", "/runs", params={"known": known, "timeoutSeconds": LONG_POLL}, timeout=timeout)
 
-    def report(self, record: Record) -> None:
-        self._call("POST", f"/runs/{record.job}/report", json=record.report())
+    def report(self, job: str, body: dict[str, Any]) -> None:
+        self._call("POST", f"/runs/{job}/report", json=body)
 
     def close(self) -> None:
         self.client.close()
@@ -129,10 +130,21 @@ class NodeAgent:
             ("reports", self._report),
             ("stops", self._tick),
         ):
-            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread = threading.Thread(target=self._guarded, args=(name, target), name=name, daemon=True)
             thread.start()
             self._threads.append(thread)
         return self
+
+    def _guarded(self, name: str, loop: Callable[[], None]) -> None:
+        """A loop of the agent that must not end: an unexpected error is logged, and the loop
+        starts again a moment later (each loop keeps its state in the records, not the stack)."""
+        while not self._stop.is_set():
+            try:
+                loop()
+            except Exception:
+                log.exception("the agent's %s loop failed; starting it again", name)
+                self._pending.set()
+                self._stop.wait(1.0)
 
     def stop(self) -> None:
         """The agent stops; its runs go on (a restarted agent adopts them)."""
@@ -155,9 +167,8 @@ class NodeAgent:
         if record.finished:
             self._pending.set()
             return
-        if identity is not None and self.local.alive(identity):
-            if self.local.wrapper_alive(identity):
-                self.local.watch(record.job, identity)
+        if identity is not None and self.local.wrapper_alive(identity):
+            self.local.watch(record.job, identity)  # its end is recorded when the watcher calls
             log.info("adopted run %d of job %s (pid %d)", record.run, record.job, identity.pid)
         else:
             self._record_end(record)
@@ -257,27 +268,29 @@ class NodeAgent:
         spec = JobSpec.model_validate(item["spec"])
         run_dir = self.local.run_dir(job, uid, number)
         record = Record(job, uid, number, epoch, str(run_dir), grace=spec.stop_grace_period)
-        identity = self.local.find(run_dir)  # started before a crash, its record not yet written
-        if identity is None and self.local.exit_of(run_dir) is None:
-            try:
-                identity = self.local.start(job, uid, number, spec, int(item.get("revision") or 1))
-            except StartFailed as exc:
-                run_dir.mkdir(parents=True, exist_ok=True)
-                record.start_failed, record.finished_at = str(exc), from_epoch(time.time())
-                record.save()
-                self._keep(record)
-                self._pending.set()
-                return
-        if identity is not None:
-            record.pid, record.process_start_time = identity.pid, identity.start_time
-            record.started_at = from_epoch(self.local.started_at(identity))
-            self.local.trim_logs(run_dir, spec.kept_log_bytes)
-            self.local.watch(job, identity)
-        else:  # it ran and ended while this agent was down, before its record was written
-            record.started_at = from_epoch(time.time())
-        record.save()
-        self._keep(record)
-        if identity is None or not self.local.alive(identity):
+        # under the lock until the record is kept: the exit watcher's call for a run that
+        # ends at once waits for it, and finds it
+        with self._lock:
+            identity = self.local.find(run_dir)  # started before a crash, its record not yet written
+            ended_before = identity is None and self.local.exit_of(run_dir) is not None
+            if identity is None and not ended_before:
+                try:
+                    identity = self.local.start(job, uid, number, spec, int(item.get("revision") or 1))
+                except StartFailed as exc:
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    record.start_failed, record.finished_at = str(exc), from_epoch(time.time())
+                    identity = None
+            if identity is not None:
+                record.pid, record.process_start_time = identity.pid, identity.start_time
+                record.started_at = from_epoch(self.local.started_at(identity))
+                self.local.trim_logs(run_dir, spec.kept_log_bytes)
+                self.local.watch(job, identity)  # calls back (soon, if it has already ended)
+            elif ended_before:  # it ran and ended while this agent was down, before its record was written
+                record.started_at = from_epoch(time.time())
+            record.save()
+            self._records[job] = record
+            self._by_folder[run_dir.name] = record
+        if ended_before:
             self._record_end(record)
         self._pending.set()
         log.info("run %d of job %s started (pid %s)", number, job, record.pid)
@@ -299,7 +312,11 @@ class NodeAgent:
     def _exited(self, job: str) -> None:
         with self._lock:
             record = self._records.get(job)
-        if record is not None and not record.finished:
+        if record is None or record.finished:
+            return
+        if record.identity is not None and self.local.wrapper_alive(record.identity):
+            return  # the call was for an older run of the job; this one lives
+        if not record.finished:
             self._record_end(record)
             self._pending.set()
 
@@ -364,11 +381,12 @@ class NodeAgent:
                     if not r.stale and (not r.start_reported or (r.finished and not r.end_reported))
                 ]
             for record in due:
+                finished = record.finished  # what the report says, whatever the watcher adds meanwhile
                 try:
-                    self.api.report(record)
+                    self.api.report(record.job, record.report())
                     delay = BACKOFF_FIRST
                     record.start_reported = True
-                    record.end_reported = record.finished
+                    record.end_reported = finished
                 except Stale as exc:
                     log.warning("run %d of job %s: %s", record.run, record.job, exc)
                     record.stale = True

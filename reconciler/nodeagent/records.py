@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -72,7 +73,7 @@ class Record:
     def save(self) -> None:
         """Written whole and renamed into place: a crash leaves the old record or the new."""
         path = Path(self.dir) / RECORD
-        tmp = path.with_suffix(".tmp")
+        tmp = path.with_name(f".{RECORD}.{threading.get_ident()}")  # threads save a record each under its own name
         document = {k: v for k, v in asdict(self).items() if k != "stop_at"}
         with open(tmp, "w") as out:
             json.dump(document, out)

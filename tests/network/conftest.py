@@ -26,7 +26,7 @@ import pytest
 
 from reconciler import reads
 from reconciler.store import Store
-from tests.helpers import Result, wait_until
+from tests.helpers import Result, run_cli, wait_until
 from tests.integration.conftest import epoch
 
 PORT, LOG_PORT = 9001, 9002
@@ -111,7 +111,11 @@ class Net:
         """Nodes whose heartbeat is fresh, judged as the server judges them."""
         listing = reads.objects(self.store(), "nodes", [], None)
         now = time.time()
-        return {o.name for o in listing.objects if now - epoch((o.status or {}).get("heartbeatAt") or "1970-01-01T00:00:00Z") < LOST_AFTER}
+        return {
+            o.name
+            for o in listing.objects
+            if now - epoch((o.status or {}).get("heartbeatAt") or "1970-01-01T00:00:00Z") < LOST_AFTER
+        }
 
     def start_all(self) -> None:
         self.start_server()
@@ -137,6 +141,10 @@ class Net:
             cwd=self.tmp,
         )
         return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    def on_store(self, *args: str) -> Result:
+        """The CLI straight on the store (node maintenance verbs do not go through a server yet)."""
+        return run_cli(*args, store=self.store_url, env={"RECONCILER_NODE_LOST_AFTER": f"{LOST_AFTER:g}s"})
 
     def http(self, ns: str, method: str, path: str, token: str | None, body: Any = None) -> tuple[int, Any]:
         """One HTTP request from inside namespace `ns` to the server: (status, JSON answer)."""
@@ -256,7 +264,19 @@ def net(tmp_path: Path) -> Iterator[Net]:
             _ip("netns", "add", agent.ns)
             _ip("-n", agent.ns, "link", "set", "lo", "up")
             server_side, agent_side = f"{tag}s{agent.index}", f"{tag}a{agent.index}"
-            _ip("link", "add", server_side, "netns", network.server_ns, "type", "veth", "peer", agent_side, "netns", agent.ns)
+            _ip(
+                "link",
+                "add",
+                server_side,
+                "netns",
+                network.server_ns,
+                "type",
+                "veth",
+                "peer",
+                agent_side,
+                "netns",
+                agent.ns,
+            )
             _ip("-n", network.server_ns, "addr", "add", f"10.77.{agent.index}.1/24", "dev", server_side)
             _ip("-n", agent.ns, "addr", "add", f"10.77.{agent.index}.2/24", "dev", agent_side)
             _ip("-n", network.server_ns, "link", "set", server_side, "up")

@@ -28,8 +28,7 @@ def test_a_dag_spreads_over_three_agents_and_no_node_exceeds_its_slots(net: Net)
     net.start_all()
     roots = [job(f"root-{i}", "sleep 0.4") for i in range(6)]
     middle = [
-        job(f"mid-{i}", "sleep 0.3", dependsOn=[{"job": f"root-{i}"}, {"job": f"root-{(i + 1) % 6}"}])
-        for i in range(6)
+        job(f"mid-{i}", "sleep 0.3", dependsOn=[{"job": f"root-{i}"}, {"job": f"root-{(i + 1) % 6}"}]) for i in range(6)
     ]
     final = job("final", "echo done", dependsOn=[{"job": f"mid-{i}"} for i in range(6)])
     net.apply(*roots, *middle, final)
@@ -48,3 +47,88 @@ def test_a_dag_spreads_over_three_agents_and_no_node_exceeds_its_slots(net: Net)
         start = epoch(done[f"mid-{i}"]["runs"][0]["startedAt"])
         for dep in (f"root-{i}", f"root-{(i + 1) % 6}"):
             assert start >= epoch(done[dep]["runs"][0]["finishedAt"])
+
+
+def test_pinning_and_round_robin_over_the_healthy_nodes(net: Net):
+    net.start_all()
+    net.kill_agent(net.agents[2])  # n3 stops posting heartbeats
+    wait_until(lambda: "n3" not in net.ready_nodes(), timeout=20, interval=0.2, message="n3 NotReady")
+
+    pinned = [job(f"pinned-{i}", "true", placement={"nodeName": "n2"}) for i in range(3)]
+    net.apply(*pinned)
+    done = net.settled(*(d["metadata"]["name"] for d in pinned))
+    assert {s["runs"][0]["node"] for s in done.values()} == {"n2"}
+
+    turns = []
+    for i in range(4):  # one at a time, so each takes the next turn of the rotation
+        net.apply(job(f"rr-{i}", "true", placement={"strategy": "round-robin"}))
+        turns.append(net.settled(f"rr-{i}")[f"rr-{i}"]["runs"][0]["node"])
+    assert set(turns) == {"n1", "n2"}  # n3 is not healthy: never chosen
+    assert all(a != b for a, b in zip(turns, turns[1:], strict=False)), turns  # alternating
+
+
+def test_an_agent_killed_and_restarted_adopts_its_runs_and_keeps_their_exit_codes(net: Net):
+    net.start_all()
+    marker = net.tmp / "go"
+    pinned = {"placement": {"nodeName": "n1"}}
+    net.apply(
+        job("ends-while-down", f"while [ ! -e {marker} ]; do sleep 0.05; done; exit 7", **pinned),
+        job("ends-after-restart", f"while [ ! -e {marker}.2 ]; do sleep 0.05; done; exit 0", **pinned),
+    )
+    before = {name: net.running(name) for name in ("ends-while-down", "ends-after-restart")}
+    agent = net.agents[0]
+    net.kill_agent(agent)
+    marker.touch()  # the first run ends while its agent is down
+    wait_until(lambda: not psutil.pid_exists(before["ends-while-down"]["pid"]), timeout=20, message="run ended")
+    net.start_agent(agent)
+    wait_until(lambda: "adopted run" in agent.log.read_text(), timeout=20, interval=0.1, message="runs adopted")
+    (net.tmp / "go.2").touch()
+    done = net.settled("ends-while-down", "ends-after-restart")
+
+    for name, code, outcome in (("ends-while-down", 7, "Failed"), ("ends-after-restart", 0, "Succeeded")):
+        (run,) = done[name]["runs"]  # one run each: nothing started twice
+        assert (run["exitCode"], run["outcome"], run["pid"]) == (code, outcome, before[name]["pid"])
+
+
+def test_an_agent_killed_with_its_runs_reports_them_lost_and_they_run_again(net: Net):
+    net.start_all()
+    net.apply(
+        job(
+            "victim",
+            '[ "$RECONCILER_RUN" = 1 ] && sleep 60; exit 0',
+            placement={"nodeName": "n2"},
+            retry={"limit": 1, "backoff": {"delay": "0s"}},
+        )
+    )
+    first = net.running("victim")
+    agent = net.agents[1]
+    net.kill_agent(agent)
+    os.killpg(first["pid"], signal.SIGKILL)  # the machine lost the run too: no exit record
+    net.start_agent(agent)
+    done = net.settled("victim")["victim"]
+
+    lost, again = done["runs"]
+    assert (lost["outcome"], lost["reason"]) == ("Lost", "NodeLost")
+    assert (again["outcome"], again["number"], done["outcome"]) == ("Succeeded", 2, "Succeeded")
+
+
+def test_a_run_on_a_lost_node_is_retried_elsewhere_after_lost_after(net: Net):
+    net.start_all()
+    for node in ("n1", "n2"):  # run 1 goes to n3; its retry may go anywhere healthy
+        assert net.on_store("cordon", f"node/{node}").code == 0
+    spec = {"retry": {"limit": 1, "lostAfter": "1s", "backoff": {"delay": "0s"}}}
+    net.apply(job("far", '[ "$RECONCILER_RUN" = 1 ] && sleep 60; exit 0', **spec))
+    first = net.running("far")
+    for node in ("n1", "n2"):
+        assert net.on_store("uncordon", f"node/{node}").code == 0
+    net.kill_agent(net.agents[2])
+    os.killpg(first["pid"], signal.SIGKILL)
+    status = wait_until(
+        lambda: (s := net.status("far")).get("phase") == "Completed" and s,
+        timeout=60,
+        interval=0.1,
+        message="far completed",
+    )
+    lost, again = status["runs"]
+    assert (lost["outcome"], lost["reason"], lost["node"]) == ("Lost", "NodeLost", "n3")
+    assert again["node"] in ("n1", "n2") and again["outcome"] == "Succeeded"
