@@ -132,3 +132,67 @@ def test_a_run_on_a_lost_node_is_retried_elsewhere_after_lost_after(net: Net):
     lost, again = status["runs"]
     assert (lost["outcome"], lost["reason"], lost["node"]) == ("Lost", "NodeLost", "n3")
     assert again["node"] in ("n1", "n2") and again["outcome"] == "Succeeded"
+
+
+def test_a_partition_past_lost_after_then_healed_stops_the_stale_run_and_one_success_counts(net: Net):
+    net.start_all()
+    marker = net.tmp / "successes"
+    for node in ("n1", "n2"):  # run 1 goes to n3
+        assert net.on_store("cordon", f"node/{node}").code == 0
+    spec = {"retry": {"limit": 1, "lostAfter": "1s", "backoff": {"delay": "0s"}}, "stopGracePeriod": "1s"}
+    net.apply(job("cut", f'[ "$RECONCILER_RUN" = 1 ] && sleep 60; echo "$RECONCILER_RUN" >> {marker}', **spec))
+    first = net.running("cut")
+    assert first["node"] == "n3"
+    for node in ("n1", "n2"):
+        assert net.on_store("uncordon", f"node/{node}").code == 0
+    n3 = net.agents[2]
+    net.link(n3, up=False)  # the wire is cut: n3 and its run live on, unheard
+    done = net.settled("cut", timeout=60)["cut"]
+    lost, again = done["runs"]
+    assert (lost["outcome"], lost["reason"], again["outcome"]) == ("Lost", "NodeLost", "Succeeded")
+    assert psutil.pid_exists(first["pid"])  # the stale run still runs on the far side
+
+    net.link(n3, up=True)
+    wait_until(lambda: not psutil.pid_exists(first["pid"]), timeout=30, interval=0.1, message="stale run stopped")
+    assert "no longer current" in n3.log.read_text()  # its report was refused (409)
+    assert marker.read_text().split() == ["2"]  # exactly one success: the retry's
+    after = net.status("cut")
+    assert [r["outcome"] for r in after["runs"]] == ["Lost", "Succeeded"] and after["outcome"] == "Succeeded"
+
+
+def test_agent_tokens_touch_only_their_own_node(net: Net):
+    net.start_all()
+    a1, a2 = net.agents[0], net.agents[1]
+    assert net.http(a1.ns, "GET", "/nodes/n1", a1.token)[0] == 200
+    for method, path, body in (
+        ("GET", "/nodes/n2", None),
+        ("POST", "/nodes/n2/heartbeat", {"agent": "x:1:1", "address": "10.77.1.2"}),
+        ("GET", "/nodes/n2/runs?timeoutSeconds=0", None),
+        ("POST", "/nodes/n2/runs/any/report", {"uid": "u", "run": 1, "epoch": 1}),
+        ("GET", "/jobs", None),
+        ("POST", "/apply", {"items": []}),
+    ):
+        code, answer = net.http(a1.ns, method, path, a1.token, body)
+        assert (code, answer["kind"], answer["reason"]) == (403, "Status", "Forbidden"), (method, path)
+    code, answer = net.http(a2.ns, "GET", "/jobs", None)
+    assert (code, answer["reason"]) == (401, "Unauthorized")
+    code, answer = net.http(net.server_ns, "POST", "/nodes/n1/heartbeat", net.viewer, {"agent": "x", "address": "x"})
+    assert code == 403  # a viewer only reads
+    # its own node, an admission that is not current: refused as stale (a Kubernetes Status)
+    code, answer = net.http(a1.ns, "POST", "/nodes/n1/runs/ghost/report", a1.token, {"uid": "u", "run": 1, "epoch": 9})
+    assert (code, answer["kind"], answer["reason"]) == (409, "Status", "Conflict")
+    assert "no longer current" in answer["message"]
+
+
+def test_logs_of_a_remote_run_come_through_the_server(net: Net):
+    net.start_all()
+    net.apply(job("talker", "echo out-line; echo err-line >&2", placement={"nodeName": "n2"}))
+    net.settled("talker")
+    both = net.cli("logs", "job/talker")
+    assert both.code == 0, both.stderr
+    assert both.stdout.split() == ["out-line", "err-line"]
+    errors = net.cli("logs", "job/talker", "--stream", "stderr")
+    assert errors.stdout == "err-line\n"
+    # from an agent's namespace with a viewer token: the server fetches it from n2's agent
+    viewer = net.cli("logs", "job/talker", "--stream", "stdout", ns=net.agents[0].ns, token=net.viewer)
+    assert viewer.stdout == "out-line\n", viewer.stderr
