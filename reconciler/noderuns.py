@@ -90,29 +90,30 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
 
 
 def placed(store: Store, node: str) -> list[dict[str, Any]]:
-    """The admissions on `node`, as its agent acts on them: run (start it, unless it did),
-    or stop (the job is Stopping that run), each with its epoch and the job's spec."""
+    """The admissions on `node`, as its agent acts on them: start the run unless the server
+    holds a report of it (`started`, `finished`), or stop it (`stop`: the job is Stopping
+    that run), each with its epoch and the job's spec. Only what the agent acts on is in
+    an item, so its long poll is answered when that changes, not on every status write."""
     with store.read() as session:
         rows = sched.placed_on(session, node)
     items = []
     for row in rows:
+        reported = row.report or {}
         status = json.loads(row.status or "{}")
-        spec = json.loads(row.spec)
         item: dict[str, Any] = {
             "job": row.name,
             "uid": row.uid,
             "run": row.run_number,
             "epoch": row.epoch,
+            "spec": json.loads(row.spec),
+            "started": bool(reported.get("startedAt") or reported.get("startFailed")),
+            "finished": bool(reported.get("finishedAt")),
             "revision": status.get("revision", 1),
-            "phase": status.get("phase"),
-            "spec": spec,
-            "reported": row.report,
         }
-        runs = status.get("runs") or []
-        open_run = runs[-1] if runs and not runs[-1].get("finishedAt") else None
-        stop = status.get("stop")
-        if status.get("phase") == "Stopping" and stop and open_run is not None and open_run["number"] == row.run_number:
-            item["stop"] = {"reason": stop.get("reason"), "message": stop.get("message")}
+        if row.phase == "Stopping":
+            runs, stop = status.get("runs") or [], status.get("stop") or {}
+            if runs and not runs[-1].get("finishedAt") and runs[-1]["number"] == row.run_number:
+                item["stop"] = {"reason": stop.get("reason"), "message": stop.get("message")}
         items.append(item)
     return items
 

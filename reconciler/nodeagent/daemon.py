@@ -244,12 +244,12 @@ class NodeAgent:
                 continue
             if record is not None and not record.settled and record.identity is not None:
                 continue  # an older run of the job still ends here: the next waits for it (never two alive)
-            if item.get("phase") == "Starting" and not item.get("stop"):
-                reported = item.get("reported") or {}
-                if reported.get("startedAt"):
-                    self._forgotten(item)
-                else:
-                    self._start(item)
+            if item.get("stop"):
+                continue  # a stop of a run this node has no record of: nothing runs to stop
+            if not item.get("started"):
+                self._start(item)
+            elif not item.get("finished"):
+                self._forgotten(item)
         with self._lock:
             unplaced = [r for r in self._records.values() if (r.uid, r.run, r.epoch) not in placed]
         for record in unplaced:

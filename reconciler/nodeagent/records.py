@@ -71,14 +71,15 @@ class Record:
         return body
 
     def save(self) -> None:
-        """Written whole and renamed into place: a crash leaves the old record or the new."""
+        """Written whole and renamed into place: a crash of the agent leaves the old record or
+        the new. Not fsynced (it is written twice per run, on the path from one run's end to
+        the next one's start): a machine that loses it lost its runs too, and a run the server
+        holds a start of, and this node has no record of, is reported gone."""
         path = Path(self.dir) / RECORD
         tmp = path.with_name(f".{RECORD}.{threading.get_ident()}")  # threads save a record each under its own name
         document = {k: v for k, v in asdict(self).items() if k != "stop_at"}
         with open(tmp, "w") as out:
             json.dump(document, out)
-            out.flush()
-            os.fsync(out.fileno())
         os.replace(tmp, path)
 
 

@@ -383,7 +383,7 @@ def admissions_on(session: Connection, node: str) -> list[NodeAdmission]:
 # -- remote agents: what is placed on a node, and what its agent reports -------------------
 
 _PLACED_ON = Statement(
-    "SELECT a.job_uid, a.job_name, a.run_number, a.epoch, a.report, o.spec, o.status FROM admissions AS a"
+    "SELECT a.job_uid, a.job_name, a.run_number, a.epoch, a.report, o.spec, o.phase, o.status FROM admissions AS a"
     " JOIN objects AS o ON o.kind = 'Job' AND o.uid = a.job_uid WHERE a.node = :node ORDER BY a.job_name"
 )
 _REPORT = Statement(
@@ -395,8 +395,8 @@ _REPORTED_SINCE = Statement("SELECT job_name, reported_rv FROM admissions WHERE 
 
 @dataclass(frozen=True)
 class Placed:
-    """An admission on a node, with its job's stored spec and status (JSON text): what the
-    node's agent is to run, or stop."""
+    """An admission on a node, with its job's stored spec and status (JSON text) and phase:
+    what the node's agent is to run, or stop."""
 
     uid: str
     name: str
@@ -404,13 +404,21 @@ class Placed:
     epoch: int | None
     report: dict[str, Any] | None
     spec: str
+    phase: str | None
     status: str | None
 
 
 def placed_on(session: Connection, node: str) -> list[Placed]:
     return [
         Placed(
-            r.job_uid, r.job_name, r.run_number, r.epoch, json.loads(r.report) if r.report else None, r.spec, r.status
+            r.job_uid,
+            r.job_name,
+            r.run_number,
+            r.epoch,
+            json.loads(r.report) if r.report else None,
+            r.spec,
+            r.phase,
+            r.status,
         )
         for r in _PLACED_ON.execute(session, {"node": node}).all()
     ]

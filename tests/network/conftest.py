@@ -132,8 +132,14 @@ class Net:
         """`reconciler --server URL ARGS` from inside the server's namespace (or `ns`)."""
         url = self.url if ns in (None, self.server_ns) else f"http://10.77.{ns[-1]}.1:{PORT}"
         proc = subprocess.run(
-            ["ip", "netns", "exec", ns or self.server_ns, sys.executable, "-m", "reconciler"]
-            + ["--server", url, "--token", token or self.admin, *args],
+            [
+                *("ip", "netns", "exec", ns or self.server_ns, sys.executable, "-m", "reconciler"),
+                "--server",
+                url,
+                "--token",
+                token or self.admin,
+                *args,
+            ],
             capture_output=True,
             text=True,
             timeout=timeout,

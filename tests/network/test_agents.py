@@ -4,6 +4,7 @@ healing with fencing, the token rules, and logs of a remote run through the serv
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections import defaultdict
@@ -64,7 +65,7 @@ def test_pinning_and_round_robin_over_the_healthy_nodes(net: Net):
         net.apply(job(f"rr-{i}", "true", placement={"strategy": "round-robin"}))
         turns.append(net.settled(f"rr-{i}")[f"rr-{i}"]["runs"][0]["node"])
     assert set(turns) == {"n1", "n2"}  # n3 is not healthy: never chosen
-    assert all(a != b for a, b in zip(turns, turns[1:], strict=False)), turns  # alternating
+    assert all(a != b for a, b in itertools.pairwise(turns)), turns  # alternating
 
 
 def test_an_agent_killed_and_restarted_adopts_its_runs_and_keeps_their_exit_codes(net: Net):
