@@ -207,6 +207,16 @@ def _outcomes_and_latency(url: str) -> tuple[int, list[float]]:
     return ok, latencies
 
 
+def _timed(url: str, folder: Path, jobs: int, side: str) -> tuple[float, list[float]]:
+    """Apply the jobs; (seconds until all are Completed, placement-to-start of each run)."""
+    _apply(url, _manifests(folder, jobs))
+    took = _completed(url, jobs, limit=600)
+    ok, latencies = _outcomes_and_latency(url)
+    if ok != jobs:
+        raise RuntimeError(f"{side}: {ok} of {jobs} jobs succeeded")
+    return took, latencies
+
+
 def embedded(jobs: int) -> float:
     """The reference: `serve` with this machine as a node of 6 slots."""
     from reconciler.controller.nodes import local_node_name
@@ -233,13 +243,7 @@ def embedded(jobs: int) -> float:
         )
         try:
             _wait_ready_nodes(url, 1)
-            path = _manifests(folder, jobs)
-            _apply(url, path)
-            took = _completed(url, jobs, limit=600)
-            ok, _ = _outcomes_and_latency(url)
-            if ok != jobs:
-                raise RuntimeError(f"embedded: {ok} of {jobs} jobs succeeded")
-            return took
+            return _timed(url, folder, jobs, "embedded")[0]
         finally:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(timeout=20)
@@ -250,12 +254,7 @@ def remote(jobs: int) -> tuple[float, list[float], bool]:
         cluster = Cluster(url, folder)
         try:
             cluster.start()
-            path = _manifests(folder, jobs)
-            _apply(url, path)
-            took = _completed(url, jobs, limit=600)
-            ok, latencies = _outcomes_and_latency(url)
-            if ok != jobs:
-                raise RuntimeError(f"agents: {ok} of {jobs} jobs succeeded")
+            took, latencies = _timed(url, folder, jobs, "agents")
             return took, latencies, cluster.isolated
         finally:
             cluster.close()

@@ -11,7 +11,9 @@ Figures: 1 dag (DAG throughput vs make -j N), 2 latency (dependency latency on a
 re-apply), 5 idle (controller CPU with waiting jobs), 6 memory (peak RSS with 100,000 stored
 jobs), 8 cli (the read verbs' wall time), 9 apply-one (one job into 1,000 and 100,000 stored
 jobs), 10 notify (notifier delivery: events/s, completion-to-arrival latency), 11 api (`get jobs`
-through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs), 7 pg (figures 1
+through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs), 13 agents
+(1,000 jobs over three agents in network namespaces against the embedded controller, and
+placement-to-start latency on a remote agent), 7 pg (figures 1
 and 3 on PostgreSQL). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
@@ -42,6 +44,7 @@ FULL = {
     "notify": dict(events=2000, jobs=300),
     "api": dict(jobs=10_000, rounds=5),
     "metrics": dict(small=1000, large=100_000, rounds=7),
+    "agents": dict(jobs=1000),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -55,8 +58,23 @@ SMALL = {
     "notify": dict(events=100, jobs=20),
     "api": dict(jobs=100, rounds=2),
     "metrics": dict(small=100, large=2000, rounds=2),
+    "agents": dict(jobs=60),
 }
-NAMES = ("dag", "latency", "admission", "apply", "idle", "memory", "cli", "apply-one", "notify", "api", "metrics", "pg")
+NAMES = (
+    "dag",
+    "latency",
+    "admission",
+    "apply",
+    "idle",
+    "memory",
+    "cli",
+    "apply-one",
+    "notify",
+    "api",
+    "metrics",
+    "agents",
+    "pg",
+)
 APPLY_AIMS = (10.0, 3.0)
 
 
@@ -125,7 +143,7 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, api, apply_one, cli, dag, idle, latency, memory, metrics, notify
+    from bench import admission, agents, api, apply_one, cli, dag, idle, latency, memory, metrics, notify
 
     s = sizes
     out = {
@@ -189,6 +207,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                 ],
             )
         ],
+        "agents": [("13 remote agents (sqlite)", lambda: agents.rows(s["agents"]["jobs"]))],
         "pg": [
             (
                 "7 DAG throughput (postgresql)",

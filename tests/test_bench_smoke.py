@@ -26,6 +26,8 @@ FIGURES = [
     "10 notifier delivery (sqlite)",
     "11 CLI get jobs through the API (sqlite)",
     "12 metrics scrape of a large store (sqlite)",
+    "13 remote agents, throughput (sqlite)",
+    "13 remote agents, placement to start (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",

@@ -197,3 +197,54 @@ def test_logs_of_a_remote_run_come_through_the_server(net: Net):
     # from an agent's namespace with a viewer token: the server fetches it from n2's agent
     viewer = net.cli("logs", "job/talker", "--stream", "stdout", ns=net.agents[0].ns, token=net.viewer)
     assert viewer.stdout == "out-line\n", viewer.stderr
+
+
+def test_agents_keep_working_through_a_restart_of_the_server(net: Net):
+    net.start_all()
+    gate = net.tmp / "gate"
+    net.apply(job("outlives", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 5", placement={"nodeName": "n1"}))
+    first = net.running("outlives")
+    assert net.server is not None
+    net.server.kill()  # kill -9: the agents lose their server
+    net.server.wait(timeout=10)
+    gate.touch()  # the run ends while nobody can hear of it
+    wait_until(lambda: not psutil.pid_exists(first["pid"]), timeout=20, message="run ended")
+    net.start_server()
+    done = net.settled("outlives")["outlives"]
+    (run,) = done["runs"]
+    assert (run["exitCode"], run["outcome"], run["pid"]) == (5, "Failed", first["pid"])
+    assert "again in" in net.agents[0].log.read_text()  # it reconnected with backoff
+
+
+def test_a_service_on_a_lost_node_moves_to_another_node(net: Net):
+    net.start_all()
+    for node in ("n1", "n2"):  # its first run goes to n3
+        assert net.on_store("cordon", f"node/{node}").code == 0
+    net.apply(job("web", "sleep 600", type="service", retry={"lostAfter": "1s"}))
+    first = net.running("web")
+    assert first["node"] == "n3"
+    for node in ("n1", "n2"):
+        assert net.on_store("uncordon", f"node/{node}").code == 0
+    net.kill_agent(net.agents[2])
+    os.killpg(first["pid"], signal.SIGKILL)  # the machine is gone, and its run with it
+
+    def moved() -> dict | None:
+        status = net.status("web")
+        runs = status.get("runs") or []
+        live = runs[-1] if runs and not runs[-1].get("finishedAt") and status.get("phase") == "Running" else None
+        return live if live is not None and live["node"] != "n3" else None
+
+    again = wait_until(moved, timeout=60, interval=0.1, message="web running on another node")
+    lost = net.status("web")["runs"][0]
+    assert (lost["outcome"], lost["reason"], again["node"] in ("n1", "n2")) == ("Lost", "NodeLost", True)
+
+
+def test_drain_force_of_a_live_agents_node_stops_its_run_and_records_it_lost(net: Net):
+    net.start_all()
+    net.apply(job("drained", '[ "$RECONCILER_RUN" = 1 ] && sleep 600; exit 0', placement={"nodeName": "n2"}))
+    first = net.running("drained")
+    drain = net.on_store("drain", "--force", "node/n2", "--timeout", "60s")
+    assert drain.code == 0, drain.stderr
+    wait_until(lambda: not psutil.pid_exists(first["pid"]), timeout=20, message="the agent stopped the run")
+    status = net.settled("drained")["drained"]
+    assert (status["runs"][0]["outcome"], status["runs"][0]["reason"]) == ("Lost", "NodeLost")
