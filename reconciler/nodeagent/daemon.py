@@ -25,7 +25,7 @@ from ..agent.local import LocalAgent, StartFailed, process_owner
 from ..api.job import JobSpec
 from ..api.meta import from_epoch
 from .logserver import LogServer
-from .records import Record, load_all
+from .records import Record, load, load_all
 
 log = logging.getLogger("reconciler.agent")
 
@@ -267,6 +267,19 @@ class NodeAgent:
         job, uid, number, epoch = item["job"], item["uid"], item["run"], item["epoch"]
         spec = JobSpec.model_validate(item["spec"])
         run_dir = self.local.run_dir(job, uid, number)
+        earlier = load(run_dir)
+        if earlier is not None and earlier.epoch != epoch:
+            # the same run number admitted again (its first admission was given up before it
+            # was known to start): the earlier process must be gone first, then its folder is
+            # reused with no record of it
+            if earlier.identity is not None and self.local.alive(earlier.identity):
+                return  # being stopped (its report was refused); the next answer looks again
+            (run_dir / "exit").unlink(missing_ok=True)
+        if spec.working_dir and spec.artifact is None and not os.path.isdir(spec.working_dir):
+            # the manifest's folder on the machine it was applied from, which this one lacks:
+            # the run works in its own folder here
+            run_dir.mkdir(parents=True, exist_ok=True)
+            spec = spec.model_copy(update={"working_dir": str(run_dir)})
         record = Record(job, uid, number, epoch, str(run_dir), grace=spec.stop_grace_period)
         # under the lock until the record is kept: the exit watcher's call for a run that
         # ends at once waits for it, and finds it

@@ -83,16 +83,17 @@ class Record:
         os.replace(tmp, path)
 
 
+def load(folder: Path) -> Record | None:
+    """The record in a run's folder, if there is a readable one."""
+    known = {f.name for f in fields(Record)}
+    try:
+        document = json.loads((folder / RECORD).read_text())
+        return Record(**{k: v for k, v in document.items() if k in known})
+    except (OSError, ValueError, TypeError):
+        return None  # none, or one written by hand or by another version: not ours to act on
+
+
 def load_all(runs: Path) -> list[Record]:
     """The records of runs not yet settled, found in the run folders."""
-    known = {f.name for f in fields(Record)}
-    found = []
-    for path in runs.glob(f"*/{RECORD}"):
-        try:
-            document = json.loads(path.read_text())
-            record = Record(**{k: v for k, v in document.items() if k in known})
-        except (OSError, ValueError, TypeError):
-            continue  # a record half written by hand, or of another version: not ours to act on
-        if not record.settled:
-            found.append(record)
-    return found
+    found = (load(path.parent) for path in runs.glob(f"*/{RECORD}"))
+    return [record for record in found if record is not None and not record.settled]

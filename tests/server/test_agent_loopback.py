@@ -1,0 +1,83 @@
+"""A node agent on loopback (no namespaces needed): what the agent does with what it is
+given: a command that cannot start, a workingDir this machine lacks, a cancel while the run
+lives, a run timeout, a stale report."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import pytest
+
+from tests.helpers import wait_until
+from tests.server.conftest import PREFIX, Server, free_port, job_manifest, settled
+
+
+@pytest.fixture
+def agent(serve, sqlite_url, tmp_path) -> Iterator[tuple[Server, subprocess.Popen]]:
+    server = serve(sqlite_url, "--no-local-node")
+    log = (tmp_path / "agent.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", "--server", server.url, "agent", "--node", "far"]
+        + ["--slots", "2", "--log-port", str(free_port()), "--state-dir", str(tmp_path / "agent")],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env={**os.environ, "RECONCILER_HEARTBEAT_INTERVAL": "0.5"},
+    )
+    wait_until(lambda: server.http().get(f"{PREFIX}/nodes/far").status_code == 200, timeout=30, interval=0.1)
+    yield server, proc
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=20)
+
+
+def _apply(server: Server, *docs: dict) -> None:
+    answer = server.http().post(f"{PREFIX}/apply", json={"items": list(docs)})
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_command_that_cannot_start_on_the_agent_ends_start_failed(agent):
+    server, _ = agent
+    _apply(server, job_manifest("nothing", ["/no/such/program"]))
+    status = settled(server, "nothing")["nothing"]["status"]
+    (run,) = status["runs"]
+    assert (run["outcome"], run["node"]) == ("StartFailed", "far")
+    assert "/no/such/program" in status["message"]
+
+
+def test_a_working_dir_the_node_lacks_is_replaced_by_the_runs_own_folder(agent, tmp_path):
+    server, _ = agent
+    _apply(server, job_manifest("where", ["pwd"], workingDir="/no/such/folder/on/this/node"))
+    status = settled(server, "where")["where"]["status"]
+    assert status["outcome"] == "Succeeded"
+    printed = server.cli("logs", "job/where").stdout.strip()
+    assert printed.startswith(str(tmp_path / "agent" / "runs" / "where."))
+
+
+def test_cancel_and_run_timeout_stop_a_remote_run(agent):
+    server, _ = agent
+    _apply(
+        server,
+        job_manifest("held", ["sleep", "600"]),
+        job_manifest("slow", ["sleep", "600"], runTimeout="1s", stopGracePeriod="1s"),
+    )
+    wait_until(lambda: server.job("held")["status"].get("phase") == "Running", timeout=30)
+    pid = server.job("held")["status"]["runs"][0]["pid"]
+    assert server.cli("cancel", "job/held").code == 0
+    done = settled(server, "held", "slow")
+    assert done["held"]["status"]["outcome"] == "Cancelled"
+    assert done["held"]["status"]["runs"][0]["signal"] == signal.SIGTERM
+    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    slow = done["slow"]["status"]
+    assert (slow["outcome"], slow["runs"][0]["outcome"], slow["runs"][0]["exitCode"]) == ("TimedOut", "TimedOut", -1)
+    assert "job timed out" in server.cli("logs", "job/slow", "--stream", "stderr").stdout
+
+
+def test_a_report_for_an_admission_that_is_not_current_is_refused_with_409(agent):
+    server, _ = agent
+    answer = server.http().post(f"{PREFIX}/nodes/far/runs/ghost/report", json={"uid": "u", "run": 1, "epoch": 3})
+    assert answer.status_code == 409
+    assert answer.json()["kind"] == "Status" and answer.json()["reason"] == "Conflict"
