@@ -20,9 +20,9 @@ from tests.server.conftest import PREFIX, Server, free_port, job_manifest, settl
 def agent(serve, sqlite_url, tmp_path) -> Iterator[tuple[Server, subprocess.Popen]]:
     server = serve(sqlite_url, "--no-local-node")
     log = (tmp_path / "agent.log").open("w")
+    argv = ["--server", server.url, "agent", "--node", "far", "--slots", "2", "--log-port", str(free_port())]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "reconciler", "--server", server.url, "agent", "--node", "far"]
-        + ["--slots", "2", "--log-port", str(free_port()), "--state-dir", str(tmp_path / "agent")],
+        [sys.executable, "-m", "reconciler", *argv, "--state-dir", str(tmp_path / "agent")],
         stdout=log,
         stderr=log,
         start_new_session=True,
