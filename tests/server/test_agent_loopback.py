@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import psutil
 import pytest
 
 from tests.helpers import wait_until
@@ -70,7 +71,7 @@ def test_cancel_and_run_timeout_stop_a_remote_run(agent):
     done = settled(server, "held", "slow")
     assert done["held"]["status"]["outcome"] == "Cancelled"
     assert done["held"]["status"]["runs"][0]["signal"] == signal.SIGTERM
-    assert not os.path.exists(f"/proc/{pid}") or open(f"/proc/{pid}/stat").read().split()[2] == "Z"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     slow = done["slow"]["status"]
     assert (slow["outcome"], slow["runs"][0]["outcome"], slow["runs"][0]["exitCode"]) == ("TimedOut", "TimedOut", -1)
     assert "job timed out" in server.cli("logs", "job/slow", "--stream", "stderr").stdout
