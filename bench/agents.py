@@ -99,7 +99,8 @@ class Cluster:
             argv = ["--server", server]
             if self.isolated:
                 argv += ["--token", token]
-            argv += ["agent", "--node", f"n{i}", "--slots", str(SLOTS), "--state-dir", str(self.folder / f"agent{i}")]
+            argv += ["agent", "--node", f"n{i}", "--slots", str(SLOTS), "--log-port", "0"]
+            argv += ["--state-dir", str(self.folder / f"agent{i}")]
             self._spawn(self.namespaces[i] if self.isolated else None, argv, f"agent{i}")
         _wait_ready_nodes(self.url, AGENTS)
 

@@ -22,7 +22,9 @@ def agent(
     slots: int | None = typer.Option(None, "--slots", min=0, help="Capacity in slots (default: CPU count)."),
     cpu: str | None = typer.Option(None, "--cpu", help="CPU capacity reported (e.g. 8)."),
     memory: str | None = typer.Option(None, "--memory", help="Memory capacity reported (e.g. 16Gi)."),
-    log_port: int | None = typer.Option(None, "--log-port", help="Serve run logs to the server on this port."),
+    log_port: int = typer.Option(
+        9002, "--log-port", min=0, max=65535, help="Serve run logs to the server on this port (0: any free one)."
+    ),
     log_host: str = typer.Option("0.0.0.0", "--log-host", help="Address the log port listens on."),
     address: str | None = typer.Option(
         None, "--address", help="Where the server reaches this node (default: the address routed to the server)."
