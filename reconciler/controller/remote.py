@@ -124,6 +124,7 @@ class RemoteSteps:
         return requeue_after(self._due(ctx, node, run_deadline))
 
     def _ended(self, ctx: Ctx, run: RunDict, report: dict[str, Any]) -> Result:
+        self._heard(ctx, run.get("node"))
         finished = report["finishedAt"]
         if report.get("gone"):
             message = f"the agent of node {run.get('node')} found run {run['number']} gone without an exit record"
@@ -155,6 +156,7 @@ class RemoteSteps:
         why: Stop = (stop.get("reason", "Cancelled"), stop.get("message", ""))
         report = self._report(ctx, run["number"]) or {}
         if report.get("finishedAt"):
+            self._heard(ctx, node.name)
             if report.get("gone"):
                 return self.runs.after_stop(ctx, why, run=run, lost="its agent found the process gone")
             exited = ExitRecord(report.get("exitCode"), report.get("signal"))
@@ -209,6 +211,15 @@ class RemoteSteps:
             set_condition(ctx.status, "NodeReachable", False, "NodeNotReady", message, ctx.now_text)
             ctx.note("NodeUnreachable", message, warning=True)
             self.runs.endings.write(ctx)
+
+    @staticmethod
+    def _heard(ctx: Ctx, node: str | None) -> None:
+        """The node's agent reported the run's end: it is reachable, whatever its heartbeat
+        says yet (written with the end)."""
+        current = next((c for c in ctx.status.get("conditions", []) if c["type"] == "NodeReachable"), None)
+        if current is not None and current["status"] == "False":
+            message = f"the agent of node {node} reported again"
+            set_condition(ctx.status, "NodeReachable", True, "AgentReported", message, ctx.now_text)
 
     def _due(self, ctx: Ctx, node: Node, run_deadline: float | None) -> float | None:
         """When to look again: a deadline, the node turning NotReady, or its lostAfter."""

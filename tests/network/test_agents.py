@@ -5,6 +5,7 @@ healing with fencing, the token rules, and logs of a remote run through the serv
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import signal
 from collections import defaultdict
@@ -248,3 +249,30 @@ def test_drain_force_of_a_live_agents_node_stops_its_run_and_records_it_lost(net
     wait_until(lambda: not psutil.pid_exists(first["pid"]), timeout=20, message="the agent stopped the run")
     status = net.settled("drained")["drained"]
     assert (status["runs"][0]["outcome"], status["runs"][0]["reason"]) == ("Lost", "NodeLost")
+
+
+def test_an_unreachable_node_keeps_its_runs_slots_until_it_is_back(net: Net):
+    net.start_all()
+    gate = net.tmp / "gate"
+    net.apply(job("patient", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 3", placement={"nodeName": "n1"}))
+    first = net.running("patient")
+    n1 = net.agents[0]
+    net.link(n1, up=False)
+
+    def unreachable() -> dict | None:
+        status = net.status("patient")
+        found = [c for c in status.get("conditions", []) if c["type"] == "NodeReachable"]
+        return status if found and found[0]["status"] == "False" else None
+
+    status = wait_until(unreachable, timeout=30, interval=0.1, message="NodeReachable=False")
+    assert status["phase"] == "Running" and status.get("admission")  # its slot is kept: the run may live
+    listing = net.cli("get", "nodes", "n1", "-o", "json")
+    assert json.loads(listing.stdout)["status"]["allocated"]["slots"] == 1
+    gate.touch()  # the run ends while the node is cut off
+    wait_until(lambda: not psutil.pid_exists(first["pid"]), timeout=20, message="run ended")
+    net.link(n1, up=True)
+    done = net.settled("patient")["patient"]
+    (run,) = done["runs"]  # its end, reported when the link healed, counts: the admission was still current
+    assert (run["exitCode"], run["outcome"]) == (3, "Failed")
+    reachable = [c for c in done["conditions"] if c["type"] == "NodeReachable"]
+    assert reachable and reachable[0]["status"] == "True"
