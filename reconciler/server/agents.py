@@ -47,14 +47,14 @@ class Placements:
 
     def wait(self, node: str, known: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
-        seen: int | None = None
+        seen: list[tuple[Any, ...]] | None = None
         answer: dict[str, Any] = {}
         while True:
             with self._cond:
                 generation = self._generation
-            seq = self.store.change_seq()
-            if seq != seen:
-                seen = seq
+            key = noderuns.placed_key(self.store, node)  # one small query; the specs only when it moved
+            if key != seen:
+                seen = key
                 items = noderuns.placed(self.store, node)
                 text = json.dumps(items, sort_keys=True, separators=(",", ":"))
                 answer = {"digest": hashlib.sha256(text.encode()).hexdigest()[:32], "items": items}

@@ -390,6 +390,10 @@ _REPORT = Statement(
     "UPDATE admissions SET report = :report, reported_rv = :rv"
     " WHERE job_uid = :uid AND node = :node AND run_number = :run AND epoch = :epoch"
 )
+_PLACED_KEYS = Statement(
+    "SELECT a.job_uid, a.run_number, a.epoch, a.reported_rv, o.phase FROM admissions AS a"
+    " JOIN objects AS o ON o.kind = 'Job' AND o.uid = a.job_uid WHERE a.node = :node ORDER BY a.job_uid"
+)
 _REPORTED_SINCE = Statement("SELECT job_name, reported_rv FROM admissions WHERE reported_rv > :rv")
 
 
@@ -422,6 +426,12 @@ def placed_on(session: Connection, node: str) -> list[Placed]:
         )
         for r in _PLACED_ON.execute(session, {"node": node}).all()
     ]
+
+
+def placed_keys(session: Connection, node: str) -> list[tuple[Any, ...]]:
+    """What changes when anything an agent acts on changes (an admission, its report, its
+    job's phase), without the specs: the cheap look a long poll takes after each write."""
+    return [tuple(row) for row in _PLACED_KEYS.execute(session, {"node": node}).all()]
 
 
 def record_report(tx: Tx, *, uid: str, node: str, run: int, epoch: int, report: dict[str, Any]) -> bool:
