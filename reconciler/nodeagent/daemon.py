@@ -338,7 +338,7 @@ class NodeAgent:
         run_dir = Path(record.dir)
         exited = self.local.exit_of(run_dir)
         identity = record.identity
-        if identity is not None and self.local.leftovers(identity):
+        if identity is not None and _group_exists(identity.pid) and self.local.leftovers(identity):
             self.local.kill(identity, wrapper_too=True)  # the command ended and left processes behind
         if exited is None:
             record.gone = True
@@ -393,6 +393,7 @@ class NodeAgent:
                     for r in self._records.values()
                     if not r.stale and (not r.start_reported or (r.finished and not r.end_reported))
                 ]
+            due.sort(key=lambda r: not r.finished)  # ends first: each frees a slot for the next run
             for record in due:
                 finished = record.finished  # what the report says, whatever the watcher adds meanwhile
                 try:
@@ -413,6 +414,18 @@ class NodeAgent:
                     self._pending.set()
                     break
                 record.save()
+
+
+def _group_exists(pgid: int) -> bool:
+    """Any process left in the group (one syscall; the scan of the process table that tells
+    the wrapper's own from strangers' is taken only when there is)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def default_state_dir(node: str) -> Path:
