@@ -56,8 +56,7 @@ class Placements:
             if key != seen:
                 seen = key
                 items = noderuns.placed(self.store, node)
-                text = json.dumps(items, sort_keys=True, separators=(",", ":"))
-                answer = {"digest": hashlib.sha256(text.encode()).hexdigest()[:32], "items": items}
+                answer = {"digest": _digest(items), "items": items}
                 if answer["digest"] != known:
                     return answer
             left = deadline - time.monotonic()
@@ -66,6 +65,16 @@ class Placements:
             with self._cond:
                 if self._generation == generation:
                     self._cond.wait(min(left, OTHER_WRITERS_POLL))
+
+
+def _digest(items: list[dict[str, Any]]) -> str:
+    """What the agent holds of its node's runs. Whether the server holds a run's start or
+    end is left out: the agent reported it itself (it needs those only on its first look
+    after a start, to tell a run it lost from one to start), so a report does not send
+    every agent of the node a new answer."""
+    kept = [{k: v for k, v in item.items() if k not in ("started", "finished")} for item in items]
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
