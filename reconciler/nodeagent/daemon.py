@@ -19,11 +19,10 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-import httpx
-
 from ..agent.local import LocalAgent, StartFailed, process_owner
 from ..api.job import JobSpec
 from ..api.meta import from_epoch
+from .api import Api, Stale, Unreachable
 from .logserver import LogServer
 from .records import Record, load, load_all
 
@@ -52,55 +51,10 @@ class Options:
     verify: bool | str = True
 
 
-class Stale(Exception):
-    """The server refused a report: the admission it names is no longer current."""
-
-
-class Unreachable(Exception):
-    pass
-
-
-class Api:
-    """The server's agent routes, for one node."""
-
-    def __init__(self, options: Options):
-        headers = {"Authorization": f"Bearer {options.token}"} if options.token else {}
-        base = options.server.rstrip("/") + f"/apis/reconciler.dev/v1alpha1/nodes/{options.node}"
-        self.client = httpx.Client(base_url=base, headers=headers, timeout=httpx.Timeout(10.0), verify=options.verify)
-
-    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
-        try:
-            answer = self.client.request(method, path, **kwargs)
-        except httpx.HTTPError as exc:
-            raise Unreachable(str(exc)) from None
-        if answer.status_code == 409:
-            raise Stale(answer.json().get("message", "conflict"))
-        if answer.status_code >= 400:
-            try:
-                message = answer.json().get("message", answer.text)
-            except ValueError:
-                message = answer.text
-            raise Unreachable(f"HTTP {answer.status_code}: {message}")
-        return answer.json()
-
-    def heartbeat(self, body: dict[str, Any]) -> Any:
-        return self._call("POST", "/heartbeat", json=body)
-
-    def runs(self, known: str) -> Any:
-        timeout = httpx.Timeout(10.0, read=LONG_POLL + 15)
-        return self._call("GET", "/runs", params={"known": known, "timeoutSeconds": LONG_POLL}, timeout=timeout)
-
-    def report(self, job: str, body: dict[str, Any]) -> None:
-        self._call("POST", f"/runs/{job}/report", json=body)
-
-    def close(self) -> None:
-        self.client.close()
-
-
 class NodeAgent:
     def __init__(self, options: Options):
         self.options = options
-        self.api = Api(options)
+        self.api = Api(options.server, options.node, options.token, options.verify)
         self.local = LocalAgent(options.node, options.state_dir, on_exit=self._exited)
         self.owner = process_owner()
         self.address = options.address or _route_to(options.server)
@@ -215,7 +169,7 @@ class NodeAgent:
         known, delay = "", BACKOFF_FIRST
         while not self._stop.is_set():
             try:
-                answer = self.api.runs(known)
+                answer = self.api.runs(known, LONG_POLL)
             except (Unreachable, Stale) as exc:
                 log.warning("cannot follow the runs of node %s: %s (again in %.1fs)", self.options.node, exc, delay)
                 self._stop.wait(_jitter(delay))
@@ -413,7 +367,8 @@ class NodeAgent:
                     delay = min(delay * 2, BACKOFF_MAX)
                     self._pending.set()
                     break
-                record.save()
+                if record.settled:  # a start reported again after a restart costs nothing: not saved for
+                    record.save()
 
 
 def _group_exists(pgid: int) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import threading
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
@@ -77,9 +77,9 @@ class Record:
         holds a start of, and this node has no record of, is reported gone."""
         path = Path(self.dir) / RECORD
         tmp = path.with_name(f".{RECORD}.{threading.get_ident()}")  # threads save a record each under its own name
-        document = {k: v for k, v in asdict(self).items() if k != "stop_at"}
+        document = {k: v for k, v in vars(self).items() if k != "stop_at"}  # flat: no asdict deep copy
         with open(tmp, "w") as out:
-            json.dump(document, out)
+            out.write(json.dumps(document))  # one write, not a chunk per token
         os.replace(tmp, path)
 
 
