@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -82,3 +83,39 @@ def test_a_report_for_an_admission_that_is_not_current_is_refused_with_409(agent
     answer = server.http().post(f"{PREFIX}/nodes/far/runs/ghost/report", json={"uid": "u", "run": 1, "epoch": 3})
     assert answer.status_code == 409
     assert answer.json()["kind"] == "Status" and answer.json()["reason"] == "Conflict"
+
+
+def test_an_agent_over_tls_with_its_token_runs_and_serves_logs(serve, sqlite_url, tmp_path):
+    from tests.server.test_security import _self_signed
+
+    cert, key = _self_signed(tmp_path)
+    admin, token = "admin-" + "a" * 26, "agent-" + "b" * 26
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{admin} admin\n{token} agent secure\n")
+    server = serve(
+        sqlite_url,
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        key,
+        "--tokens",
+        str(tokens),
+        "--no-local-node",
+        token=admin,
+        scheme="https",
+        verify=ssl.create_default_context(cafile=cert),
+    )
+    (tmp_path / "agent-token").write_text(token + "\n")
+    argv = ["--server", server.url, "agent", "--node", "secure", "--token-file", str(tmp_path / "agent-token")]
+    argv += ["--tls-ca", cert, "--log-port", str(free_port()), "--state-dir", str(tmp_path / "agent")]
+    log = (tmp_path / "agent.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "reconciler", *argv], stdout=log, stderr=log, start_new_session=True)
+    try:
+        _apply(server, job_manifest("private", ["echo", "over tls"]))
+        status = settled(server, "private")["private"]["status"]
+        assert (status["outcome"], status["runs"][0]["node"]) == ("Succeeded", "secure")
+        printed = server.cli("logs", "job/private", env={"SSL_CERT_FILE": cert})
+        assert printed.stdout == "over tls\n", printed.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
