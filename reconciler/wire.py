@@ -366,6 +366,8 @@ class RunReport(Body):
     signal: int | None = None
     gone: bool = Field(default=False, description="The process is gone and left no exit record.")
     start_failed: str | None = Field(default=None, description="Why the run could not start (nothing ran).")
+    start_reason: str | None = Field(default=None, description="StartFailed, or ArtifactInvalid.")
+    retryable: bool = Field(default=False, description="A failed start worth another attempt (URL unreachable).")
 
     def facts(self) -> dict[str, Any]:
         """The report as kept on the admission (camelCase, without what names the run)."""

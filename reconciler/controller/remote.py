@@ -80,9 +80,12 @@ class RemoteSteps:
         report = self._report(ctx, held.run_number)
         if report is not None and report.get("startFailed"):
             run = self.runs.new_run(ctx, held.run_number, None, node=node.name)
-            end = RunEnd(RunOutcome.START_FAILED)
+            reason, retryable = str(report.get("startReason") or "StartFailed"), bool(report.get("retryable"))
+            end = RunEnd(RunOutcome.START_FAILED, reason=reason, retryable=retryable)
             message = str(report["startFailed"])
-            return self.runs.finish(ctx, run, end, exit_code=None, reason="StartFailed", message=message)
+            if retryable and ctx.spec.type != "service":  # as a local artifact's failure says it
+                message += f" (attempt {len(ctx.runs_this_revision())} of {ctx.spec.retry.limit + 1})"
+            return self.runs.finish(ctx, run, end, exit_code=None, reason=reason, message=message)
         if report is not None and report.get("startedAt"):
             identity = _identity(report)
             run = self.runs.new_run(ctx, held.run_number, identity, report["startedAt"], node=node.name)

@@ -61,6 +61,7 @@ class NodeAgent:
         self._lock = threading.Lock()
         self._records: dict[str, Record] = {}  # job -> its run on this node still to settle
         self._by_folder: dict[str, Record] = {}
+        self._preparing: dict[str, dict[str, Any]] = {}  # job -> its item, while its artifact is fetched
         self._pending = threading.Event()  # reports to send
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -206,6 +207,10 @@ class NodeAgent:
                 self._forgotten(item)
         with self._lock:
             unplaced = [r for r in self._records.values() if (r.uid, r.run, r.epoch) not in placed]
+            for job, item in list(self._preparing.items()):
+                if (item["uid"], item["run"], item["epoch"]) not in placed:
+                    del self._preparing[job]
+                    self.local.discard_work(self.local.run_dir(job, item["uid"], item["run"]))
         for record in unplaced:
             if record.settled:
                 with self._lock:
@@ -235,6 +240,24 @@ class NodeAgent:
             run_dir.mkdir(parents=True, exist_ok=True)
             spec = spec.model_copy(update={"working_dir": str(run_dir)})
         record = Record(job, uid, number, epoch, str(run_dir), grace=spec.stop_grace_period)
+        if spec.artifact is not None and self.local.find(run_dir) is None and self.local.exit_of(run_dir) is None:
+            # fetched and unpacked by the agent's own threads; `_exited(job)` is called when
+            # it is ready (or cannot be), and the start is taken again then
+            prep = self.local.prepare(job, run_dir, spec.artifact)
+            if prep.state in ("started", "pending"):
+                with self._lock:
+                    self._preparing[job] = item
+                return
+            with self._lock:
+                self._preparing.pop(job, None)
+            if prep.state == "failed":
+                record.start_failed, record.finished_at = prep.message, from_epoch(time.time())
+                record.start_reason, record.retryable = prep.reason, prep.retryable
+                run_dir.mkdir(parents=True, exist_ok=True)
+                record.save()
+                self._keep(record)
+                self._pending.set()
+                return
         # under the lock until the record is kept: the exit watcher's call for a run that
         # ends at once waits for it, and finds it
         with self._lock:
@@ -279,6 +302,12 @@ class NodeAgent:
     def _exited(self, job: str) -> None:
         with self._lock:
             record = self._records.get(job)
+            preparing = self._preparing.get(job)
+        if preparing is not None and (
+            record is None or record.uid != preparing["uid"] or record.run != preparing["run"]
+        ):
+            self._start(preparing)  # its artifact is ready, or cannot be
+            return
         if record is None or record.finished:
             return
         if record.identity is not None and self.local.wrapper_alive(record.identity):
@@ -304,6 +333,8 @@ class NodeAgent:
             except OSError:
                 record.finished_at = from_epoch(time.time())
         self.local.stop_trimming(run_dir)
+        if (run_dir / "work").exists():
+            self.local.discard_work(run_dir)  # an artifact's unpacked folder goes with the run
         record.save()
 
     def _finished(self, folder: str) -> bool:

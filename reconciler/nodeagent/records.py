@@ -32,6 +32,8 @@ class Record:
     signal: int | None = None
     gone: bool = False
     start_failed: str | None = None  # why it could not start
+    start_reason: str | None = None  # StartFailed, or ArtifactInvalid
+    retryable: bool = False  # a start that failed, worth another attempt (an artifact's URL unreachable)
     start_reported: bool = False
     end_reported: bool = False
     stale: bool = False  # the server refused a report (409): the admission is no longer current
@@ -63,11 +65,14 @@ class Record:
             "exitCode": self.exit_code,
             "signal": self.signal,
             "startFailed": self.start_failed,
+            "startReason": self.start_reason,
         }
         body: dict[str, Any] = {"uid": self.uid, "run": self.run, "epoch": self.epoch}
         body.update({k: v for k, v in facts.items() if v is not None})
         if self.gone:
             body["gone"] = True
+        if self.retryable:
+            body["retryable"] = True
         return body
 
     def save(self) -> None:

@@ -119,3 +119,27 @@ def test_an_agent_over_tls_with_its_token_runs_and_serves_logs(serve, sqlite_url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_a_remote_run_gets_its_artifact_fetched_and_unpacked_by_the_agent(agent, http_server, tmp_path):
+    from tests.artifacts import Member, zip_bytes
+
+    server, _ = agent
+    data = zip_bytes(Member.script("run.sh", "#!/bin/sh\necho ran in $(pwd)\n"))
+    url = http_server.put("/app.zip", data)
+    bad = {"url": url, "sha256": "0" * 64}
+    _apply(
+        server,
+        job_manifest("packed", ["./run.sh"], artifact={"url": url}),
+        job_manifest("tampered", ["./run.sh"], artifact=bad),
+    )
+    done = settled(server, "packed", "tampered")
+    assert done["packed"]["status"]["outcome"] == "Succeeded"
+    printed = server.cli("logs", "job/packed").stdout
+    assert printed.startswith(f"ran in {tmp_path / 'agent' / 'runs' / 'packed.'}") and printed.endswith("/work\n")
+    tampered = done["tampered"]["status"]
+    assert (tampered["outcome"], tampered["runs"][0]["outcome"], tampered["reason"]) == (
+        "Failed",
+        "StartFailed",
+        "ArtifactInvalid",
+    ), tampered
