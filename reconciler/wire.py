@@ -368,11 +368,16 @@ class RunReport(Body):
     start_failed: str | None = Field(default=None, description="Why the run could not start (nothing ran).")
     start_reason: str | None = Field(default=None, description="StartFailed, or ArtifactInvalid.")
     retryable: bool = Field(default=False, description="A failed start worth another attempt (URL unreachable).")
+    ready: bool | None = Field(
+        default=None, description="A service's readiness probe, run by the agent: passed or not."
+    )
+    ready_message: str | None = Field(default=None, description="The probe's diagnostic.")
 
     def facts(self) -> dict[str, Any]:
         """The report as kept on the admission (camelCase, without what names the run)."""
+        flags = {"gone", "retryable"}  # kept only when set
         return {
             k: v
             for k, v in self.model_dump(by_alias=True, exclude={"uid", "run", "epoch"}).items()
-            if v is not None and v is not False
+            if v is not None and not (k in flags and v is False)
         }

@@ -90,6 +90,11 @@ class RemoteSteps:
             identity = _identity(report)
             run = self.runs.new_run(ctx, held.run_number, identity, report["startedAt"], node=node.name)
             ctx.status.setdefault("startTime", run["startedAt"])
+            if ctx.spec.readiness is not None:  # not ready until this run's first probe passes (on its node)
+                ctx.status["ready"] = False
+                set_condition(
+                    ctx.status, "Ready", False, "ProbePending", "no readiness probe has passed yet", ctx.now_text
+                )
             pid = f" (pid {identity.pid})" if identity else ""
             reason = "CrashLoop" if ctx.status.get("reason") == "CrashLoop" else "Started"
             ctx.move(Phase.RUNNING, reason, f"run {held.run_number} started on {node.name}{pid}", event="Started")
@@ -124,7 +129,13 @@ class RemoteSteps:
         if stop is not None:
             return self._begin_stop(ctx, stop)
         self._reachability(ctx, node)
-        return requeue_after(self._due(ctx, node, run_deadline))
+        due = self._due(ctx, node, run_deadline)
+        if ctx.spec.type == "service":  # readiness as the agent's probe found it; the end of a crash loop
+            ready = report.get("ready")
+            verdict = None if ready is None else (bool(ready), str(report.get("readyMessage") or ""))
+            health = self.runs.service_health(ctx, run, verdict)
+            due = health if due is None else due if health is None else min(due, health)
+        return requeue_after(due)
 
     def _ended(self, ctx: Ctx, run: RunDict, report: dict[str, Any]) -> Result:
         self._heard(ctx, run.get("node"))

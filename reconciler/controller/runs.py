@@ -33,6 +33,7 @@ OTHER_AGENT_POLL = 5.0
 KEPT_SERVICE_RUNS = 20  # a service restarts without end: its oldest run records go (status.restarts counts them all)
 
 Stop = tuple[str, str]  # (reason, message)
+Verdict = tuple[bool, str]  # a readiness probe's: (ready, why)
 
 
 class RunSteps:
@@ -257,7 +258,7 @@ class RunSteps:
             return self._begin_stop(ctx, identity, stop)
         due = deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline())
         if ctx.spec.type == "service":
-            due = _sooner(due, self._service_health(ctx, run))
+            due = _sooner(due, self.service_health(ctx, run))
         if orphaned:
             return requeue_after(ORPHAN_POLL if due is None else min(due, ORPHAN_POLL))
         return requeue_after(due)
@@ -483,9 +484,10 @@ class RunSteps:
         self.endings.admitted[ctx.uid] = sched.Admission(held.node, number, owner)
         return AGAIN
 
-    def _service_health(self, ctx: Ctx, run: RunDict) -> float | None:
+    def service_health(self, ctx: Ctx, run: RunDict, verdict: Verdict | None = None) -> float | None:
         """Readiness from the last probe, and the end of CrashLoop once the run has lived
-        resetAfter; written only when either changes. The delay until it is looked at again."""
+        resetAfter; written only when either changes. The delay until it is looked at again.
+        `verdict`: the probe's, as a remote agent reported it (its probe runs there)."""
         due: float | None = None
         if ctx.status.get("reason") == "CrashLoop":
             healthy_at = to_epoch(run["startedAt"]) + ctx.spec.restart_policy.reset_after
@@ -496,13 +498,14 @@ class RunSteps:
                 due = healthy_at - ctx.now
         readiness = ctx.spec.readiness
         if readiness is not None:
-            verdict = self.probes.verdict(ctx.name, ctx.uid, readiness.as_wait_probe(), ctx.spec.host_dir)
+            if run.get("node") == self.agent.node:
+                verdict = self.probes.verdict(ctx.name, ctx.uid, readiness.as_wait_probe(), ctx.spec.host_dir)
+                due = _sooner(due, readiness.interval * (0.9 + 0.2 * self.rand.random()))
             if verdict is not None and verdict[0] != ctx.status.get("ready"):
                 ctx.status["ready"] = verdict[0]
                 reason = "ProbeSucceeded" if verdict[0] else "ProbeFailed"
                 set_condition(ctx.status, "Ready", verdict[0], reason, verdict[1], ctx.now_text)
                 ctx.note("Ready" if verdict[0] else "NotReady", verdict[1], warning=not verdict[0])
-            due = _sooner(due, readiness.interval * (0.9 + 0.2 * self.rand.random()))
         if ctx.changed() or ctx.events:
             self.endings.write(ctx)
         return due

@@ -20,7 +20,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..agent.local import LocalAgent, StartFailed, process_owner
-from ..api.job import JobSpec
+from ..agent.probe import Probes
+from ..api.job import JobSpec, WaitCondition
 from ..api.meta import from_epoch
 from .api import Api, Stale, Unreachable
 from .logserver import LogServer
@@ -62,6 +63,8 @@ class NodeAgent:
         self._records: dict[str, Record] = {}  # job -> its run on this node still to settle
         self._by_folder: dict[str, Record] = {}
         self._preparing: dict[str, dict[str, Any]] = {}  # job -> its item, while its artifact is fetched
+        self._readiness: dict[str, tuple[str, WaitCondition, str | None]] = {}  # job -> (uid, probe, cwd)
+        self.probes = Probes(wake=lambda _job: None)  # looked at on each tick: nothing to wake
         self._pending = threading.Event()  # reports to send
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -109,6 +112,7 @@ class NodeAgent:
             self.logs.stop()
         for thread in self._threads:
             thread.join(2)
+        self.probes.close()
         self.local.close()
         self.api.close()
 
@@ -282,8 +286,18 @@ class NodeAgent:
             self._by_folder[run_dir.name] = record
         if ended_before:
             self._record_end(record)
+        self._probe_readiness(item)
         self._pending.set()
         log.info("run %d of job %s started (pid %s)", number, job, record.pid)
+
+    def _probe_readiness(self, item: dict[str, Any]) -> None:
+        spec = item["spec"]
+        if spec.get("type") != "service" or not spec.get("readiness"):
+            return
+        parsed = JobSpec.model_validate(spec)
+        assert parsed.readiness is not None
+        with self._lock:
+            self._readiness[item["job"]] = (item["uid"], parsed.readiness.as_wait_probe(), parsed.host_dir)
 
     def _forgotten(self, item: dict[str, Any]) -> None:
         """The server holds a start of this run, and this node has no record of it (its state
@@ -355,6 +369,7 @@ class NodeAgent:
 
     def _tick(self) -> None:
         while not self._stop.wait(TICK):
+            self._look_at_probes()
             with self._lock:
                 stopping = [r for r in self._records.values() if r.stop_at is not None and not r.finished]
             now = time.monotonic()
@@ -365,6 +380,25 @@ class NodeAgent:
                     self._exited(record.job)
                 elif now >= record.stop_at + record.grace:
                     self.local.kill(identity, wrapper_too=now >= record.stop_at + record.grace + WRAPPER_GRACE)
+
+    def _look_at_probes(self) -> None:
+        """Each live service's readiness probe, run here at its interval (Probes); a verdict
+        that changed is reported."""
+        with self._lock:
+            probed = [(r, self._readiness.get(r.job)) for r in self._records.values() if r.job in self._readiness]
+        for record, readiness in probed:
+            assert readiness is not None
+            uid, cond, cwd = readiness
+            if record.finished or uid != record.uid:
+                with self._lock:
+                    self._readiness.pop(record.job, None)
+                self.probes.forget(record.job)
+                continue
+            verdict = self.probes.verdict(record.job, uid, cond, cwd)
+            if verdict is not None and verdict[0] != record.ready:
+                record.ready, record.ready_message = verdict[0], verdict[1]
+                record.start_reported = False  # reported again, with the verdict
+                self._pending.set()
 
     # -- reports ---------------------------------------------------------------------------
     def _report(self) -> None:

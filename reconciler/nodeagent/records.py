@@ -34,6 +34,8 @@ class Record:
     start_failed: str | None = None  # why it could not start
     start_reason: str | None = None  # StartFailed, or ArtifactInvalid
     retryable: bool = False  # a start that failed, worth another attempt (an artifact's URL unreachable)
+    ready: bool | None = None  # a service's readiness probe, run here: its last verdict
+    ready_message: str | None = None
     start_reported: bool = False
     end_reported: bool = False
     stale: bool = False  # the server refused a report (409): the admission is no longer current
@@ -66,6 +68,8 @@ class Record:
             "signal": self.signal,
             "startFailed": self.start_failed,
             "startReason": self.start_reason,
+            "ready": self.ready,
+            "readyMessage": self.ready_message,
         }
         body: dict[str, Any] = {"uid": self.uid, "run": self.run, "epoch": self.epoch}
         body.update({k: v for k, v in facts.items() if v is not None})

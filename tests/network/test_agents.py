@@ -276,3 +276,35 @@ def test_an_unreachable_node_keeps_its_runs_slots_until_it_is_back(net: Net):
     assert (run["exitCode"], run["outcome"]) == (3, "Failed")
     reachable = [c for c in done["conditions"] if c["type"] == "NodeReachable"]
     assert reachable and reachable[0]["status"] == "True"
+
+
+def test_a_remote_services_readiness_probe_runs_on_its_node_and_gates_the_registry(net: Net):
+    net.start_all()
+    flag = net.tmp / "ready"
+    probe = {"command": ["test", "-e", str(flag)], "timeout": "2s"}
+    net.apply(
+        job(
+            "api",
+            "exec sleep 600",
+            type="service",
+            port=8080,
+            placement={"nodeName": "n2"},
+            readiness={"probe": probe, "interval": "200ms"},
+        )
+    )
+    net.running("api")
+
+    def registry() -> list[dict]:
+        listed = net.cli("get", "services", "-o", "json")
+        assert listed.code == 0, listed.stderr
+        return json.loads(listed.stdout)["items"]
+
+    wait_until(lambda: net.status("api").get("ready") is False, timeout=20, interval=0.1, message="not ready")
+    assert registry() == []
+    flag.touch()
+    wait_until(lambda: net.status("api").get("ready") is True, timeout=20, interval=0.1, message="ready")
+    (entry,) = registry()
+    assert entry["metadata"]["name"] == "api"
+    assert "10.77.2.2" in json.dumps(entry)  # reached at its node's address, as its agent reported it
+    flag.unlink()
+    wait_until(lambda: net.status("api").get("ready") is False, timeout=20, interval=0.1, message="not ready again")
