@@ -125,14 +125,14 @@ def row(jobs: int, rounds: int) -> Row:
     figures = measure(jobs, rounds)
     api, store = figures["get jobs (API)"], figures["get jobs (store)"]
     return Row(
-        "10 CLI get jobs through the API (sqlite)",
+        "11 CLI get jobs through the API (sqlite)",
         f"--server {api:.3f} s on {jobs:,} jobs",
         f"--store {store:.3f} s",
         api / store,
         "x",
         None,
         [
-            f"10 get jobs through the API (sqlite): median of {rounds} interleaved rounds, each a fresh "
+            f"11 get jobs through the API (sqlite): median of {rounds} interleaved rounds, each a fresh "
             f"interpreter on {jobs:,} stored jobs: "
             + ", ".join(f"{name} {value:.3f} s" for name, value in figures.items())
         ],

@@ -27,15 +27,20 @@ AIM = 0.35  # seconds, for `get job NAME` (issue 9)
 
 def fill(url: str, jobs: int) -> None:
     """N stored jobs, applied in process (what is measured is reading them back)."""
-    from reconciler.apply import apply_manifests
-    from reconciler.manifests import parse_text
-    from reconciler.store import Store
-
     text = "---\n".join(
         f"apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {{name: job-{i}, labels: {{n: '{i % 7}'}}}}\n"
         f"spec: {{command: [/bin/true], priority: {i % 3}}}\n"
         for i in range(jobs)
     )
+    apply_text(url, text)
+
+
+def apply_text(url: str, text: str) -> None:
+    """Apply these manifests (YAML text) to the store, in process."""
+    from reconciler.apply import apply_manifests
+    from reconciler.manifests import parse_text
+    from reconciler.store import Store
+
     manifests, problems = parse_text(text, "jobs.yaml", Path.cwd())
     if problems:
         raise RuntimeError(problems[0])

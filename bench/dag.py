@@ -84,6 +84,47 @@ def makefile(jobs: int, width: int) -> str:
     return "\n".join(lines) + "\n"
 
 
+def dodo(jobs: int, width: int) -> str:
+    """The same graph as a doit file: /bin/true without a shell, every task always runs."""
+    grid = layers_of(jobs, width)
+    tasks = {
+        name: parents(layer, i, len(grid[layer - 1])) if layer else []
+        for layer, names in enumerate(grid)
+        for i, name in enumerate(names)
+    }
+    return (
+        "DOIT_CONFIG = {'verbosity': 0}\n"
+        f"TASKS = {tasks!r}\n"
+        "def task_dag():\n"
+        "    for name, deps in TASKS.items():\n"
+        "        yield {'name': name, 'actions': [['/bin/true']], 'uptodate': [False],\n"
+        "               'task_dep': [f'dag:{d}' for d in deps]}\n"
+    )
+
+
+def run_doit(folder: Path, slots: int) -> float | None:
+    """Wall time of doit on the graph with N threads (`-n N -P thread`), None without doit: a
+    Python task runner with no durable state, the reference issue 15 sets the DAG aims by."""
+    doit = Path(PYTHON).with_name("doit")
+    if not doit.exists():
+        return None
+    (folder / ".doit.db").unlink(missing_ok=True)
+    start = time.perf_counter()
+    argv = [
+        str(doit),
+        "-f",
+        str(folder / "dodo.py"),
+        "--db-file",
+        str(folder / ".doit.db"),
+        "-n",
+        str(slots),
+        "-P",
+        "thread",
+    ]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, cwd=folder)
+    return time.perf_counter() - start
+
+
 def run_up(url: str, folder: Path, manifest: Path, timeout: float, label: str) -> dict:
     """Wall and CPU time of one `reconciler up` process, start to exit."""
     out, err = folder / f"{label}.stdout", folder / f"{label}.stderr"
@@ -174,7 +215,9 @@ def measure(jobs: int, width: int, slots: int, store_kind: str, make_repeat: int
             text += node_manifest(slots)
         (folder / "dag.yaml").write_text(text)
         (folder / "Makefile").write_text(makefile(jobs, width))
+        (folder / "dodo.py").write_text(dodo(jobs, width))
         make_walls = run_make(folder, slots, repeat=make_repeat)
+        doit_wall = run_doit(folder, slots)
         floor = wrapper_floor(jobs, slots, folder)
         bare = spawn_floor(jobs, slots)
         log(f"dag {store_kind}: make -j{slots} {median(make_walls):.3f} s; running up on {jobs} jobs")
@@ -188,6 +231,7 @@ def measure(jobs: int, width: int, slots: int, store_kind: str, make_repeat: int
     return {
         "make": median(make_walls),
         "make_all": make_walls,
+        "doit": doit_wall,
         "up": up["wall"],
         "up_cpu": up["cpu"],
         "span": span["span"],
@@ -216,6 +260,11 @@ def row(figure: str, jobs: int, width: int, slots: int, store_kind: str) -> Row:
         f"(fixed + bare) / make = {(m['fixed'] + m['bare']) / m['make']:.2f}x; "
         f"store write transactions {m['writes']} ({m['writes'] / jobs:.1f} per job)",
     ]
+    if m["doit"] is not None:
+        notes.append(
+            f"{figure}: doit -n {slots} -P thread on the same graph {m['doit']:.2f} s = {m['doit'] / m['make']:.2f}x "
+            f"make; up / doit = {m['up'] / m['doit']:.2f}x (issue 15's aim: SQLite <= 1x, PostgreSQL <= 1.5x)"
+        )
     return Row(figure, f"up {m['up']:.2f} s", f"make -j{slots} {m['make']:.2f} s", ratio, "x", AIM, notes)
 
 

@@ -11,10 +11,13 @@ Figures: 1 dag (DAG throughput vs make -j N), 2 latency (dependency latency on a
 re-apply), 5 idle (controller CPU with waiting jobs), 6 memory (peak RSS with 100,000 stored
 jobs), 8 cli (the read verbs' wall time), 9 apply-one (one job into 1,000 and 100,000 stored
 jobs), 10 notify (notifier delivery: events/s, completion-to-arrival latency), 11 api (`get jobs`
-through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs), 13 agents
-(1,000 jobs over three agents in network namespaces against the embedded controller, and
-placement-to-start latency on a remote agent), 7 pg (figures 1
-and 3 on PostgreSQL). Prints
+through `serve` against straight from the store), 12 metrics (a /metrics scrape at 100,000 jobs),
+13 chain (time per link of a 300-job chain from whole commands' wall times, beside doit and
+make), 14 dashboard (each view's page at 2,000 jobs, beside the API's list),
+15 ingest (jobs from a RabbitMQ queue: messages/s against a plain pika consumer),
+7 pg (figures 1, 3 and 13 on PostgreSQL, and 16: a write to watch event and admission on PostgreSQL,
+LISTEN/NOTIFY against the poll), 17 agents (1,000 jobs over three agents in network namespaces
+against the embedded controller, and placement-to-start latency on a remote agent). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
 """
@@ -44,6 +47,10 @@ FULL = {
     "notify": dict(events=2000, jobs=300),
     "api": dict(jobs=10_000, rounds=5),
     "metrics": dict(small=1000, large=100_000, rounds=7),
+    "chain": dict(jobs=300, rounds=3),
+    "dashboard": dict(jobs=2000, rounds=7),
+    "ingest": dict(messages=5000, rounds=3),
+    "wakeup": dict(jobs=100),
     "agents": dict(jobs=1000),
 }
 SMALL = {
@@ -58,6 +65,10 @@ SMALL = {
     "notify": dict(events=100, jobs=20),
     "api": dict(jobs=100, rounds=2),
     "metrics": dict(small=100, large=2000, rounds=2),
+    "chain": dict(jobs=20, rounds=1),
+    "dashboard": dict(jobs=400, rounds=2),
+    "ingest": dict(messages=1000, rounds=1),
+    "wakeup": dict(jobs=10),
     "agents": dict(jobs=60),
 }
 NAMES = (
@@ -72,6 +83,9 @@ NAMES = (
     "notify",
     "api",
     "metrics",
+    "chain",
+    "dashboard",
+    "ingest",
     "agents",
     "pg",
 )
@@ -143,7 +157,23 @@ def apply_rows(jobs: int) -> list[Row]:
 
 def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, callable]]:
     """(row label, thunk returning rows) for one named figure."""
-    from bench import admission, agents, api, apply_one, cli, dag, idle, latency, memory, metrics, notify
+    from bench import (
+        admission,
+        agents,
+        api,
+        apply_one,
+        chain,
+        cli,
+        dag,
+        dashboard,
+        idle,
+        ingest,
+        latency,
+        memory,
+        metrics,
+        notify,
+        wakeup,
+    )
 
     s = sizes
     out = {
@@ -207,7 +237,22 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                 ],
             )
         ],
-        "agents": [("13 remote agents (sqlite)", lambda: agents.rows(s["agents"]["jobs"]))],
+        "chain": [
+            ("13 chain per link (sqlite)", lambda: [chain.row(s["chain"]["jobs"], s["chain"]["rounds"])]),
+        ],
+        "dashboard": [
+            (
+                "14 dashboard pages (sqlite)",
+                lambda: [dashboard.row(s["dashboard"]["jobs"], s["dashboard"]["rounds"])],
+            )
+        ],
+        "ingest": [
+            (
+                "15 ingestion from RabbitMQ (sqlite)",
+                lambda: [ingest.row(s["ingest"]["messages"], s["ingest"]["rounds"])],
+            )
+        ],
+        "agents": [("17 remote agents (sqlite)", lambda: agents.rows(s["agents"]["jobs"]))],
         "pg": [
             (
                 "7 DAG throughput (postgresql)",
@@ -219,6 +264,8 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                     s["admission"]["depths"], "pg", "7 admission at depth (postgresql)", s["admission"]["reps"]
                 ),
             ),
+            ("13 chain per link (postgresql)", lambda: [chain.row(s["chain"]["jobs"], s["chain"]["rounds"], "pg")]),
+            ("16 wake-up after a write (postgresql)", lambda: [wakeup.row(s["wakeup"]["jobs"])]),
         ],
     }
     return out[name] if (name != "pg" or pg) else []

@@ -19,7 +19,7 @@ from .api.validation import validate_apply
 from .errors import Conflict
 from .manifests import Loaded, Manifest, invalid, paused_gc
 from .selectors import Requirement, matches
-from .store import Store, StoredObject, outbox
+from .store import Store, StoredObject, ingested, outbox
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.dbapi import Connection
@@ -221,11 +221,13 @@ def delete_object(tx: Tx, obj: StoredObject) -> str:
         sched.dequeue(tx, obj.uid)  # a deleted job must not hold its place in line
     elif obj.kind == "Notifier":
         outbox.drop(tx, obj.name)  # its pending events go with it
+    elif obj.kind == "Source":
+        ingested.drop(tx, obj.name)  # the message ids it remembered (its jobs stay)
     repo.record_events(tx, repo.ObjectEvent(obj, "Deleted", f"{obj.kind.lower()} deleted"))
     return "deleted"
 
 
-_DELETE_ORDER = {"Job": 0, "Notifier": 1, "Pool": 2, "Node": 3}  # jobs before the pools they use
+_DELETE_ORDER = {"Job": 0, "Notifier": 1, "Source": 1, "Pool": 2, "Node": 3}  # jobs before the pools they use
 
 
 @dataclass

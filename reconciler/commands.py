@@ -3,11 +3,9 @@ small compare-and-swap on the job's spec or annotations; the controller does the
 
 from __future__ import annotations
 
-import os
 import re
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -15,6 +13,7 @@ from .api.annotations import CANCEL, CANCEL_REASON, CREATED_BY, DOWNSTREAM_SUFFI
 from .api.job import Job
 from .api.kinds import KINDS
 from .api.meta import dump, format_time, utcnow
+from .api.oneoff import OneOff as OneOff  # where the verbs and the wire have always found it
 from .api.status import Outcome, Phase, new_job_status
 from .api.validation import Built, validate_apply
 from .errors import Conflict, InvalidInput, NotFound
@@ -78,65 +77,6 @@ def rerun(store: Store, name: str, *, downstream: bool) -> str:
             raise Conflict(f'job "{name}" is {phase}; only a completed job can be rerun')
         _request_rerun(tx, obj, _rerun_token(downstream))
     return "rerun requested"
-
-
-@dataclass
-class OneOff:
-    """A job described on the command line (`reconciler run`), Jobman-style."""
-
-    command: list[str]
-    name: str | None = None
-    shell: bool = False  # run the words as one string through /bin/sh -c
-    after_success: list[str] = field(default_factory=list)
-    after_finish: list[str] = field(default_factory=list)
-    pool: str | None = None
-    slots: int = 1
-    retries: int = 0
-    retry_delay: str | None = None
-    retryable_exit_codes: list[int] = field(default_factory=list)
-    timeout: str | None = None
-    run_timeout: str | None = None
-    wait_file: str | None = None
-    working_dir: str = field(default_factory=os.getcwd)
-    # what the seed's job request (POST /jobs) also says
-    env: dict[str, str] = field(default_factory=dict)
-    job_type: str = "run"
-    port: int | None = None
-    node_name: str | None = None
-    artifact_url: str | None = None
-
-    def spec(self) -> dict[str, Any]:
-        spec: dict[str, Any] = {"shell": " ".join(self.command)} if self.shell else {"command": list(self.command)}
-        spec.update(slots=self.slots, workingDir=self.working_dir)
-        if self.env:
-            spec["env"] = dict(self.env)
-        if self.job_type != "run":
-            spec["type"] = self.job_type
-        if self.port is not None:
-            spec["port"] = self.port
-        if self.node_name:
-            spec["placement"] = {"nodeName": self.node_name}
-        if self.artifact_url:
-            spec["artifact"] = {"url": self.artifact_url}
-        deps = [{"job": j, "outcomes": ["Succeeded"]} for j in self.after_success]
-        deps += [{"job": j, "outcomes": ["Finished"]} for j in self.after_finish]
-        if deps:
-            spec["dependsOn"] = deps
-        if self.pool:
-            spec["pool"] = self.pool
-        retry: dict[str, Any] = {"limit": self.retries}
-        if self.retry_delay:
-            retry["backoff"] = {"policy": "constant", "delay": self.retry_delay}
-        if self.retryable_exit_codes:
-            retry["onExitCodes"] = self.retryable_exit_codes
-        spec["retry"] = retry
-        if self.timeout:
-            spec["timeout"] = self.timeout
-        if self.run_timeout:
-            spec["runTimeout"] = self.run_timeout
-        if self.wait_file:
-            spec["waitFor"] = {"conditions": [{"path": os.path.abspath(self.wait_file)}]}
-        return spec
 
 
 _AUTO_NAME = re.compile(r"job-(\d+)")

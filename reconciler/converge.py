@@ -25,6 +25,7 @@ from .store import scheduling as sched
 from .store.feed import ChangeFeed
 
 if TYPE_CHECKING:
+    from .controller.leader import Leadership
     from .controller.manager import Controller
 
 LOOK_INTERVAL = 0.05  # how often `up` looks at the change feed
@@ -171,11 +172,13 @@ class Until:
     stop: threading.Event
     on_change: OnChange = _quiet
     fail_fast: bool = False
+    interrupt: threading.Event = field(default_factory=threading.Event)  # set with `stop` by a Ctrl-C
 
 
 def converge(store: Store, names: list[str], until: Until) -> Converged:
-    """Run a controller in this process until every named job is settled (see `follow`)."""
-    with controller_running(store):
+    """Run a controller in this process until every named job is settled (see `follow`). It
+    consumes no Source: a queue is for a controller that stays, not one that ends with its jobs."""
+    with controller_running(store, sources=False):
         return follow(
             JobWatch(store, names),
             cancel=lambda name, by: cancel(store, name, by=by),
@@ -223,7 +226,7 @@ def _follow(watch: Follower, until: Until) -> Converged:
         if deadline is not None and time.monotonic() >= deadline:
             return Converged(watch.jobs, "timed out")
         until.stop.wait(LOOK_INTERVAL)
-    return Converged(watch.jobs, "stopped")
+    return Converged(watch.jobs, "interrupted" if until.interrupt.is_set() else "stopped")
 
 
 def did_not_succeed(job: Watched) -> bool:
@@ -270,17 +273,50 @@ def longest_grace(specs: list[dict[str, Any]]) -> float:
 
 @contextmanager
 def controller_running(
-    store: Store, *, workers: int = 1, local_node: bool = True, address: str | None = None
+    store: Store, *, workers: int = 1, local_node: bool = True, address: str | None = None, sources: bool = True
 ) -> Iterator[Controller]:
     """A controller (the reconcile loop and, unless `local_node` is False, this machine's
-    agent and Node) running in this process for the duration of the block."""
+    agent and Node; unless `sources` is False, the Sources' consumers) running in this
+    process for the duration of the block."""
     from .controller.manager import Controller  # not for `wait`, which imports this module too
 
-    controller = Controller(store, workers=workers, local_node=local_node, address=address).start()
+    controller = Controller(store, workers=workers, local_node=local_node, address=address, sources=sources).start()
     try:
         yield controller
     finally:
         controller.stop()
+
+
+@contextmanager
+def controller_elected(
+    store: Store,
+    *,
+    lease: float,
+    workers: int = 1,
+    local_node: bool = True,
+    address: str | None = None,
+) -> Iterator[Elected]:
+    """`serve`: a controller in this process only while it holds the store's controller
+    lease (`lease` seconds), so that of several servers on one store exactly one runs the
+    reconcile loop; the others take over when its lease expires."""
+    from .controller.leader import Leadership
+    from .controller.manager import Controller
+    from .controller.nodes import local_node_name
+
+    def lead(term: int) -> Controller:
+        return Controller(store, workers=workers, local_node=local_node, address=address, term=term).start()
+
+    leadership = Leadership(store, lead, period=lease).start()
+    try:
+        yield Elected(local_node_name() if local_node else "", leadership)
+    finally:
+        leadership.stop()
+
+
+@dataclass(frozen=True)
+class Elected:
+    node: str  # this machine's node ("" when it is none), run by whichever controller leads here
+    leadership: Leadership
 
 
 # -- wait -------------------------------------------------------------------------------------

@@ -21,9 +21,21 @@ from .store import Store, StoredObject, outbox
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.feed import Change, ChangeFeed
+from .store.feed import poll_interval as poll_interval  # the API's watch broadcaster polls as the feed says
 
 SERVICES = ("services", "service", "svc")
 EVENTS = ("events", "event", "ev")
+# Kinds whose shown status is partly derived at read time (pool and node usage, a node's
+# readiness from its heartbeat's age, a notifier's delivery counts): it changes with no write
+# to the object, so a follower (`get -w`) looks again on a timer, not only on a change.
+DERIVED_STATUS = ("Pool", "Node", "Notifier")
+DERIVED_LOOK = 1.0  # seconds between such looks
+
+
+def shown(obj: StoredObject) -> tuple[int, str]:
+    """What a follower compares to decide whether an object looks different: its version
+    and its status as shown (derived parts included)."""
+    return obj.resource_version, json.dumps(obj.status, sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)
@@ -55,6 +67,7 @@ def objects(
         _as_observed(found)
     if label == "Job":
         _with_paths_checked(store, found)
+        _with_queue_places(store, found)
     present = {o.name for o in found}
     missing = [n for n in names if n not in present]
     if missing and strict:
@@ -209,6 +222,69 @@ def _with_paths_checked(store: Store, jobs: list[StoredObject]) -> None:
         job.status = status
 
 
+def _with_queue_places(store: Store, jobs: list[StoredObject]) -> None:
+    """A Queued job's place in its line, read now: `status.queue` = {pool, position, length}
+    and, when a finite scope has no room for it, `full` = {scope, name, used, capacity,
+    needed}. Never stored: the line moves without the job being written. One read of the
+    queue, whatever the number of jobs (waiting.py words it)."""
+    queued = [job for job in jobs if (job.status or {}).get("phase") == Phase.QUEUED]
+    if not queued:
+        return
+    with store.read() as session:
+        places = queue_places(session)
+        facts: dict[str, sched.PoolFacts] = {}
+        for job in queued:
+            place = places.get(job.uid)
+            if place is None:
+                continue  # between its phase write and its queue row (or admitted meanwhile)
+            entry = dict(place)
+            if (full := _full_scope(session, facts, job)) is not None:
+                entry["full"] = full
+            job.status = {**(job.status or {}), "queue": entry}
+
+
+def queue_places(session: Any) -> dict[str, dict[str, Any]]:
+    """uid -> {pool, position, length} of every queued job: its place in its pool's line
+    (the global line for a job without a pool), in admission order."""
+    lines: dict[str | None, list[str]] = {}
+    for entry in sched.in_line(session, None, scope_is_pool=False, batch=QUEUE_PAGE):
+        lines.setdefault(entry.pool, []).append(entry.uid)
+    return {
+        uid: {"pool": pool, "position": n, "length": len(uids)}
+        for pool, uids in lines.items()
+        for n, uid in enumerate(uids, 1)
+    }
+
+
+QUEUE_PAGE = 500  # rows of the queue read at a time
+
+
+def _full_scope(session: Any, facts: dict[str, sched.PoolFacts], job: StoredObject) -> dict[str, Any] | None:
+    """The first finite scope (the global limit, then the job's pool) without room for it."""
+    slots = int(job.spec.get("slots", 1))
+    pool = job.spec.get("pool")
+    for name in ["global"] + ([pool] if pool else []):
+        if name not in facts:
+            facts[name] = sched.pool_facts(session, name)
+        f = facts[name]
+        if f.capacity is not None and f.used + slots > f.capacity:
+            scope = "global" if name == "global" else "pool"
+            return {"scope": scope, "name": name, "used": f.used, "capacity": f.capacity, "needed": slots}
+    return None
+
+
+def pool_queues(store: Store, limit: int) -> dict[str | None, tuple[int, list[StoredObject]]]:
+    """Each line's length and its first `limit` jobs in admission order, as `get` shows them
+    (with their place): what the dashboard's pools page lists. Key None: the global line."""
+    with store.read() as session:
+        lines: dict[str | None, list[str]] = {}
+        for entry in sched.in_line(session, None, scope_is_pool=False, batch=QUEUE_PAGE):
+            lines.setdefault(entry.pool, []).append(entry.name)
+    shown = [name for names in lines.values() for name in names[:limit]]
+    found = {o.name: o for o in objects(store, "jobs", shown, None, strict=False).objects}
+    return {pool: (len(names), [found[n] for n in names[:limit] if n in found]) for pool, names in lines.items()}
+
+
 def events(store: Store, names: list[str], limit: int = 1000) -> list[Any]:
     """The newest events, oldest first, of the named objects or of all."""
     with store.read() as session:
@@ -219,15 +295,18 @@ def events(store: Store, names: list[str], limit: int = 1000) -> list[Any]:
 def watch(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> Iterator[StoredObject]:
     """Each selected object again whenever it changes (`get -w`), forever: the caller stops."""
     listing = objects(store, kind, names, selector)
-    seen = {o.name: o.resource_version for o in listing.objects}
+    seen = {o.name: shown(o) for o in listing.objects}
+    derived = listing.kind in DERIVED_STATUS
     feed = ChangeFeed(store)
+    next_look = time.monotonic() + DERIVED_LOOK
     while True:
         time.sleep(0.2)  # a CLI follower, not the controller: a short poll is the simple way
-        if not feed.poll():
+        if not feed.poll() and not (derived and time.monotonic() >= next_look):
             continue
+        next_look = time.monotonic() + DERIVED_LOOK
         for o in objects(store, kind, names, selector).objects:
-            if seen.get(o.name) != o.resource_version:
-                seen[o.name] = o.resource_version
+            if seen.get(o.name) != (look := shown(o)):
+                seen[o.name] = look
                 yield o
 
 
@@ -246,9 +325,13 @@ class ChangeReader:
     the HTTP API's watch streams share one (server/watch.py), so a look costs one read of
     the change feed however many clients watch."""
 
-    def __init__(self, store: Store, since: int | None = None):
+    def __init__(self, store: Store, since: int | None = None, *, listen: bool = False):
         self.store = store
-        self._feed = ChangeFeed(store, since=since)
+        self._feed = ChangeFeed(store, since=since, listen=listen)
+
+    def wait(self, timeout: float) -> bool:
+        """Until the store announces a change, or `timeout` (the poll): see ChangeFeed.wait."""
+        return self._feed.wait(timeout)
 
     @property
     def seq(self) -> int:
@@ -293,6 +376,7 @@ def describe(store: Store, kind: str, name: str) -> tuple[StoredObject, list[Any
         _as_observed([obj])
     if obj.kind == "Job":
         _with_paths_checked(store, [obj])
+        _with_queue_places(store, [obj])
     if obj.kind == "Notifier":
         _with_deliveries(store, [obj])
     return obj, found

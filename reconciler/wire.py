@@ -281,7 +281,7 @@ class ItemsRequest(Body):
 
 
 class Target(Body):
-    kind: str = Field(description="Job, Pool, Node or Notifier.")
+    kind: str = Field(description="Job, Pool, Node, Notifier or Source.")
     name: str
 
 

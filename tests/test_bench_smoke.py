@@ -26,13 +26,18 @@ FIGURES = [
     "10 notifier delivery (sqlite)",
     "11 CLI get jobs through the API (sqlite)",
     "12 metrics scrape of a large store (sqlite)",
-    "13 remote agents, throughput (sqlite)",
-    "13 remote agents, placement to start (sqlite)",
+    "13 chain per link (sqlite)",
+    "14 dashboard pages (sqlite)",
+    "15 ingestion from RabbitMQ (sqlite)",
+    "17 remote agents, throughput (sqlite)",
+    "17 remote agents, placement to start (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",
     "7 admission at depth, no room (postgresql)",
     "7 admission at depth, head blocks (postgresql)",
+    "13 chain per link (postgresql)",
+    "16 wake-up after a write (postgresql)",
 ]
 
 

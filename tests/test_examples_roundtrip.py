@@ -21,9 +21,12 @@ from tests.data.inprocess import cli
 from tests.helpers import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = ["examples/shards", "examples/ci", "examples/service", "examples/retry", "manifests"]
-NOT_MANIFESTS = ["examples/systemd"]  # how to run reconciler as a service: unit files, no objects
-KIND_WORDS = {"Job": "jobs", "Pool": "pools", "Node": "nodes", "Notifier": "notifiers"}
+FOLDERS = ["examples/shards", "examples/ci", "examples/service", "examples/retry", "examples/inbox", "manifests"]
+NOT_MANIFESTS = [
+    "examples/grafana",  # a Grafana dashboard for the metrics, no objects (tests/metrics/test_dashboard.py)
+    "examples/systemd",  # how to run reconciler as a service: unit files, no objects
+]
+KIND_WORDS = {"Job": "jobs", "Pool": "pools", "Node": "nodes", "Notifier": "notifiers", "Source": "sources"}
 
 
 def declared(folder: Path) -> list[tuple[str, str]]:

@@ -60,7 +60,7 @@ def test_tables_of_several_kinds(store):
     ]
     # in the order asked, each kind once, whatever its spelling; -o wide widens each table
     reversed_order = ok("get", "pl,job,jobs", "-o", "wide", store=store).stdout.split("\n\n")
-    assert [t.splitlines()[0].split()[-1] for t in reversed_order] == ["MAX-BYPASS", "DEPENDS-ON"]
+    assert [t.splitlines()[0].split()[-1] for t in reversed_order] == ["MAX-BYPASS", "MESSAGE"]
     # one kind (or several of which one has anything): the plain table, names unqualified
     assert ok("get", "jobs", store=store).stdout.splitlines()[1].split()[0] == "batch"
     assert ok("get", "jobs,nodes", store=store).stdout.splitlines()[1].split()[0] == "batch"

@@ -190,7 +190,9 @@ def test_crd_names_columns_and_subresources(kind):
     assert spec["group"] == "reconciler.dev" and spec["scope"] == "Cluster"
     assert spec["names"]["plural"] == info.plural and spec["names"]["singular"] == kind.lower()
     assert spec["names"]["kind"] == kind
-    assert spec["names"]["shortNames"] == [{"Job": "jb", "Pool": "pl", "Node": "no", "Notifier": "nf"}[kind]]
+    assert spec["names"]["shortNames"] == [
+        {"Job": "jb", "Pool": "pl", "Node": "no", "Notifier": "nf", "Source": "src"}[kind]
+    ]
     [version] = spec["versions"]
     assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
     assert version["subresources"] == {"status": {}}
@@ -201,6 +203,7 @@ def test_crd_names_columns_and_subresources(kind):
         "Pool": {"Slots", "Max-Bypass"},
         "Node": {"Slots", "Unschedulable"},
         "Notifier": {"URL"},
+        "Source": {"Received", "Created", "Rejected", "Connected"},
     }[kind]
     assert expected <= set(columns)
     full = schema.structural_schema(info)  # metadata is trimmed in the CRD, not in the model
@@ -324,6 +327,19 @@ GOOD = {
         "spec": {"url": "https://hooks.example/jobs", "events": ["Succeeded", "Failed"]},
     },
     "notifier-command": {**_meta("desk"), "kind": "Notifier", "spec": {"command": ["notify-send", "job"]}},
+    "source-amqp": {
+        **_meta("inbox"),
+        "kind": "Source",
+        "spec": {
+            "amqp": {"url": "amqp://guest:guest@127.0.0.1:5672/", "queue": "jobs"},
+            "template": {"labels": {"from": "inbox"}, "pool": "batch"},
+        },
+    },
+    "source-http": {
+        **_meta("seed"),
+        "kind": "Source",
+        "spec": {"http": {"url": "http://q.local:9324", "queue": "jobs"}},
+    },
 }
 
 
@@ -337,6 +353,8 @@ BAD = {  # name: (good sample, dotted path, new value)
     "wrong outcome": ("notifier-url", "spec.events", ["Exploded"]),
     "both command and shell": ("service", "spec.command", ["true"]),
     "neither url nor command": ("notifier-url", "spec.url", _DELETE),
+    "neither amqp nor http": ("source-amqp", "spec.amqp", _DELETE),
+    "queue not a string": ("source-http", "spec.http.queue", 5),
     "bare number duration": ("full-job", "spec.timeout", 30),
     "pool slots word": ("pool", "spec.slots", "lots"),
     "bad name": ("pool", "metadata.name", "Analysis_1"),

@@ -17,6 +17,8 @@ PAIRS = [
     (s.Receipt, s.ReceiptDict),
     (s.WaitResult, s.WaitDict),
     (s.Admission, s.AdmissionDict),
+    (s.QueuePlace, s.QueuePlaceDict),
+    (s.FullScope, s.FullScopeDict),
     (s.StopRequest, s.StopDict),
     (Condition, s.ConditionDict),
 ]

@@ -105,9 +105,13 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
 
 def _downgrade(tx, *, to: int) -> None:
     """Make a current store's schema what version `to` created (what each upgrade undoes)."""
-    if to < 4:
+    if to < 6:
         for column in ("epoch", "report", "reported_rv"):
             tx.session.run(f"ALTER TABLE admissions DROP COLUMN {column}")
+    if to < 5:
+        tx.session.run("DROP TABLE leases")
+    if to < 4:
+        tx.session.run("DROP TABLE ingested")
     if to < 3:
         tx.session.run("DROP INDEX ix_objects_state")
         for column in ("outcome", "reason", "pool"):
@@ -140,15 +144,57 @@ def test_a_version_2_store_gets_the_state_columns_filled_from_its_documents(stor
         upgraded.dispose()
 
 
-def test_a_version_3_store_gets_admission_epochs_and_keeps_its_admissions(store_url):
-    """Schema 4: admissions carry an epoch and a remote agent's report. One made before has
+def test_a_version_3_store_gets_the_ingested_table(store_url):
+    """Source ingestion (schema 4): a store from before it can remember message ids once opened."""
+    from reconciler.store import ingested
+
+    s = Store(store_url)
+    _create(s, "kept")
+    with s.write() as tx:
+        _downgrade(tx, to=3)
+    assert "ingested" not in _tables(s)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION
+        with upgraded.write() as tx:
+            ingested.record(tx, "inbox", [("m1", "kept")], 1.0)
+        with upgraded.read() as conn:
+            assert ingested.job_of(conn, "inbox", "m1") == "kept"
+            assert repo.get(conn, kind="Job", name="kept") is not None
+    finally:
+        upgraded.dispose()
+
+
+def test_a_version_4_store_gets_the_leases_table(store_url):
+    """The leader lease of serve (schema 5): a store from before it gets the table once opened."""
+    s = Store(store_url)
+    _create(s, "kept")
+    with s.write() as tx:
+        _downgrade(tx, to=4)
+    assert "leases" not in _tables(s)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION
+        assert {"ingested", "leases"} <= _tables(upgraded)
+        with upgraded.read() as conn:
+            assert repo.get(conn, kind="Job", name="kept") is not None
+    finally:
+        upgraded.dispose()
+
+
+def test_a_version_5_store_gets_admission_epochs_and_keeps_its_admissions(store_url):
+    """Schema 6: admissions carry an epoch and a remote agent's report. One made before has
     neither (no agent can report on it); a new admission gets its epoch, and a report names
     it: one for another epoch is refused."""
     from reconciler.store import scheduling as sched
 
     s = Store(store_url)
     with s.write() as tx:
-        _downgrade(tx, to=3)
+        _downgrade(tx, to=5)
         Statement(
             "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at)"
             " VALUES ('u1', 'old', NULL, 1, 'n1', 1, 0)"
@@ -191,8 +237,8 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     upgraded = Store(store_url)
     try:
-        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 4
-        assert {"outbox", "deliveries"} <= _tables(upgraded)
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 6
+        assert {"outbox", "deliveries", "ingested", "leases"} <= _tables(upgraded)
         with upgraded.read() as conn:
             assert repo.get(conn, kind="Job", name="old").uid == obj.uid
             assert Statement("SELECT count(*) FROM outbox").execute(conn).scalar() == 0
@@ -435,16 +481,16 @@ def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(sqlite_url):
 
 # --------------------------------------------------------------------------- SQL text and connections
 
-PG_ONLY = {"_LOCK_SEQ", "_NOTIFY", "_ONE_MIGRATOR", "_HAS_META[postgresql]"}
-SQLITE_ONLY = {"_HAS_META[sqlite]"}
+PG_ONLY = {"_LOCK_SEQ", "_LOCK_SEQ_TERM", "_NOTIFY", "_ONE_MIGRATOR", "_HAS_META[postgresql]", "_NOW[postgresql]"}
+SQLITE_ONLY = {"_HAS_META[sqlite]", "_NOW[sqlite]"}
 
 
 def _runtime_statements() -> dict[str, Statement]:
     """Every statement the store runs, by name: the module-level ones, and one of each shape
     the cached builders make (a new builder must be added here, or this fails)."""
-    from reconciler.store import engine, migrations, outbox, scheduling
+    from reconciler.store import engine, lease, migrations, outbox, scheduling
 
-    modules = (engine, repo, scheduling, migrations, outbox)
+    modules = (engine, repo, scheduling, migrations, outbox, lease)
     found: dict[str, Statement] = {}
     for module in modules:
         for name, value in vars(module).items():

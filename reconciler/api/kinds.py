@@ -11,6 +11,7 @@ from .job import Job
 from .node import Node
 from .notifier import Notifier
 from .pool import Pool
+from .source import Source
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ KINDS: dict[str, KindInfo] = {
         KindInfo("Pool", "pools", Pool, ("pool", "pools", "pl")),
         KindInfo("Node", "nodes", Node, ("node", "nodes", "no")),
         KindInfo("Notifier", "notifiers", Notifier, ("notifier", "notifiers", "nf")),
+        KindInfo("Source", "sources", Source, ("source", "sources", "src")),
     )
 }
 _BY_ALIAS = {

@@ -73,6 +73,23 @@ class Admission(Strict):
     admitted_at: Time
 
 
+class FullScope(Strict):
+    scope: Literal["global", "pool"]
+    name: str
+    used: int
+    capacity: int
+    needed: int
+
+
+class QueuePlace(Strict):
+    """A queued job's place in its line, computed when the job is shown (never stored)."""
+
+    pool: str | None = Field(default=None, description="The job's pool; none: the global line.")
+    position: int = Field(description="1 for the first in line, in admission order.")
+    length: int = Field(description="How many jobs the line holds.")
+    full: FullScope | None = Field(default=None, description="The first finite scope without room for the job.")
+
+
 class RunRecord(Strict):
     number: int
     revision: int
@@ -141,6 +158,9 @@ class JobStatus(Strict):
         default=True, description="Whether this revision makes dependents that consumed an older one run again."
     )
     node_name: str | None = None
+    queue: QueuePlace | None = Field(
+        default=None, description="Queued: its place in its pool's line, read when shown (never stored)."
+    )
     next_run_at: Time | None = Field(default=None, description="During Backoff, or a service's restart delay.")
     restarts: int | None = Field(
         default=None, description="Service: how often it was restarted (runs dropped from `runs` included)."
@@ -163,6 +183,21 @@ class AdmissionDict(TypedDict, total=False):
     pool: str | None
     slots: int
     admittedAt: str
+
+
+class FullScopeDict(TypedDict):
+    scope: str
+    name: str
+    used: int
+    capacity: int
+    needed: int
+
+
+class QueuePlaceDict(TypedDict, total=False):
+    pool: str | None
+    position: int
+    length: int
+    full: FullScopeDict
 
 
 class RunDict(TypedDict, total=False):
@@ -227,6 +262,7 @@ class JobStatusDict(TypedDict, total=False):
     rerunToken: str | None
     propagate: bool
     nodeName: str
+    queue: QueuePlaceDict
     nextRunAt: str
     restarts: int
     ready: bool

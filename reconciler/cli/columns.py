@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..waiting import why_waiting
 from .render import age, attempts, job_state
 
 if TYPE_CHECKING:
@@ -25,6 +26,7 @@ def job_row(o: StoredObject, wide: bool) -> list[Any]:
     if wide:
         deps = ",".join(d["job"] for d in o.spec.get("dependsOn", []))
         row += [s.get("revision", 1), o.spec.get("priority", 0), o.spec.get("slots", 1), s.get("reason") or "", deps]
+        row.append(why_waiting(o.spec, s) or s.get("message") or "")  # last: the one free-text column
     return row
 
 
@@ -54,6 +56,19 @@ def notifier_row(o: StoredObject, wide: bool) -> list[Any]:
     return row + ([o.spec.get("selector") or "", s.get("lastError") or ""] if wide else [])
 
 
+def _clipped(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+def source_row(o: StoredObject, wide: bool) -> list[Any]:
+    s = o.status or {}
+    protocol = "amqp" if o.spec.get("amqp") else "http"
+    queue = f"{protocol}:{(o.spec.get(protocol) or {}).get('queue', '')}"
+    row = [o.name, queue, s.get("received", 0), s.get("created", 0), s.get("rejected", 0)]
+    row += [str(bool(s.get("connected"))).lower(), _clipped(s.get("lastError") or ""), age(o.created_at)]
+    return row + ([s.get("duplicates", 0), s.get("lastMessageTime") or ""] if wide else [])
+
+
 def service_row(o: StoredObject, _wide: bool) -> list[Any]:
     s = o.status or {}
     ready = "True" if s.get("readinessProbe") else "-"  # listed means ready; "-": it has no probe
@@ -71,7 +86,7 @@ def service_row(o: StoredObject, _wide: bool) -> list[Any]:
 COLUMNS = {
     "Job": (
         ["NAME", "STATUS", "POOL", "NODE", "ATTEMPTS", "AGE"],
-        ["REVISION", "PRIORITY", "SLOTS", "REASON", "DEPENDS-ON"],
+        ["REVISION", "PRIORITY", "SLOTS", "REASON", "DEPENDS-ON", "MESSAGE"],
         job_row,
     ),
     "Pool": (["NAME", "SLOTS", "USED", "QUEUED", "AGE"], ["MAX-BYPASS"], pool_row),
@@ -80,6 +95,11 @@ COLUMNS = {
         ["NAME", "TARGET", "EVENTS", "DELIVERED", "PENDING", "FAILED", "AGE"],
         ["SELECTOR", "LAST-ERROR"],
         notifier_row,
+    ),
+    "Source": (
+        ["NAME", "QUEUE", "RECEIVED", "CREATED", "REJECTED", "CONNECTED", "LAST-ERROR", "AGE"],
+        ["DUPLICATES", "LAST-MESSAGE"],
+        source_row,
     ),
     "Service": (["NAME", "NODE", "ADDRESS", "PORT", "RUN", "READY", "AGE"], [], service_row),
 }

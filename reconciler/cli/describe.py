@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..api.source import shown_url
+from ..waiting import why_waiting
 from .render import age, dump_yaml, job_state, table
 
 if TYPE_CHECKING:
@@ -39,6 +41,8 @@ def describe_object(obj: StoredObject, events: list[Any]) -> str:
         parts += _job_sections(obj, status)
     elif obj.kind == "Notifier":
         parts += _notifier_sections(obj, status)
+    elif obj.kind == "Source":
+        parts += _source_sections(obj, status)
     else:
         parts.append(_section("Spec", dump_yaml(obj.spec)))
         if status:
@@ -93,6 +97,8 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
         ("Started", status.get("startTime")),
         ("Completed", status.get("completionTime")),
     ]
+    if why := why_waiting(spec, status):  # after Message: the same words as the dashboard's
+        state.insert(5, ("Why Waiting", why))
     if adm := status.get("admission"):
         state.append(
             ("Admission", f"pool={adm.get('pool') or 'global'} slots={adm.get('slots')} at {adm.get('admittedAt')}")
@@ -155,6 +161,28 @@ def _notifier_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
         ("Last Error Time", status.get("lastErrorTime")),
     ]
     return [_kv([(k, v) for k, v in summary if v is not None]), _section("Deliveries", _kv(deliveries))]
+
+
+def _source_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
+    protocol = "amqp" if obj.spec.get("amqp") else "http"
+    queue = obj.spec.get(protocol) or {}
+    summary = [("Protocol", protocol), ("URL", shown_url(queue.get("url", ""))), ("Queue", queue.get("queue"))]
+    template = obj.spec.get("template") or {}
+    counts = [
+        ("Connected", bool(status.get("connected"))),
+        ("Received", status.get("received", 0)),
+        ("Created", status.get("created", 0)),
+        ("Duplicates", status.get("duplicates", 0)),
+        ("Rejected", status.get("rejected", 0)),
+        ("Last Message", status.get("lastMessageTime")),
+        ("Last Error", status.get("lastError")),
+        ("Last Error Time", status.get("lastErrorTime")),
+    ]
+    return [
+        _kv(summary),
+        _section("Template", dump_yaml(template) if template else ""),
+        _section("Ingestion", _kv(counts)),
+    ]
 
 
 def _retry(retry: dict[str, Any]) -> str:

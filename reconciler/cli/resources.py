@@ -103,7 +103,8 @@ def _comparable(document: dict[str, Any]) -> dict[str, Any]:
 def get(
     ctx: typer.Context,
     kind: str = typer.Argument(
-        ..., help="jobs | pools | nodes | notifiers | services | events; several as jobs,pools; or KIND/NAME..."
+        ...,
+        help="jobs | pools | nodes | notifiers | sources | services | events; several as jobs,pools; or KIND/NAME...",
     ),
     names: list[str] = typer.Argument(None),
     selector: str | None = typer.Option(None, "-l", "--selector"),

@@ -21,10 +21,37 @@ if TYPE_CHECKING:
     from ..converge import Watched
 
 
+class Interrupts:
+    """Ctrl-C as `up` and `run --wait` take it, from before they write anything: the first
+    press asks them to stop (what they applied is cancelled and followed until it is gone,
+    then exit 130), a second raises KeyboardInterrupt (the rest is left to the controller).
+    Taken from the start because through a server a job runs as soon as it is stored: a
+    press between the write and the first look would otherwise leave it running."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.interrupt = threading.Event()
+
+    def __enter__(self) -> Interrupts:
+        self._previous = signal.signal(signal.SIGINT, self._pressed)
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._previous)
+
+    def _pressed(self, *_: object) -> None:
+        if self.interrupt.is_set():
+            raise KeyboardInterrupt
+        self.interrupt.set()
+        self.stop.set()
+
+
 def _converge(
     client: Client,
     names: list[str],
     timeout: float | None,
+    interrupts: Interrupts,
     *,
     fail_fast: bool = False,
     junit: Path | None = None,
@@ -39,11 +66,10 @@ def _converge(
     from .progress import make_progress, summary
 
     progress = make_progress()
-    stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     started = time.time()
+    until = Until(timeout, interrupts.stop, progress.update, fail_fast, interrupts.interrupt)
     try:
-        result = client.converge(names, Until(timeout, stop, progress.update, fail_fast))
+        result = client.converge(names, until)
     except KeyboardInterrupt:  # a second Ctrl-C, while stopping
         err("interrupted again; what still runs is adopted by the next controller")
         return 130
@@ -92,13 +118,16 @@ def up(
 
     limit = duration_of(timeout, "--timeout")
     client = ctx_of(ctx).client
-    changes = client.apply(read_manifests(filename, recursive, verb="up"), selector=None)
-    for c in changes:
-        if c.action != "unchanged":
-            err(f"{c.kind.qualified}/{c.name} {c.action}")
-    names = [c.name for c in changes if c.kind.kind == "Job"]
-    suite = "reconciler up -f " + " ".join(filename)
-    raise typer.Exit(_converge(client, names, limit, fail_fast=fail_fast, junit=junit, suite=suite))
+    manifests = read_manifests(filename, recursive, verb="up")
+    with Interrupts() as interrupts:
+        changes = client.apply(manifests, selector=None)
+        for c in changes:
+            if c.action != "unchanged":
+                err(f"{c.kind.qualified}/{c.name} {c.action}")
+        names = [c.name for c in changes if c.kind.kind == "Job"]
+        suite = "reconciler up -f " + " ".join(filename)
+        code = _converge(client, names, limit, interrupts, fail_fast=fail_fast, junit=junit, suite=suite)
+    raise typer.Exit(code)
 
 
 def controller(
@@ -199,10 +228,14 @@ def run(
         wait_file=os.path.abspath(wait_file) if wait_file else None,  # where this command was given
     )
     client = ctx_of(ctx).client
-    created = client.run_job(one_off)
-    typer.echo(f"job.reconciler.dev/{created} created")
-    if wait:
-        raise typer.Exit(_converge(client, [created], None))
+    if not wait:
+        typer.echo(f"job.reconciler.dev/{client.run_job(one_off)} created")
+        return
+    with Interrupts() as interrupts:
+        created = client.run_job(one_off)
+        typer.echo(f"job.reconciler.dev/{created} created")
+        code = _converge(client, [created], None, interrupts)
+    raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:

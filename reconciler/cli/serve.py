@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from ..errors import InvalidInput
 from .context import NODE_ADDRESS, address_of, ctx_of, duration_of
+
+MIN_LEASE = 1.0  # seconds: renewed every third of it, a shorter one would flap under load
 
 
 def serve(
@@ -20,6 +23,12 @@ def serve(
         False, "--no-local-node", help="This machine is no node: no Node registered, no run started here."
     ),
     workers: int = typer.Option(1, "--workers", help="Reconcile workers (as `controller --workers`)."),
+    lease: str = typer.Option(
+        "15s",
+        "--lease",
+        help="Controller lease period: of several servers on one store the holder runs the reconcile loop, "
+        "and another takes over this long after it stops renewing.",
+    ),
     node_address: str = NODE_ADDRESS,
     node_lost_after: str | None = typer.Option(
         None,
@@ -28,7 +37,9 @@ def serve(
     ),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each request and the controller's steps."),
 ) -> None:
-    """The HTTP API plus the controller, with this machine as a node unless --no-local-node."""
+    """The HTTP API plus the controller, with this machine as a node unless --no-local-node.
+    Several servers may share a PostgreSQL store: all answer the API, the one holding the
+    controller lease runs the controller (GET /leader tells which)."""
     from ..server.serve import check
     from ..server.serve import serve as run
 
@@ -39,6 +50,9 @@ def serve(
 
         set_ready_window(lost_after)
     checked = check(host, tokens, tls_cert, tls_key)
+    period = duration_of(lease, "--lease")
+    if period is None or period < MIN_LEASE:
+        raise InvalidInput(f"--lease {lease}: at least {MIN_LEASE:g}s (the leader renews it every third of it)")
     run(
         store_needed,
         host=host,
@@ -50,6 +64,7 @@ def serve(
         address=address_of(node_address),
         workers=workers,
         verbose=verbose,
+        lease=period,
     )
 
 

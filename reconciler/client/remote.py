@@ -9,6 +9,7 @@ follow the server's watch stream; the server's controller does the work."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, cast
 
@@ -126,9 +127,12 @@ class RemoteClient:
     def watch(self, kind: str, names: list[str], selector: str | None) -> Iterator[StoredObject]:
         """Each selected object again whenever it changes, as reads.watch: the listing first
         (NotFound for a missing name), then the server's watch stream."""
-        from ..reads import SERVICES
+        from ..reads import DERIVED_STATUS, SERVICES
 
         service = kind.lower() in SERVICES
+        if not service and resolve_kind(kind).kind in DERIVED_STATUS:
+            yield from self._relisting(kind, names, selector)
+            return
         plural = "jobs" if service else resolve_kind(kind).plural
         since, every = list_objects(self.http, plural)
         listing = (
@@ -158,6 +162,20 @@ class RemoteClient:
                 if service:
                     found = self.objects(kind, names, selector, strict=False).objects
                 yield from (o for o in found if fresh(o))
+
+    def _relisting(self, kind: str, names: list[str], selector: str | None) -> Iterator[StoredObject]:
+        """Pools, nodes and notifiers, whose shown status the server derives when it answers
+        (usage, readiness, delivery counts), listed again on a timer as reads.watch looks
+        again: a watch stream only carries writes. There are few of them; a list is cheap."""
+        from ..reads import DERIVED_LOOK, shown
+
+        seen = {o.name: shown(o) for o in self.objects(kind, names, selector).objects}
+        while True:
+            time.sleep(DERIVED_LOOK)  # a CLI follower: a timer is what it waits for
+            for o in self.objects(kind, names, selector, strict=False).objects:
+                if seen.get(o.name) != (look := shown(o)):
+                    seen[o.name] = look
+                    yield o
 
     def run_logs(self, name: str, run: int | None) -> RemoteLogs:
         return RemoteLogs(self.http, name, run)

@@ -1,5 +1,5 @@
 """Fault injection for crash tests: `RECONCILER_FAULT=<point>` makes the controller SIGKILL
-itself when it reaches one of the KILLS points, as a crash there would, or makes the thread
+itself when it reaches one of the KILLS (or INGEST_KILLS) points, as a crash there would, or makes the thread
 that reaches one of the RAISES points raise, as a bug there would. Unset, a point costs one
 comparison."""
 
@@ -9,8 +9,9 @@ import os
 import signal
 
 KILLS = ("after-admission", "after-spawn", "before-exit-record", "during-backoff", "after-completion")
+INGEST_KILLS = ("after-ingest",)  # a Source's batch stored, its messages not yet acknowledged
 RAISES = ("worker-dies", "watcher-dies")
-POINTS = KILLS + RAISES
+POINTS = KILLS + INGEST_KILLS + RAISES
 _ARMED = os.environ.get("RECONCILER_FAULT")
 
 

@@ -1,5 +1,6 @@
 """Wiring: one store, the local agent, the job reconciler, the work queue and its workers,
-the change watcher (other processes' writes), the node heartbeat and the notifier lanes."""
+the change watcher (other processes' writes), the node heartbeat, the notifier lanes and the
+source lanes."""
 
 from __future__ import annotations
 
@@ -8,22 +9,25 @@ import threading
 import time
 
 from .. import telemetry
-from ..agent.local import LocalAgent, process_owner
+from ..agent.local import LocalAgent
 from ..clock import Clock, RealClock
 from ..store import Store
 from ..store import scheduling as sched
-from ..store.feed import ChangeFeed
+from ..store.engine import Fenced
+from ..store.feed import ChangeFeed, poll_interval
 from ..threads import critical, fatal
 from . import faults
+from .ingest import Ingester
 from .job import JobReconciler
 from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_name
 from .notify import Deliverer
+from .owners import controller_owner
 from .runtime import Runner, WorkQueue
 
 log = logging.getLogger("reconciler.controller")
 
-WATCH_INTERVAL = 0.05  # how far behind other processes' writes we may be
 WAKE_ON_ROOM = 8  # jobs first in line woken when a pool or node may have room (each admission wakes on)
+HEARTBEAT_RETRY = 0.5  # seconds after a failed heartbeat before the next try
 DRAIN = 2.0  # on stop, how long events due now may take to be delivered (`up` ends right after its jobs)
 
 
@@ -37,18 +41,24 @@ class Controller:
         clock: Clock | None = None,
         address: str | None = None,
         local_node: bool = True,
+        sources: bool = True,
+        term: int | None = None,
     ):
         """`local_node=False` (`serve --no-local-node`): this machine is no node. No Node is
         registered or kept Ready for it, and the agent here owns no node (its name is empty,
-        which no Node can have), so it starts no run: jobs wait for other nodes."""
+        which no Node can have), so it starts no run: jobs wait for other nodes. `sources=False`
+        (`up`, `run --wait`): no Source is consumed. `term`: the controller lease's term this
+        controller leads in (`serve`, leader.py); what it claims is owned in that term, so the
+        leader of a later term takes it over."""
         self.store = store
         self.address = address or DEFAULT_ADDRESS  # where this node's services are reached: the registry publishes it
         self.clock = clock or RealClock()
         self.local_node = local_node
         self.node = (node or local_node_name()) if local_node else ""
-        self.owner = process_owner()
+        self.owner = controller_owner(term)
         self.queue = WorkQueue()
         self.notifier = Deliverer(store, clock=self.clock, owner=self.owner)
+        self.sources = Ingester(store) if sources else None
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
         self.jobs = JobReconciler(
             store,
@@ -62,11 +72,12 @@ class Controller:
         self._stop = threading.Event()
         self._watcher = critical("change-watcher", self._watch)
         self._feed: ChangeFeed | None = None
+        self._interval = poll_interval()  # a bad RECONCILER_POLL_INTERVAL is refused here, not in the thread
 
     def start(self) -> Controller:
         if self.local_node:
             heartbeat(self.store, self.node, self.owner, self.clock.now(), address=self.address)
-        self._feed = ChangeFeed(self.store, skip_known=True, reports=True)
+        self._feed = ChangeFeed(self.store, skip_known=True, listen=True, reports=True)
         with self.store.read() as session:
             for job, deps in sched.dependency_graph(session).items():
                 for dep in deps:
@@ -77,15 +88,23 @@ class Controller:
         self.runner.start()
         self._watcher.start()
         self.notifier.start()
+        if self.sources is not None:
+            self.sources.start()
         telemetry.workqueue_depth = self.queue.__len__
         return self
 
-    def stop(self) -> None:
+    def stop(self, *, drain: bool = True) -> None:
+        """`drain`: give events due now a moment to be delivered (not when stepping down:
+        another server leads, and its lanes deliver them)."""
         self._stop.set()
+        self.store.wakeups().poke()  # the change watcher may be waiting for a notification
         if telemetry.workqueue_depth == self.queue.__len__:
             telemetry.workqueue_depth = None
+        if self.sources is not None:
+            self.sources.stop()  # first: no job arrives while the rest stops
         self.runner.stop()
-        self.notifier.drain(DRAIN)
+        if drain:
+            self.notifier.drain(DRAIN)
         self.notifier.stop()
         self.jobs.paths.close()
         self.jobs.probes.close()
@@ -107,9 +126,19 @@ class Controller:
         heartbeat, here rather than through the work queue, where a backlog of thousands of
         jobs could hold it past the node's readiness window."""
         # start() opens the feed before it lists the open jobs, so no change falls in between
-        feed = self._feed if self._feed is not None else ChangeFeed(self.store, skip_known=True, reports=True)
+        feed = (
+            self._feed if self._feed is not None else ChangeFeed(self.store, skip_known=True, listen=True, reports=True)
+        )
+        interval = self._interval
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL
-        while not self._stop.wait(WATCH_INTERVAL):
+        next_poll = time.monotonic() + interval
+        while True:
+            # woken by another process's write (PostgreSQL's notifications), the poll's period
+            # or the heartbeat's; the feed is read on the first two only
+            until = min(next_poll, next_beat) if self.local_node else next_poll
+            announced = feed.wait(max(0.0, until - time.monotonic()))
+            if self._stop.is_set():
+                return
             faults.point("watcher-dies")
             if self.store.file_replaced():
                 fatal(
@@ -131,8 +160,14 @@ class Controller:
                         # change feed skips, so the jobs that found no node are woken here
                         self._wake_first_in_line()
                     next_beat = time.monotonic() + HEARTBEAT_INTERVAL
-                except Exception:  # the store may be briefly unavailable: the next tick tries again
+                except Fenced:  # another server leads: this controller is being stopped
+                    next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+                except Exception:  # the store may be briefly unavailable: try again shortly
                     log.warning("node heartbeat failed", exc_info=True)
+                    next_beat = time.monotonic() + HEARTBEAT_RETRY
+            if not announced and time.monotonic() < next_poll:
+                continue  # a heartbeat's turn only
+            next_poll = time.monotonic() + interval
             try:
                 foreign = feed.poll()
                 for change in foreign:

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .. import telemetry
-from ..agent.local import owner_gone
 from ..api.notifier import NotifierSpec
 from ..clock import Clock
 from ..store import outbox
 from ..threads import critical
+from .owners import released
 
 if TYPE_CHECKING:
     import httpx
@@ -216,7 +216,7 @@ class Lane:
         """Take or renew the notifier's lease, unless a live process holds it."""
         gone = None
         if held is not None and held[0] != self.owner:
-            if held[1] > now and not owner_gone(held[0]):
+            if held[1] > now and not released(held[0], self.owner):
                 return False
             gone = held[0]
         elif held is not None and held[1] - now > LEASE / 2:

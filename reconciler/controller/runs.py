@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from ..agent.local import ExitRecord, LocalAgent, Preparation, ProcessIdentity, StartFailed, owner_gone
+from ..agent.local import ExitRecord, LocalAgent, Preparation, ProcessIdentity, StartFailed
 from ..agent.probe import Probes
 from ..api.annotations import LOST_RUN, lost_run
 from ..api.meta import from_epoch, to_epoch
@@ -18,9 +18,11 @@ from ..api.status import Phase, RunDict, RunOutcome
 from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
+from ..store.engine import Fenced
 from . import deadlines, faults
 from .context import RETRY_SCHEDULED, Ctx
 from .endings import Endings
+from .owners import released
 from .remote import RemoteSteps
 from .retry import RunEnd, after_run, restart_delay
 from .runtime import AGAIN, DONE, Result, requeue_after
@@ -124,6 +126,7 @@ class RunSteps:
             if ctx.spec.artifact is not None and (not_yet := self._artifact(ctx, number, run_dir)) is not None:
                 return not_yet
             faults.point("after-admission")
+            self._leading()
             try:
                 identity = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
                 faults.point("after-spawn")
@@ -183,10 +186,17 @@ class RunSteps:
         controllers: the unclaimed spawn, or that of an owner proven gone (a crash)."""
         if held.owner == self.owner:
             return True  # claimed at admission
-        if held.owner is not None and not owner_gone(held.owner):
+        if held.owner is not None and not released(held.owner, self.owner):
             return False
         with self.store.write(known=True) as tx:
             return sched.claim_spawn(tx, ctx.uid, self.owner, take_over_from=held.owner)
+
+    def _leading(self) -> None:
+        """Before acting on processes (no write to fence it): a server that may have lost
+        the controller lease unseen (paused past its period) acts on nothing."""
+        fence = self.store.fence
+        if fence is not None and not fence.holds():
+            raise Fenced("this server may no longer hold the controller lease: it acts on no process")
 
     def new_run(
         self,
@@ -281,6 +291,7 @@ class RunSteps:
 
     def _begin_stop(self, ctx: Ctx, identity: ProcessIdentity, stop: Stop) -> Result:
         reason, message = stop
+        self._leading()
         self.agent.terminate(identity)
         ctx.status["stop"] = {
             "reason": reason,

@@ -7,7 +7,7 @@ import functools
 import json
 import math
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Annotated, Any
@@ -43,7 +43,7 @@ from ..wire import (
     object_list,
     status,
 )
-from . import agents, seed
+from . import agents, dashboard, seed
 from .agents import Wake
 from .auth import Tokens
 from .guard import MAX_BODY, Guard
@@ -58,10 +58,16 @@ EVENTS_LIMIT = 1000  # `get events`: the newest, as the CLI shows them
 
 
 def create_app(
-    store: Store, *, tokens: Tokens | None = None, max_body: int = MAX_BODY, wake: Wake | None = None
+    store: Store,
+    *,
+    tokens: Tokens | None = None,
+    max_body: int = MAX_BODY,
+    leader: Callable[[], dict[str, Any]] | None = None,
+    wake: Wake | None = None,
 ) -> Guard:
-    """The API over `store`, behind the token and body-size guard. `wake(job)`: tell the
-    controller in this process at once of an agent's report on the job."""
+    """The API over `store`, behind the token and body-size guard. `leader`: who holds the
+    controller lease, as `GET /leader` shows it (serve's leader election). `wake(job)`: tell
+    the controller in this process at once of an agent's report on the job."""
     broadcaster = Broadcaster(store)
 
     @asynccontextmanager
@@ -83,7 +89,17 @@ def create_app(
     _errors(app)
     agents.routes(app, store, wake)
     _routes(app, store, broadcaster, tokens)
+    if leader is not None:
+
+        @app.get("/leader", tags=["server"])
+        def leading() -> Response:
+            """Which server runs the reconcile loop: `{leader, server, holder, term, expiresIn,
+            termAge, leaseSeconds}`, `leader` true on the server that holds the controller lease (no
+            token needed)."""
+            return _json(leader())
+
     seed.routes(app, store)
+    dashboard.routes(app, store)
     return Guard(app, tokens=tokens, max_body=max_body)
 
 

@@ -8,6 +8,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from ..wire import status
+from . import dashboard
 from .auth import Tokens, refusal
 
 Scope = MutableMapping[str, Any]
@@ -17,7 +18,7 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 MAX_BODY = 8 * 2**20  # as one manifest file (manifests.MAX_FILE_BYTES): an apply of thousands of jobs fits
-OPEN_PATHS = ("/healthz",)  # what a load balancer or systemd probes without a token
+OPEN_PATHS = ("/healthz", "/leader")  # what a load balancer or systemd probes without a token
 
 
 class Guard:
@@ -31,7 +32,7 @@ class Guard:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        if self.tokens is not None and scope["path"] not in OPEN_PATHS:
+        if self.tokens is not None and scope["path"] not in OPEN_PATHS and not dashboard.is_open(scope["path"]):
             identity = self.tokens.identify(_bearer(scope))
             if identity is None:
                 await _refuse(send, 401, "no valid bearer token (send Authorization: Bearer TOKEN)")
@@ -39,6 +40,7 @@ class Guard:
             if (why := refusal(identity, scope["method"], scope["path"])) is not None:
                 await _refuse(send, 403, why)
                 return
+            scope["reconciler.role"] = identity.role  # what the dashboard offers (buttons for admins)
         body = await self._body(scope, receive, send)
         if body is None:
             return

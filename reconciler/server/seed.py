@@ -13,31 +13,19 @@ from __future__ import annotations
 import json
 import os
 import shlex
-from typing import Any, Literal
+from typing import Any
 
 from fastapi import FastAPI, Query
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field
 
 from .. import commands, reads
+from ..api.oneoff import JobRequest
 from ..api.status import Outcome, Phase
 from ..errors import InvalidInput
 from ..store import Store, StoredObject
 
 SEED_STATUSES = ("pending", "running", "done", "failed")
 _RUNNING = (Phase.STARTING, Phase.RUNNING, Phase.STOPPING)
-
-
-class JobRequest(BaseModel):
-    """The seed's job request; fields it does not know are ignored, as the seed's decoder did."""
-
-    model_config = ConfigDict(extra="ignore")
-    command: str = ""
-    deploy_url: str = ""
-    job_type: Literal["run", "service"] = "run"
-    port: int | None = Field(default=None, description="service only")
-    env_vars: dict[str, str] = Field(default_factory=dict)
-    instance_id: str = Field(default="", description="the node to run on")
 
 
 def seed_status(status: dict[str, Any]) -> str:
@@ -79,22 +67,9 @@ def routes(app: FastAPI, store: Store) -> None:
     @app.post("/jobs", status_code=201, tags=["seed"])
     def submit(request: JobRequest) -> Response:
         """Create a job from the seed's job request; 201 with the job in the seed's shape."""
-        if not request.command:
-            raise InvalidInput(
-                "command: required (deploy_url only gives the files the command runs in)"
-                if request.deploy_url
-                else "command or deploy_url is required"
-            )
-        one_off = commands.OneOff(
-            command=[request.command],
-            shell=True,
-            working_dir=os.getcwd(),
-            env=request.env_vars,
-            job_type=request.job_type,
-            port=request.port,
-            node_name=request.instance_id or None,
-            artifact_url=request.deploy_url or None,
-        )
+        if (problem := request.problem()) is not None:
+            raise InvalidInput(problem)
+        one_off = request.one_off(os.getcwd())
         name = commands.run_job(store, one_off)
         job = reads.objects(store, "jobs", [name], None).objects[0]
         return Response(json.dumps(seed_job(job)), status_code=201, media_type="application/json")

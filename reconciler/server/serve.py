@@ -1,5 +1,6 @@
-"""`reconciler serve`: refuse what would be unsafe, then run the controller and the API in
-one process until SIGINT or SIGTERM."""
+"""`reconciler serve`: refuse what would be unsafe, then run the API, and the controller while
+this server holds the store's controller lease (several servers may share a store: one
+leads, the others take over), in one process until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
@@ -7,10 +8,9 @@ import ipaddress
 import logging
 import socket
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
-from ..converge import controller_running
+from ..converge import controller_elected
 from ..errors import InvalidInput
 from ..store import Store
 from .app import create_app
@@ -61,39 +61,44 @@ def serve(
     workers: int,
     verbose: bool,
     address: str | None = None,
+    lease: float,
 ) -> None:
     import uvicorn  # only `serve` pays for it
 
-    woken: list[Callable[[str], None]] = []  # the controller's, once it runs
-
-    def wake(job: str) -> None:
-        for hand in woken:
-            hand(job)
-
-    config = uvicorn.Config(
-        create_app(store, tokens=tokens, wake=wake),
-        host=host,
-        port=port,
-        ssl_certfile=tls_cert,
-        ssl_keyfile=tls_key,
-        log_level="info" if verbose else "warning",
-        access_log=verbose,
-        timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
-        server_header=False,
-    )
-    server = uvicorn.Server(config)
     logging.basicConfig(  # the controller's log, as `controller` writes it
         level=logging.DEBUG if verbose else logging.INFO,
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     logging.getLogger("httpx").setLevel(logging.WARNING)  # log fetches from agents: a line each otherwise
-    with controller_running(store, workers=workers, local_node=local_node, address=address) as running:
-        woken.append(running.wake)
+    with controller_elected(store, lease=lease, workers=workers, local_node=local_node, address=address) as elected:
+
+        def wake(job: str) -> None:
+            """An agent's report: the controller in this process (while it leads) looks at once."""
+            hand = getattr(elected.leadership.running, "wake", None)  # None while this server follows
+            if hand is not None:
+                hand(job)
+
+        config = uvicorn.Config(
+            create_app(store, tokens=tokens, leader=elected.leadership.describe, wake=wake),
+            host=host,
+            port=port,
+            ssl_certfile=tls_cert,
+            ssl_keyfile=tls_key,
+            log_level="info" if verbose else "warning",
+            access_log=verbose,
+            timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
+            server_header=False,
+        )
+        server = uvicorn.Server(config)
         scheme = "https" if tls_cert else "http"
-        node = f"node {running.node}" if local_node else "no local node"
+        node = f"node {elected.node}" if local_node else "no local node"
         auth = "tokens required" if tokens is not None else "no authentication: loopback only"
+        term = elected.leadership.term
+        role = f"leading in term {term}" if term is not None else "following the leader"
         print(
-            f"serving {scheme}://{host}:{port} (store {store.display_url}, {node}, {auth})", file=sys.stderr, flush=True
+            f"serving {scheme}://{host}:{port} (store {store.display_url}, {node}, {auth}, {role})",
+            file=sys.stderr,
+            flush=True,
         )
         server.run()

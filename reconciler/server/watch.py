@@ -18,14 +18,13 @@ from typing import Any
 
 from ..api.kinds import KINDS
 from ..api.meta import API_VERSION
-from ..reads import ChangeReader, objects
+from ..reads import ChangeReader, objects, poll_interval
 from ..selectors import Requirement, matches
 from ..store import Store, StoredObject
 from ..threads import critical
 
 log = logging.getLogger("reconciler.server")
 
-LOOK_INTERVAL = 0.05  # as the controller's change watcher: how far behind the store a stream may be
 HISTORY = 20_000  # events kept for clients that connect from an older resourceVersion
 BACKLOG = 1_000  # batches a slow client may fall behind before its stream is ended (410)
 
@@ -68,9 +67,10 @@ class _Known:
 
 
 class Broadcaster:
-    def __init__(self, store: Store, *, history: int = HISTORY, interval: float = LOOK_INTERVAL):
+    def __init__(self, store: Store, *, history: int = HISTORY, interval: float | None = None):
+        """`interval`: the poll under the store's notifications (feed.poll_interval)."""
         self.store = store
-        self.interval = interval
+        self.interval = poll_interval() if interval is None else interval
         self._history: deque[Event] = deque()
         self._history_size = history
         self._floor = 0  # every event after this resourceVersion is in the history
@@ -83,7 +83,7 @@ class Broadcaster:
 
     def start(self) -> Broadcaster:
         """Learn every object (to tell a creation from a change), then follow from there."""
-        reader = ChangeReader(self.store)
+        reader = ChangeReader(self.store, listen=True)
         for info in KINDS.values():
             for o in objects(self.store, info.kind, [], None).objects:
                 self._known[(o.kind, o.name)] = _Known(o.uid, o.labels, o.resource_version)
@@ -94,6 +94,7 @@ class Broadcaster:
 
     def stop(self) -> None:
         self._stop.set()
+        self.store.wakeups().poke()
         self._thread.join(2)
         with self._lock:
             for sub in self._subscriptions:
@@ -123,7 +124,11 @@ class Broadcaster:
                 self._subscriptions.remove(sub)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        assert self._reader is not None
+        while True:
+            self._reader.wait(self.interval)  # woken by the store's notifications, else the poll
+            if self._stop.is_set():
+                return
             try:
                 self._look()
             except Exception:  # the store may be briefly unavailable; the next look tries again

@@ -13,6 +13,7 @@ import re
 import sqlite3
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,10 +21,11 @@ from pathlib import Path
 from ..errors import InvalidInput
 from ..files import make_private_dirs
 from .dbapi import Connection, Statement, StoreError
+from .listen import Listener, Wakeups, listening
 
 BUSY_TIMEOUT_MS = 30_000
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
-SCHEMA_VERSION = 4  # 1 + the number of migrations.UPGRADES: what a current store records in meta
+SCHEMA_VERSION = 6  # 1 + the number of migrations.UPGRADES: what a current store records in meta
 _SQLITE_SETUP = (
     "PRAGMA journal_mode=WAL",
     f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
@@ -116,7 +118,34 @@ def _postgresql(conninfo: str, *, write: bool) -> Connection:
 COUNT_UP = Statement("UPDATE meta SET value = value + 1 WHERE key = :key RETURNING value")  # a store-wide counter
 META = Statement("SELECT value FROM meta WHERE key = :key")
 _LOCK_SEQ = Statement("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE")
-_NOTIFY = Statement("SELECT pg_notify('reconciler', :rv)")
+# a leader's write: the same lock, and the term of the controller lease in the same round trip
+_LOCK_SEQ_TERM = Statement(
+    "SELECT (SELECT term FROM leases WHERE name = 'controller') AS term FROM meta WHERE key = 'seq' FOR UPDATE"
+)
+_TERM = Statement("SELECT term FROM leases WHERE name = 'controller'")  # SQLite: BEGIN IMMEDIATE is the lock
+_NOTIFY = Statement("SELECT pg_notify('reconciler', :payload)")  # listen.py reads it
+
+
+class Fenced(StoreError):
+    """A leader's write found another term: the lease changed hands, this process no
+    longer leads, and the write was rolled back."""
+
+
+class Fence:
+    """The term of the controller lease this process leads in (`serve`, controller/leader.py).
+    The controller's writes (`Store.write(known=True)`) compare it with the lease row inside
+    their transaction, under the lock every write takes, so a write either lands before the
+    lease changed hands or fails with `Fenced`: a former leader (paused, cut off) cannot write.
+    `valid_until` (time.monotonic) is when the lease may have expired unseen: what is not a
+    write (spawning a process) asks `holds()` first."""
+
+    def __init__(self, term: int, valid_until: float):
+        self.term = term
+        self.valid_until = valid_until
+        self.broken = threading.Event()  # set when a write found another term
+
+    def holds(self) -> bool:
+        return not self.broken.is_set() and time.monotonic() < self.valid_until
 
 
 class Tx:
@@ -160,6 +189,10 @@ class Store:
         self.url = default_store_url() if url is None else url
         self.is_sqlite = self.url.startswith("sqlite")
         self.known_writes: set[int] = set()  # resourceVersions written with known=True: the change feed skips them
+        self.fence: Fence | None = None  # set while this process leads through the controller lease
+        self.origin = uuid.uuid4().hex[:16]  # names this store's own writes in its notifications
+        self._wakeups = Wakeups()
+        self._listener: Listener | None = None
         # called after each committed change, in the writer's thread: what waits on this
         # process's writes (a node agent's long poll) is told at once, not at its next poll
         self.committed: list[Callable[[], None]] = []
@@ -178,6 +211,7 @@ class Store:
             _owner_only_file(self.path)
         else:
             self._conninfo = "postgresql://" + self.url.split("://", 1)[1]
+            self._listen = listening()  # a bad RECONCILER_LISTEN is refused when the store opens
         self._migrate()
         if self.path is not None:
             found = os.stat(self.path)
@@ -288,18 +322,28 @@ class Store:
         """A write transaction. `known`: the writer acts on what it writes itself (the
         controller's reconcile steps), so this process's change feed need not tell it: its
         resourceVersion goes into `known_writes`. Every other write, by whatever part of
-        this process (a verb, a folder's applies), is seen by the change feed."""
+        this process (a verb, a folder's applies), is seen by the change feed. While a
+        `fence` is set, the controller's writes (`known`) check its term first (`Fenced`)."""
+        fence = self.fence if known else None
         with self._writer:
             conn = self._writer_connection()
             conn.begin("BEGIN IMMEDIATE")
             commit = False
             try:
-                if not self.is_sqlite:
+                if fence is not None:
+                    if fence.broken.is_set():
+                        raise Fenced("this server does not lead (it holds no controller lease): the write is refused")
+                    term = (_TERM if self.is_sqlite else _LOCK_SEQ_TERM).execute(conn).scalar()
+                    if term != fence.term:
+                        fence.broken.set()
+                        raise Fenced(f"the controller lease is in term {term}, not {fence.term}: another server leads")
+                elif not self.is_sqlite:
                     _LOCK_SEQ.execute(conn)
                 tx = Tx(conn, self)
                 yield tx
                 if tx.changed and not tx.discarded and not self.is_sqlite:
-                    _NOTIFY.execute(conn, {"rv": str(tx.rv())})
+                    payload = f"{tx.rv()} {self.origin}" if known else str(tx.rv())
+                    _NOTIFY.execute(conn, {"payload": payload})
                 commit = not tx.discarded
             finally:
                 conn.end(commit=commit)
@@ -309,6 +353,16 @@ class Store:
             for listener in self.committed:
                 listener()
 
+    def wakeups(self) -> Wakeups:
+        """What the change feed's followers wait on between polls: on PostgreSQL announced by
+        a listening thread (LISTEN/NOTIFY, started on first use; not with RECONCILER_LISTEN=off),
+        on SQLite by nothing."""
+        if self.path is None and self._listener is None and self._listen:
+            with self._kept_lock:
+                if self._listener is None:
+                    self._listener = Listener(self._conninfo, self._wakeups, self.origin)
+        return self._wakeups
+
     def change_seq(self) -> int:
         """The cheap "did anything change" probe other processes poll."""
         with self.read() as conn:
@@ -317,6 +371,9 @@ class Store:
     def dispose(self) -> None:
         with self._kept_lock:
             kept, self._kept = self._kept, []
+            listener, self._listener = self._listener, None
+        if listener is not None:
+            listener.close()
         for conn in kept:
             conn.close()
         self._write_conn = None

@@ -5,10 +5,30 @@ carries the sequence number of its last write."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
+from ..errors import InvalidInput
 from . import scheduling as sched
 from .engine import Store
+
+POLL_INTERVAL = 0.05  # seconds between looks when nothing announces a change (RECONCILER_POLL_INTERVAL)
+
+
+def poll_interval() -> float:
+    """How often followers poll the feed: the safety net under PostgreSQL's notifications,
+    the only way on SQLite. `RECONCILER_POLL_INTERVAL` (seconds) sets it, for tests and for
+    operators who would rather spare the database the polls."""
+    text = os.environ.get("RECONCILER_POLL_INTERVAL")
+    if not text:
+        return POLL_INTERVAL
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 3600:
+        raise InvalidInput(f"RECONCILER_POLL_INTERVAL={text!r}: give seconds, more than 0 and at most 3600")
+    return value
 
 
 @dataclass(frozen=True)
@@ -19,16 +39,34 @@ class Change:
 
 
 class ChangeFeed:
-    def __init__(self, store: Store, *, skip_known: bool = False, since: int | None = None, reports: bool = False):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        skip_known: bool = False,
+        since: int | None = None,
+        listen: bool = False,
+        reports: bool = False,
+    ):
         """`skip_known`: leave out the writes made with `store.write(known=True)` (the
         controller's own steps, which act on what they write). `since`: the change sequence
-        to follow from (a list's resourceVersion), instead of now. `reports`: a remote
-        agent's report on a job's admission counts as a change of that job (the controller
-        acts on them; the job object itself is not written by a report)."""
+        to follow from (a list's resourceVersion), instead of now. `listen`: the follower
+        calls `wait` between polls, to be woken by the store's notifications. `reports`: a
+        remote agent's report on a job's admission counts as a change of that job (the
+        controller acts on them; the job object itself is not written by a report)."""
         self.store = store
         self.skip_known = skip_known
         self.reports = reports
+        # before the first look, so that no notification falls between
+        self._seen = store.wakeups().seen(foreign=skip_known) if listen else 0
         self.seq = store.change_seq() if since is None else since
+
+    def wait(self, timeout: float) -> bool:
+        """Until the store announces a change this feed follows (PostgreSQL's NOTIFY; with
+        `skip_known`, not the controller's own writes) or `timeout` passes; True when a
+        change was announced (`poll` now), False when the time passed."""
+        seen, self._seen = self._seen, self.store.wakeups().wait(self._seen, timeout, foreign=self.skip_known)
+        return self._seen != seen
 
     def poll(self) -> list[Change]:
         """Objects written or deleted since the last poll, oldest first."""

@@ -72,6 +72,16 @@ def _v3(conn: Connection) -> None:
 
 
 def _v4(conn: Connection) -> None:
+    """Source ingestion: the messages each Source turned into jobs, for redeliveries."""
+    _create(conn, ["ingested"])
+
+
+def _v5(conn: Connection) -> None:
+    """The leader lease of `serve` processes sharing a store."""
+    _create(conn, ["leases"])
+
+
+def _v6(conn: Connection) -> None:
     """Admissions carry an epoch (fencing remote agents' reports) and the agent's last report
     of their run. An admission from before has no epoch: no agent can report on it (a
     local run is watched by its controller), which is what it always was."""
@@ -80,7 +90,7 @@ def _v4(conn: Connection) -> None:
     conn.run("ALTER TABLE admissions ADD COLUMN reported_rv INTEGER")
 
 
-UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4]
+UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5, _v6]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

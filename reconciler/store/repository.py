@@ -178,6 +178,10 @@ class SpecView:
     def job(self, name: str) -> dict[str, Any] | None:
         return self._spec("Job", name)
 
+    def remember(self, kind: str, name: str, spec: dict[str, Any]) -> None:
+        """An object this transaction stores later: what is checked after it sees it."""
+        self._specs[(kind, name)] = spec
+
     def pool(self, name: str) -> dict[str, Any] | None:
         return self._spec("Pool", name)
 

@@ -80,7 +80,7 @@ class AdmissionRow(SQLModel, table=True):
     admitted_at: float
     owner: str | None = None  # the agent that claimed the spawn (host:pid:start), so no run starts twice
     port: int | None = None  # a service's port, held on its node while admitted
-    # schema 4: the admission's epoch (the resourceVersion that admitted it, or restarted its
+    # schema 6: the admission's epoch (the resourceVersion that admitted it, or restarted its
     # service's run): a remote agent's report names it, and one for an epoch no longer
     # current is refused; the agent's last report of the run (JSON), and the change
     # sequence number of its write, which the controller's change feed follows
@@ -137,3 +137,30 @@ class DeliveryRow(SQLModel, table=True):
     last_delivery_at: float | None = None
     owner: str | None = None  # host:pid:start of the delivering process
     lease_until: float | None = None
+
+
+class IngestedRow(SQLModel, table=True):
+    """A queue message a Source turned into a job, written in the job's transaction: a
+    redelivery of the message finds it and creates nothing new (schema 4)."""
+
+    __tablename__ = "ingested"
+    __table_args__ = (Index("ix_ingested_age", "source", "created_at"),)  # forgetting the old ones
+    source: str = Field(primary_key=True)
+    message_id: str = Field(primary_key=True)
+    job: str
+    created_at: float
+
+
+class LeaseRow(SQLModel, table=True):
+    """Who leads: one row per lease (today only `controller`, held by the `serve` process
+    that runs the reconcile loop). `term` only grows: it is bumped each time the lease
+    changes hands, and the leader's writes check it, so a former leader cannot write
+    (schema 5). Times are the database's clock, so servers' clocks need not agree."""
+
+    __tablename__ = "leases"
+    name: str = Field(primary_key=True)
+    holder: str | None = None  # host:pid:start of the leading process; None once released
+    term: int
+    expires_at: float  # the database's epoch seconds: another may take the lease after it
+    renewed_at: float
+    acquired_at: float  # when this term began

@@ -85,6 +85,32 @@ def test_ctrl_c_stops_what_it_started(env):
     wait_until(lambda: runs_alive(env) == [], timeout=10, message="no run left")
 
 
+def test_ctrl_c_right_after_the_apply_still_stops_what_it_applied(env):
+    """The press lands as soon as up has written the job (it says `created`), while it is
+    still starting to follow: the job is cancelled all the same, not left to run."""
+    path = env.write("jobs.yaml", job_yaml("early", f"shell: {LONG}\nstopGracePeriod: 1s"))
+    up = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", "up", "-f", str(path)],
+        env={**os.environ, "RECONCILER_STORE": env.url},
+        cwd=env.root,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert up.stderr is not None
+        assert up.stderr.readline() == "job.reconciler.dev/early created\n"
+        up.send_signal(signal.SIGINT)
+        _, stderr = up.communicate(timeout=60)
+    finally:
+        if up.poll() is None:
+            up.kill()
+    assert up.returncode == 130, stderr
+    status = env.status("early")
+    assert status["outcome"] == "Cancelled" and status["message"] == "cancelled by up: interrupted", status
+    wait_until(lambda: runs_alive(env) == [], timeout=10, message="no run left")
+
+
 def test_junit_report_has_a_testcase_per_job_and_failures_with_their_why(env):
     path = env.write(
         "jobs.yaml",

@@ -141,3 +141,28 @@ def test_get_watch_prints_a_row_when_a_job_changes(sqlite_url, tmp_path):
     finally:
         _stop(follower)
     assert states[-1] == "Succeeded"
+
+
+def test_get_watch_of_pools_prints_usage_as_it_changes(sqlite_url, tmp_path):
+    """A pool's USED is derived when read (no write to the pool): `get -w` looks again on a
+    timer and prints the row once a job holds the slot, and again when it gives it back."""
+    gate = tmp_path / "gate"
+    pool = "apiVersion: reconciler.dev/v1alpha1\nkind: Pool\nmetadata: {name: lane}\nspec: {slots: 1}\n"
+    job = (
+        "apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {name: held}\n"
+        f"spec: {{pool: lane, shell: 'while [ ! -e {gate} ]; do sleep 0.05; done'}}\n"
+    )
+    (tmp_path / "p.yaml").write_text(pool + "---\n" + job)
+    assert run_cli("apply", "-f", str(tmp_path / "p.yaml"), store=sqlite_url).code == 0
+    follower = _start(["get", "pools", "lane", "-w"], sqlite_url)
+    controller = _start(["controller"], sqlite_url, stderr=subprocess.DEVNULL)
+    try:
+        lines = _lines(follower)
+        assert lines.get(timeout=30).split()[:3] == ["NAME", "SLOTS", "USED"]
+        assert lines.get(timeout=30).split()[:3] == ["lane", "1", "0"]
+        assert lines.get(timeout=30).split()[:3] == ["lane", "1", "1"]  # the job holds the slot
+        gate.touch()
+        assert lines.get(timeout=30).split()[:3] == ["lane", "1", "0"]  # and gave it back
+    finally:
+        _stop(controller)
+        _stop(follower)

@@ -68,6 +68,7 @@ def start_server(
     token: str | None = None,
     scheme: str = "http",
     verify: ssl.SSLContext | bool = True,
+    env: dict[str, str] | None = None,
 ) -> Server:
     port = free_port()
     log = tmp_path / f"serve-{port}.log"
@@ -78,6 +79,7 @@ def start_server(
         stderr=output,
         start_new_session=True,
         cwd=tmp_path,
+        env={**os.environ, **(env or {})},
     )
     server = Server(f"{scheme}://127.0.0.1:{port}", store, proc, log, token, verify)
 

@@ -187,7 +187,7 @@ def test_openapi_document_and_health(server):
         assert path in document["paths"], path
     assert http.get("/healthz").text == "ok"
     discovery = http.get(PREFIX).json()
-    assert {r["name"] for r in discovery["resources"]} == {"jobs", "pools", "nodes", "notifiers"}
+    assert {r["name"] for r in discovery["resources"]} == {"jobs", "pools", "nodes", "notifiers", "sources"}
 
 
 def test_the_seeds_post_jobs_and_get_jobs_with_filters(server):

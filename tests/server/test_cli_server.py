@@ -143,6 +143,31 @@ def test_get_watch_through_the_server_prints_each_change(server, tmp_path):
         watcher.communicate(timeout=30)
 
 
+def test_get_watch_of_pools_through_the_server_prints_usage_as_it_changes(server, tmp_path):
+    """A pool's USED is derived by the server when it answers; a watch stream carries only
+    writes, so the client lists such kinds again on a timer and prints what changed."""
+    gate = tmp_path / "gate"
+    script = f"while [ ! -e {gate} ]; do sleep 0.05; done"
+    pool = _write(
+        tmp_path / "pool.yaml",
+        "apiVersion: reconciler.dev/v1alpha1\nkind: Pool\nmetadata: {name: lane}\nspec: {slots: 1}\n",
+    )
+    assert server.cli("apply", "-f", pool).code == 0
+    watcher = _started(server, "get", "pools", "lane", "-w")
+    try:
+        assert watcher.stdout is not None
+        lines = _lines(watcher.stdout)
+        assert lines.get(timeout=30).split()[:3] == ["NAME", "SLOTS", "USED"]
+        assert lines.get(timeout=30).split()[:3] == ["lane", "1", "0"]
+        assert server.cli("run", "--name", "held", "--pool", "lane", "--", "sh", "-c", script).code == 0
+        assert lines.get(timeout=30).split()[:3] == ["lane", "1", "1"]
+        gate.touch()
+        assert lines.get(timeout=30).split()[:3] == ["lane", "1", "0"]
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        watcher.communicate(timeout=30)
+
+
 def test_several_objects_at_once_through_the_server(server, tmp_path):
     pipeline = _write(
         tmp_path / "p.yaml",

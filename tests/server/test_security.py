@@ -36,6 +36,7 @@ def test_tokens_and_roles(serve, sqlite_url, tokens_file):
         assert refused.status_code == 401 and refused.json()["reason"] == "Unauthorized"
         assert refused.headers["www-authenticate"].startswith("Bearer")
     assert anonymous.get("/healthz").text == "ok"  # no token needed
+    assert anonymous.get("/leader").json()["leader"] is True  # nor to ask who leads (a load balancer's probe)
 
     viewer = server.http(token=VIEWER)
     assert viewer.get(f"{PREFIX}/jobs").status_code == 200

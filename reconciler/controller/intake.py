@@ -1,0 +1,196 @@
+"""Messages a Source received, stored as jobs: one write transaction per batch holds the jobs,
+the message ids they came from (store/ingested.py), the events and the Source's counts, so
+whatever a crash interrupts is either all there or not at all, and the queue is acknowledged
+only after it commits (ingest.py). A redelivered message finds its id and creates nothing.
+
+A batch costs a handful of statements whatever its size (the ids looked up at once, the names
+it takes checked at once, the jobs and events inserted at once): per message, only checks."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from ..api.annotations import CREATED_BY, MESSAGE_ID
+from ..api.kinds import KINDS
+from ..api.meta import dump, from_epoch
+from ..api.status import new_job_status
+from ..api.validation import Built, validate_apply
+from ..store import Store, StoredObject, ingested
+from ..store import repository as repo
+from ..store.engine import Tx
+from .messages import Draft
+
+SHOWN_ID = 80  # characters of a message id that events and errors show
+REMEMBER = 7 * 24 * 3600.0  # seconds a message id is known: a redelivery comes within minutes, not weeks
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One message as a queue adapter received it."""
+
+    id: str  # the redelivery key: the same on every delivery of the message
+    body: bytes
+    tag: Any  # the adapter's handle for acknowledging it (a delivery tag, the HTTP queue's id)
+
+
+Outcome = Literal["created", "duplicate", "rejected"]
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What became of one message: acknowledged (created, duplicate) or rejected."""
+
+    message: Message
+    outcome: Outcome
+    job: str | None = None  # created, or found (duplicate)
+    problem: str | None = None  # rejected: `field.path: message`
+
+
+def shown(message_id: str) -> str:
+    return message_id if len(message_id) <= SHOWN_ID else message_id[: SHOWN_ID - 3] + "..."
+
+
+class _Batch:
+    """One batch's transaction: what it found and what it will write."""
+
+    def __init__(self, tx: Tx, source: str, batch: list[tuple[Message, Draft]], next_number: int, now: float):
+        self.tx = tx
+        self.source = source
+        self.accepted_at = from_epoch(now)
+        self.known = ingested.jobs_of(tx.session, source, (m.id for m, _ in batch))
+        self.view = repo.SpecView(tx.session)
+        self.next_number = next_number
+        # every name this batch may take or ask for, checked in one statement
+        unnamed = sum(1 for _, d in batch if d.job is not None and not d.named)
+        self.checked_below = next_number + unnamed  # job-N below it: looked up with the rest
+        candidates = [f"job-{n}" for n in range(next_number, self.checked_below)]
+        named = [d.job.metadata.name for _, d in batch if d.job is not None and d.named]
+        self.taken = {o.name for o in repo.list_objects(tx.session, kind="Job", names=candidates + named)}
+        self.rows: list[dict[str, Any]] = []
+
+    def one(self, message: Message, d: Draft) -> Verdict:
+        if (found := self.known.get(message.id)) is not None:
+            return Verdict(message, "duplicate", job=found)
+        if d.job is None:
+            return Verdict(message, "rejected", problem=d.problem)
+        job = d.job
+        if d.named:
+            name = job.metadata.name
+            if name in self.taken:
+                return Verdict(message, "rejected", problem=f"metadata.name: job {name!r} already exists")
+            if name.startswith("job-") and name[4:].isdecimal():  # as `run` names: above every job-N
+                self.next_number = max(self.next_number, int(name[4:]) + 1)
+        else:
+            name = self._free_name()
+        built = Built(KINDS["Job"], job)
+        # the draft's own name may be a placeholder: the checks name fields, not the job
+        problems = validate_apply([built], self.view)
+        if problems:
+            return Verdict(message, "rejected", problem="; ".join(problems))
+        spec = dump(job.spec)
+        self.view.remember("Job", name, spec)
+        self.taken.add(name)
+        self.known[message.id] = name
+        annotations = {**job.metadata.annotations, CREATED_BY: f"source/{self.source}", MESSAGE_ID: message.id}
+        status = dict(new_job_status(self.accepted_at))
+        self.rows.append(
+            {
+                "kind": "Job",
+                "name": name,
+                "spec": spec,
+                "labels": job.metadata.labels,
+                "annotations": annotations,
+                "status": status,
+            }
+        )
+        return Verdict(message, "created", job=name)
+
+    def _free_name(self) -> str:
+        """job-N, as `run` names: above every job-N there is, the first not taken."""
+        while f"job-{self.next_number}" in self.taken or (
+            self.next_number >= self.checked_below
+            and repo.version(self.tx.session, kind="Job", name=f"job-{self.next_number}") is not None
+        ):
+            self.next_number += 1
+        name = f"job-{self.next_number}"
+        self.next_number += 1
+        return name
+
+
+class Intake:
+    """One Source's writes. Keeps the next job-N number it will try, so a batch does not
+    read every job name (it checks the names it takes, in the transaction)."""
+
+    def __init__(self, store: Store, source: str, uid: str):
+        self.store = store
+        self.source = source
+        self.uid = uid
+        self._next_number: int | None = None
+
+    def store_batch(self, batch: list[tuple[Message, Draft]]) -> list[Verdict] | None:
+        """Store what the messages ask for, in one transaction; None when the Source is gone
+        (or replaced): nothing is written, nothing should be acknowledged."""
+        now = time.time()
+        with self.store.write() as tx:
+            source = repo.get(tx.session, kind="Source", name=self.source)
+            if source is None or source.uid != self.uid:
+                return None
+            if self._next_number is None:
+                taken = repo.names_starting(tx.session, kind="Job", prefix="job-")
+                self._next_number = 1 + max((int(n[4:]) for n in taken if n[4:].isdecimal()), default=0)
+            work = _Batch(tx, self.source, batch, self._next_number, now)
+            verdicts = [work.one(message, d) for message, d in batch]
+            created = repo.create_many(tx, work.rows)
+            message_of = {v.job: v.message.id for v in verdicts if v.outcome == "created"}
+            events = [
+                repo.ObjectEvent(
+                    obj, "Created", f"job created from source/{self.source} (message {shown(message_of[obj.name])})"
+                )
+                for obj in created
+            ]
+            rejected = [v for v in verdicts if v.outcome == "rejected"]
+            events += [
+                repo.ObjectEvent(source, "MessageRejected", f"message {shown(v.message.id)}: {v.problem}", True)
+                for v in rejected
+            ]
+            repo.record_events(tx, *events)
+            ingested.record(tx, self.source, [(message_of[o.name], o.name) for o in created], now)
+            repo.update_object(tx, source, status=_counted(source, verdicts, rejected, now))
+        self._next_number = work.next_number  # only once committed: a failed batch takes no name
+        return verdicts
+
+    def forget(self, now: float) -> int:
+        """Forget the message ids ingested more than REMEMBER ago (the table would grow by
+        one row a message for ever); how many."""
+        with self.store.write() as tx:
+            return ingested.forget(tx, self.source, now - REMEMBER)
+
+
+def _counted(source: StoredObject, verdicts: list[Verdict], rejected: list[Verdict], now: float) -> dict[str, Any]:
+    status = dict(source.status or {})
+    for outcome, key in (("created", "created"), ("duplicate", "duplicates"), ("rejected", "rejected")):
+        status[key] = int(status.get(key, 0)) + sum(v.outcome == outcome for v in verdicts)
+    status["received"] = int(status.get("received", 0)) + len(verdicts)
+    status["lastMessageTime"] = from_epoch(now)
+    if rejected:
+        status["lastError"] = f"message {shown(rejected[-1].message.id)}: {rejected[-1].problem}"
+        status["lastErrorTime"] = status["lastMessageTime"]
+    return status
+
+
+def note_connection(store: Store, source: str, uid: str, *, connected: bool, error: str | None) -> None:
+    """Say in the Source's status whether its queue is being consumed, and why not; written
+    only when that changes, so a broker down for hours costs no write per retry."""
+    with store.write() as tx:
+        current = repo.get(tx.session, kind="Source", name=source)
+        if current is None or current.uid != uid:
+            return
+        status = dict(current.status or {})
+        if status.get("connected") == connected and (error is None or status.get("lastError") == error):
+            return
+        status["connected"] = connected
+        if error is not None:
+            status.update(lastError=error, lastErrorTime=from_epoch(time.time()))
+        repo.update_object(tx, current, status=status)

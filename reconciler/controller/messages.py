@@ -1,0 +1,156 @@
+"""A queue message's body as a Job (API.md 1.3, Source): a Job manifest (YAML or JSON) or the
+seed's job request, with the Source's template merged under it, validated as `apply`
+validates a manifest. Pure: no store, no queue; what needs the store (names, references)
+is intake.py's, in the transaction that stores the job."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from ..api.annotations import user_annotations
+from ..api.job import Job
+from ..api.meta import API_VERSION
+from ..api.oneoff import JobRequest
+from ..api.source import job_defaults
+from ..manifests import field_problems, resolve_working_dir
+from ..yamldoc import MAX_NODES, ManifestLoader, construct, expanded_size, surely_small
+
+MAX_BODY = 1024 * 1024  # bytes: a job is a few hundred; a larger body is refused unread
+PLACEHOLDER = "unnamed"  # validates a job that is named job-N once the store is asked
+
+
+@dataclass(frozen=True)
+class Draft:
+    """A message read: the validated job (named, or to be named job-N), or why it is none."""
+
+    job: Job | None = None
+    named: bool = False  # the manifest named it; else intake names it job-N
+    problem: str | None = None  # `field.path: message`, as apply names a field
+
+
+def draft(body: bytes, template: dict[str, Any], *, base_dir: Path | None = None) -> Draft:
+    """The job a message body asks for, with `template` under it; never raises for what the
+    body says (every problem is a Draft's). A relative workingDir resolves against `base_dir`
+    (default: the current directory, where the controller runs), as the seed's `POST /jobs` does."""
+    if len(body) > MAX_BODY:
+        return Draft(problem=f"body: {len(body)} bytes, more than the {MAX_BODY} a message may have")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return Draft(problem=f"body: not UTF-8 text (byte {exc.start})")
+    data, problem = _data(text)
+    if problem is not None:
+        return Draft(problem=problem)
+    if not isinstance(data, dict):
+        return Draft(problem="body: must be a Job manifest or a job request (a mapping), not " + _what(data))
+    if "kind" in data or "apiVersion" in data:
+        document, named, problem = _manifest(data)
+    else:
+        document, named, problem = _request(data)
+    if problem is not None:
+        return Draft(problem=problem)
+    return _validated(_under(template, document), named, base_dir)
+
+
+def _data(text: str) -> tuple[Any, str | None]:
+    """JSON first (what producers mostly send, and fastest), else one YAML document."""
+    if not text.strip():
+        return None, "body: empty"
+    try:
+        return json.loads(text), None
+    except ValueError:
+        pass
+    loader = ManifestLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None, "body: empty"
+        if not surely_small(node, "*" in text) and expanded_size(node) > MAX_NODES:
+            return None, f"body: more than {MAX_NODES} YAML nodes (aliases expanded)"
+        data, dupes = construct(loader, node, "body")
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = f" (line {mark.line + 1})" if mark else ""
+        return None, f"body: neither JSON nor YAML{line}: {exc.problem or exc.context}"
+    except yaml.YAMLError as exc:
+        return None, f"body: neither JSON nor YAML: {exc}"
+    except RecursionError:
+        return None, "body: nested too deeply"
+    finally:
+        loader.dispose()
+    if dupes:
+        return None, "; ".join(dupes)
+    return data, None
+
+
+def _what(data: Any) -> str:
+    return {list: "a list", str: "a string", type(None): "null"}.get(type(data), type(data).__name__)
+
+
+def _manifest(data: dict[str, Any]) -> tuple[dict[str, Any], bool, str | None]:
+    if data.get("apiVersion") != API_VERSION:
+        return data, False, f"apiVersion: must be {API_VERSION}"
+    if data.get("kind") != "Job":
+        return data, False, f"kind: a message makes a Job, not {data.get('kind')!r}"
+    document = {k: v for k, v in data.items() if k != "status"}  # ignored, as apply ignores it
+    metadata = document.get("metadata")
+    if metadata is None:
+        metadata = {}
+    if not isinstance(metadata, dict):
+        return data, False, "metadata: must be a mapping"
+    named = "name" in metadata
+    document["metadata"] = {"name": PLACEHOLDER, **metadata}
+    return document, named, None
+
+
+def _request(data: dict[str, Any]) -> tuple[dict[str, Any], bool, str | None]:
+    """The seed's job request, as `POST /jobs` reads it; always named job-N."""
+    try:
+        request = JobRequest.model_validate(data)
+    except ValidationError as exc:  # named as the request spells its fields (job_type, not jobType)
+        named = [f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()]
+        return data, False, "; ".join(named)
+    if (problem := request.problem()) is not None:
+        return data, False, problem
+    document = {"apiVersion": API_VERSION, "kind": "Job", "metadata": {"name": PLACEHOLDER}, "spec": request.spec()}
+    return document, False, None
+
+
+def _under(template: dict[str, Any], document: dict[str, Any]) -> dict[str, Any]:
+    """The template's defaults under the document: labels, annotations and spec fields, the
+    document's winning (mappings merged key by key, anything else replaced)."""
+    metadata = dict(document["metadata"])
+    for field in ("labels", "annotations"):
+        given = metadata.get(field)
+        if isinstance(given, dict) or (given is None and template.get(field)):
+            metadata[field] = {**template.get(field, {}), **(given or {})}
+    merged = {**document, "metadata": metadata}
+    if (spec := document.get("spec")) is not None:
+        merged["spec"] = _merged(job_defaults(template), spec)
+    return merged
+
+
+def _merged(under: dict[str, Any], over: Any) -> Any:
+    if not isinstance(over, dict):
+        return over
+    merged = dict(under)
+    for key, value in over.items():
+        merged[key] = _merged(under[key], value) if isinstance(under.get(key), dict) else value
+    return merged
+
+
+def _validated(document: dict[str, Any], named: bool, base_dir: Path | None) -> Draft:
+    try:
+        job = Job.model_validate(document)
+    except ValidationError as exc:
+        return Draft(problem="; ".join(field_problems(exc)))
+    if (problem := resolve_working_dir(job.spec, base_dir or Path.cwd())) is not None:
+        return Draft(problem=f"spec.workingDir: {problem}")
+    job.metadata.annotations = user_annotations(job.metadata.annotations)  # the system's are the system's
+    return Draft(job=job, named=named)

@@ -1,0 +1,69 @@
+"""Sources over the seed's HTTP queue protocol (API.md 1.3), against a small queue server
+written for the test (tests/data/httpqueue.py) and a real controller process: messages
+become jobs and are DELETEd only once stored; an invalid one is deleted too, with a Warning
+event naming the field; one delivered again creates nothing; a server that answers errors is
+shown in the Source's status and asked again."""
+
+from __future__ import annotations
+
+import json
+
+from tests.crash.harness import API, Env
+from tests.data.httpqueue import QueueServer
+from tests.helpers import wait_until
+
+from .test_amqp import jobs, wait_jobs, wait_source
+
+
+def source(url: str, queue: str = "jobs", **template) -> dict:
+    spec: dict = {"http": {"url": url, "queue": queue}}
+    if template:
+        spec["template"] = template
+    return {"apiVersion": API, "kind": "Source", "metadata": {"name": "inbox"}, "spec": spec}
+
+
+def test_messages_become_jobs_and_are_deleted_once_stored(env: Env):
+    with QueueServer() as server:
+        server.put("jobs", "101", json.dumps({"command": "exit 0", "env_vars": {"A": "1"}}))
+        manifest = {"apiVersion": API, "kind": "Job", "metadata": {"name": "built"}, "spec": {"shell": "exit 0"}}
+        server.put("jobs", "102", manifest)  # a JSON value as the body: its JSON text
+        server.put("jobs", "103", {"command": "exit 0", "port": 80})  # port without job_type service
+        env.apply(source(server.url, labels={"from": "queue"}))
+        env.start_controller()
+
+        found = wait_jobs(env, 2)
+        wait_until(lambda: not server.waiting("jobs"), 30, message="every message deleted")
+        assert sorted(found) == ["built", "job-1"]
+        assert sorted(server.deleted) == [("jobs", "101"), ("jobs", "102"), ("jobs", "103")]
+        status = wait_source(env, lambda s: s.get("rejected") == 1 and s.get("connected") is True, "counted")
+        assert (status["received"], status["created"]) == (3, 2)
+        assert status["lastError"].startswith("message 103: spec.port: port is only allowed on a service job")
+        [warning] = env.rows("SELECT * FROM events WHERE kind = 'Source' AND type = 'Warning'")
+        assert warning.message == status["lastError"]
+        env.wait_completed(["built", "job-1"])
+        assert env.get_json("job-1")["metadata"]["labels"] == {"from": "queue"}
+        assert env.get_json("job-1")["metadata"]["annotations"]["reconciler.dev/message-id"] == "101"
+
+        # the server delivers one again (its DELETE lost, say): it was stored, so it is deleted, no new job
+        server.put("jobs", "101", json.dumps({"command": "exit 0", "env_vars": {"A": "1"}}))
+        wait_source(env, lambda s: s.get("duplicates") == 1, "the redelivery counted")
+        wait_until(lambda: not server.waiting("jobs"), 30, message="deleted again")
+        assert sorted(jobs(env)) == ["built", "job-1"]
+
+
+def test_a_queue_server_that_fails_is_shown_and_asked_again(env: Env):
+    with QueueServer() as server:
+        server.down = True
+        server.put("jobs", "1", json.dumps({"command": "true"}))
+        env.apply(source(server.url))
+        controller = env.start_controller()
+
+        down = wait_source(env, lambda s: s.get("lastError"), "the error shown")
+        assert down["connected"] is False and "HTTP 503" in down["lastError"]
+        assert server.waiting("jobs") == ["1"] and not jobs(env)
+
+        server.down = False
+        wait_jobs(env, 1, timeout=60)
+        wait_source(env, lambda s: s.get("connected") is True, "connected")
+        wait_until(lambda: not server.waiting("jobs"), 30, message="deleted")
+        assert controller.proc.poll() is None

@@ -1,0 +1,270 @@
+"""Source (API.md 1.3) without a broker: the kind validated as every kind is (file:line: field,
+exit 2), a message body read as a job (messages.py: a Job manifest in YAML or JSON, or the
+seed's job request, the template under it), and the batch transaction (intake.py) on a real
+store: jobs named job-N, the message id kept, a redelivery creating nothing, a refusal
+recorded as a Warning event naming the field, and the counts durable in the Source's status."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reconciler.api.annotations import CREATED_BY, MESSAGE_ID
+from reconciler.api.source import SourceStatus
+from reconciler.controller.intake import Intake, Message, note_connection
+from reconciler.controller.messages import draft
+from reconciler.store import Store, ingested
+from reconciler.store import repository as repo
+from tests.helpers import run_cli
+
+API = "reconciler.dev/v1alpha1"
+AMQP = {"url": "amqp://guest:guest@127.0.0.1:5672/", "queue": "jobs"}
+
+
+def source(spec: dict, name: str = "inbox") -> dict:
+    return {"apiVersion": API, "kind": "Source", "metadata": {"name": name}, "spec": spec}
+
+
+# -- the kind ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("spec", "key", "field", "words"),
+    [
+        ({}, "spec:", "spec", "exactly one of amqp or http is required"),
+        ({"amqp": AMQP, "http": {"url": "http://q", "queue": "jobs"}}, "spec:", "spec", "exactly one of amqp or http"),
+        ({"amqp": {**AMQP, "url": "http://127.0.0.1:5672/"}}, "url:", "spec.amqp.url", "must start with amqp://"),
+        ({"http": {"url": "ftp://q", "queue": "jobs"}}, "url:", "spec.http.url", "must start with http://"),
+        ({"amqp": {"url": AMQP["url"]}}, "amqp:", "spec.amqp.queue", "required"),
+        ({"amqp": AMQP, "template": {"slots": "many"}}, "slots:", "spec.template.slots", "integer"),
+        ({"amqp": AMQP, "template": {"pool": "Bad_Pool"}}, "pool:", "spec.template.pool", "DNS-1123"),
+        (
+            {"amqp": AMQP, "template": {"shell": "true"}},
+            "template:",
+            "spec.template",
+            "shell: the message gives the command",
+        ),
+        ({"amqp": AMQP, "template": {"labels": {"a b": "c"}}}, "template:", "spec.template", "invalid label key"),
+        ({"amqp": AMQP, "template": {"comand": ["x"]}}, "comand:", "spec.template.comand", "unknown field"),
+    ],
+)
+def test_an_invalid_source_is_refused_naming_file_line_and_field(tmp_path, sqlite_url, spec, key, field, words):
+    path = tmp_path / "source.yaml"
+    text = yaml.safe_dump(source(spec), sort_keys=False)
+    path.write_text(text)
+    line = 1 + next(i for i, t in enumerate(text.splitlines()) if t.strip().startswith(key))
+    result = run_cli("apply", "-f", str(path), store=sqlite_url)
+    assert result.code == 2, result.stdout + result.stderr
+    assert f"{path}:{line}: {field}: " in result.stderr, result.stderr
+    assert words in result.stderr
+    assert run_cli("get", "sources", "-o", "name", store=sqlite_url).stdout == ""
+
+
+def test_a_source_is_stored_shown_and_deleted(tmp_path, sqlite_url):
+    path = tmp_path / "source.yaml"
+    spec = {"amqp": AMQP, "template": {"labels": {"from": "inbox"}, "pool": "batch", "retry": {"limit": 2}}}
+    path.write_text(yaml.safe_dump(source(spec), sort_keys=False))
+    assert run_cli("apply", "-f", str(path), store=sqlite_url).stdout == "source.reconciler.dev/inbox created\n"
+    table = run_cli("get", "sources", store=sqlite_url).stdout.splitlines()
+    assert table[0].split() == ["NAME", "QUEUE", "RECEIVED", "CREATED", "REJECTED", "CONNECTED", "LAST-ERROR", "AGE"]
+    assert table[1].split()[:6] == ["inbox", "amqp:jobs", "0", "0", "0", "false"]
+    described = run_cli("describe", "source", "inbox", store=sqlite_url).stdout
+    assert "URL:      amqp://***@127.0.0.1:5672/" in described  # no password shown
+    assert "guest:guest" not in described
+    assert "pool: batch" in described and "Rejected:" in described
+    assert run_cli("get", "src", "inbox", "-o", "name", store=sqlite_url).stdout == "source.reconciler.dev/inbox\n"
+    deleted = run_cli("delete", "source", "inbox", store=sqlite_url)
+    assert deleted.code == 0, deleted.stderr
+
+
+# -- a message's body -------------------------------------------------------------------------
+
+TEMPLATE = {"labels": {"from": "inbox", "tier": "low"}, "retry": {"limit": 2}, "env": {"A": "1"}, "priority": 5}
+
+
+def test_the_seed_job_request_becomes_a_job_with_the_template_under_it():
+    body = {
+        "command": "echo hi",
+        "deploy_url": "http://files.local/app.zip",
+        "job_type": "service",
+        "port": 8080,
+        "env_vars": {"B": "2"},
+        "instance_id": "worker-2",
+        "unknown": "ignored, as the seed ignored it",
+    }
+    d = draft(json.dumps(body).encode(), TEMPLATE, base_dir=Path("/srv"))
+    assert d.problem is None and d.job is not None and not d.named
+    spec = d.job.spec
+    assert spec.shell == "echo hi" and spec.type == "service" and spec.port == 8080
+    assert spec.artifact is not None and spec.artifact.url == "http://files.local/app.zip"
+    assert spec.placement.node_name == "worker-2"
+    assert spec.env == {"A": "1", "B": "2"}  # mappings merge, the message's keys win
+    assert spec.retry.limit == 2 and spec.priority == 5
+    assert d.job.metadata.labels == {"from": "inbox", "tier": "low"}
+
+
+def test_a_job_manifest_in_yaml_or_json_wins_over_the_template():
+    manifest = {
+        "apiVersion": API,
+        "kind": "Job",
+        "metadata": {"name": "built", "labels": {"tier": "high"}},
+        "spec": {"command": ["make"], "retry": {"limit": 0}, "env": {"A": "9"}},
+        "status": {"phase": "Running"},  # ignored, as apply ignores it
+    }
+    for body in (yaml.safe_dump(manifest), json.dumps(manifest)):
+        d = draft(body.encode(), TEMPLATE, base_dir=Path("/srv"))
+        assert d.problem is None and d.job is not None and d.named
+        assert d.job.metadata.name == "built"
+        assert d.job.metadata.labels == {"from": "inbox", "tier": "high"}
+        assert d.job.spec.retry.limit == 0 and d.job.spec.env == {"A": "9"} and d.job.spec.priority == 5
+        assert d.job.spec.working_dir == "/srv"  # no folder to be relative to: where the controller runs
+
+
+def test_a_manifest_without_a_name_is_named_later():
+    body = json.dumps({"apiVersion": API, "kind": "Job", "spec": {"shell": "true"}})
+    d = draft(body.encode(), {})
+    assert d.problem is None and d.job is not None and not d.named
+
+
+@pytest.mark.parametrize(
+    ("body", "problem"),
+    [
+        (b"", "body: empty"),
+        (b"\xff\xfe", "body: not UTF-8 text"),
+        (b"[1, 2]", "body: must be a Job manifest or a job request (a mapping), not a list"),
+        (b"key: [unclosed", "body: neither JSON nor YAML (line "),
+        (b'{"deploy_url": "http://x/a.zip"}', "command: required (deploy_url only gives"),
+        (b'{"command": "true", "job_type": "batch"}', "job_type: "),
+        (b'{"command": "true", "port": 80}', "spec.port: port is only allowed on a service job"),
+        (
+            f'{{"apiVersion": "{API}", "kind": "Pool", "metadata": {{"name": "p"}}}}'.encode(),
+            "kind: a message makes a Job",
+        ),
+        (b'{"apiVersion": "v1", "kind": "Job"}', f"apiVersion: must be {API}"),
+        (
+            f'{{"apiVersion": "{API}", "kind": "Job", "spec": {{"shell": "x", "slots": "many"}}}}'.encode(),
+            "spec.slots: ",
+        ),
+        (
+            json.dumps(
+                {"apiVersion": API, "kind": "Job", "metadata": {"name": "A_B"}, "spec": {"shell": "x"}}
+            ).encode(),
+            "metadata.name: ",
+        ),
+        (b"a: 1\na: 2\n", "duplicate key"),
+    ],
+)
+def test_a_body_that_is_no_job_is_refused_naming_the_field(body, problem):
+    d = draft(body, {})
+    assert d.job is None and d.problem is not None
+    assert problem in d.problem, d.problem
+
+
+# -- the batch transaction --------------------------------------------------------------------
+
+
+@pytest.fixture
+def stored(store_url):
+    store = Store(store_url)
+    with store.write() as tx:
+        obj = repo.create(
+            tx, kind="Source", name="inbox", spec={"amqp": AMQP, "template": {}}, labels={}, annotations={}
+        )
+    yield store, obj.uid
+    store.dispose()
+
+
+def _batch(*messages: tuple[str, str | bytes]) -> list:
+    out = []
+    for message_id, body in messages:
+        raw = body.encode() if isinstance(body, str) else body
+        out.append((Message(message_id, raw, message_id), draft(raw, {})))
+    return out
+
+
+def _status(store: Store) -> dict:
+    with store.read() as session:
+        return repo.get(session, kind="Source", name="inbox").status or {}
+
+
+def test_a_batch_is_stored_in_one_transaction_and_a_redelivery_creates_nothing(stored):
+    store, uid = stored
+    intake = Intake(store, "inbox", uid)
+    bad = json.dumps(
+        {"apiVersion": API, "kind": "Job", "metadata": {"name": "x"}, "spec": {"shell": "x", "pool": "nope"}}
+    )
+    verdicts = intake.store_batch(_batch(("m1", '{"command": "echo 1"}'), ("m2", bad), ("m3", '{"command": "echo 3"}')))
+    assert [(v.outcome, v.job) for v in verdicts] == [("created", "job-1"), ("rejected", None), ("created", "job-2")]
+    assert verdicts[1].problem == "spec.pool: pool 'nope' does not exist"
+
+    again = Intake(store, "inbox", uid).store_batch(_batch(("m3", '{"command": "echo 3"}'), ("m4", '{"command": "4"}')))
+    assert [(v.outcome, v.job) for v in again] == [("duplicate", "job-2"), ("created", "job-3")]
+
+    with store.read() as session:
+        jobs = {o.name: o for o in repo.list_objects(session, kind="Job")}
+        events = repo.events(session, kind="Source", name="inbox")
+        assert ingested.job_of(session, "inbox", "m3") == "job-2"
+    assert sorted(jobs) == ["job-1", "job-2", "job-3"]
+    assert jobs["job-2"].annotations == {CREATED_BY: "source/inbox", MESSAGE_ID: "m3"}
+    assert jobs["job-2"].spec["shell"] == "echo 3" and jobs["job-2"].status["phase"] == "Waiting"
+    [warning] = [e for e in events if e.type == "Warning"]
+    assert (warning.reason, warning.message) == ("MessageRejected", "message m2: spec.pool: pool 'nope' does not exist")
+    status = _status(store)
+    assert {k: status[k] for k in ("received", "created", "duplicates", "rejected")} == {
+        "received": 5,
+        "created": 3,
+        "duplicates": 1,
+        "rejected": 1,
+    }
+    assert status["lastError"] == "message m2: spec.pool: pool 'nope' does not exist"
+    SourceStatus.model_validate(status)  # what the controller writes is what the schema (and the CRD) says
+
+
+def test_a_named_job_that_exists_is_refused_and_names_are_not_reused(stored):
+    store, uid = stored
+    named = json.dumps({"apiVersion": API, "kind": "Job", "metadata": {"name": "job-7"}, "spec": {"shell": "x"}})
+    intake = Intake(store, "inbox", uid)
+    first = intake.store_batch(_batch(("a", named), ("b", '{"command": "x"}')))
+    assert [(v.outcome, v.job) for v in first] == [("created", "job-7"), ("created", "job-8")]
+    second = intake.store_batch(_batch(("c", named)))
+    assert second[0].outcome == "rejected" and second[0].problem == "metadata.name: job 'job-7' already exists"
+
+
+def test_nothing_is_written_for_a_source_deleted_or_made_again(stored):
+    store, _ = stored
+    assert Intake(store, "inbox", "another-uid").store_batch(_batch(("m1", '{"command": "x"}'))) is None
+    with store.read() as session:
+        assert repo.list_objects(session, kind="Job") == []
+
+
+def test_the_connection_state_is_written_only_when_it_changes(stored):
+    store, uid = stored
+    note_connection(store, "inbox", uid, connected=False, error="refused")
+    first = _status(store)
+    before = store.change_seq()
+    note_connection(store, "inbox", uid, connected=False, error="refused")
+    assert store.change_seq() == before  # a broker down for hours costs no write per retry
+    note_connection(store, "inbox", uid, connected=True, error=None)
+    status = _status(store)
+    assert (first["connected"], first["lastError"]) == (False, "refused")
+    assert status["connected"] is True and status["lastError"] == "refused"  # the last error stays to be read
+
+
+def test_message_ids_are_forgotten_after_a_week(stored):
+    """A redelivery comes within minutes; the ids of a week ago are dropped (the table would
+    grow by a row a message for ever), and only those."""
+    import time
+
+    from reconciler.controller.intake import REMEMBER
+
+    store, uid = stored
+    intake = Intake(store, "inbox", uid)
+    intake.store_batch(_batch(("old", '{"command": "x"}')))
+    assert intake.forget(time.time()) == 0
+    assert intake.forget(time.time() + REMEMBER + 1) == 1
+    with store.read() as session:
+        assert ingested.job_of(session, "inbox", "old") is None
+        assert repo.get(session, kind="Job", name="job-1") is not None  # the job stays
