@@ -143,3 +143,41 @@ def test_a_remote_run_gets_its_artifact_fetched_and_unpacked_by_the_agent(agent,
         "StartFailed",
         "ArtifactInvalid",
     ), tampered
+
+
+def test_an_agent_on_a_follower_server_of_postgresql_keeps_working_when_the_leader_dies(pg_url, serve, tmp_path):
+    """Two servers on PostgreSQL, both --no-local-node; the agent talks to the follower: its
+    reports reach the leader's controller through the store (the change feed and its
+    notifications), and when the leader is killed the follower leads and records the end of
+    the run the agent kept running."""
+    import httpx
+
+    env = {"XDG_STATE_HOME": str(tmp_path / "xdg")}
+    leader = serve(pg_url, "--lease", "3s", "--no-local-node", env=env)
+    follower = serve(pg_url, "--lease", "3s", "--no-local-node", env=env)
+    assert httpx.get(f"{leader.url}/leader", timeout=5).json()["leader"]
+    gate = tmp_path / "gate"
+    argv = ["--server", follower.url, "agent", "--node", "far", "--log-port", "0", "--state-dir", str(tmp_path / "a")]
+    log = (tmp_path / "agent.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", *argv],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env={**os.environ, "RECONCILER_HEARTBEAT_INTERVAL": "0.5"},
+    )
+    try:
+        _apply(follower, job_manifest("first", ["true"]))
+        assert settled(follower, "first")["first"]["status"]["runs"][0]["node"] == "far"
+        _apply(follower, job_manifest("outlives", ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 4"]))
+        wait_until(lambda: follower.job("outlives")["status"].get("phase") == "Running", timeout=30)
+        os.kill(leader.proc.pid, signal.SIGKILL)
+        leader.proc.wait()
+        gate.touch()
+        done = settled(follower, "outlives")["outlives"]["status"]
+        assert httpx.get(f"{follower.url}/leader", timeout=5).json()["leader"]
+        (run,) = done["runs"]
+        assert (run["exitCode"], run["node"]) == (4, "far")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
