@@ -31,14 +31,25 @@ Wake = Callable[[str], None]
 
 class Placements:
     """Answers each agent's long poll as soon as its node's admissions differ from the digest
-    it holds: woken at once by this process's writes (`Store.committed`), and every 50 ms
-    by a look at the change sequence for other processes' writes."""
+    it holds: woken at once by this process's writes (`Store.committed`), on PostgreSQL by
+    every server's (NOTIFY), and every 50 ms by a small look for the rest."""
 
     def __init__(self, store: Store):
         self.store = store
         self._cond = threading.Condition()
         self._generation = 0
         store.committed.append(self._committed)
+        if not store.is_sqlite:  # another server's writes (the leader's admissions), announced by NOTIFY
+            threading.Thread(target=self._announced, name="placements-listen", daemon=True).start()
+
+    def _announced(self) -> None:
+        wakeups = self.store.wakeups()
+        seen = wakeups.seen(foreign=False)
+        while True:
+            now = wakeups.wait(seen, 1.0, foreign=False)
+            if now != seen:
+                seen = now
+                self._committed()
 
     def _committed(self) -> None:
         with self._cond:
