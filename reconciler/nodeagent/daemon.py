@@ -65,6 +65,7 @@ class NodeAgent:
         self._preparing: dict[str, dict[str, Any]] = {}  # job -> its item, while its artifact is fetched
         self._readiness: dict[str, tuple[str, WaitCondition, str | None]] = {}  # job -> (uid, probe, cwd)
         self.probes = Probes(wake=lambda _job: None)  # looked at on each tick: nothing to wake
+        self._specified: set[str] = set()  # run folders whose spec this process has acted on
         self._pending = threading.Event()  # reports to send
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -198,6 +199,7 @@ class NodeAgent:
                 item["run"],
                 item["epoch"],
             ):
+                self._adopted_spec(record, item)
                 if item.get("stop"):
                     self._begin_stop(record, item["stop"].get("reason"))
                 continue
@@ -286,9 +288,20 @@ class NodeAgent:
             self._by_folder[run_dir.name] = record
         if ended_before:
             self._record_end(record)
+        self._specified.add(record.dir)
         self._probe_readiness(item)
         self._pending.set()
         log.info("run %d of job %s started (pid %s)", number, job, record.pid)
+
+    def _adopted_spec(self, record: Record, item: dict[str, Any]) -> None:
+        """Once per run this process did not start (adopted after a restart): what its spec
+        asks of the node, its log limit and its readiness probe."""
+        if record.dir in self._specified:
+            return
+        self._specified.add(record.dir)
+        if not record.finished:
+            self.local.trim_logs(Path(record.dir), JobSpec.model_validate(item["spec"]).kept_log_bytes)
+        self._probe_readiness(item)
 
     def _probe_readiness(self, item: dict[str, Any]) -> None:
         spec = item["spec"]
