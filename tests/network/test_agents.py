@@ -308,3 +308,19 @@ def test_a_remote_services_readiness_probe_runs_on_its_node_and_gates_the_regist
     assert "10.77.2.2" in json.dumps(entry)  # reached at its node's address, as its agent reported it
     flag.unlink()
     wait_until(lambda: net.status("api").get("ready") is False, timeout=20, interval=0.1, message="not ready again")
+
+
+def test_a_deleted_node_proves_its_runs_lost_and_its_returning_agent_stops_them(net: Net):
+    net.start_all()
+    net.apply(job("orphan", "sleep 600", placement={"nodeName": "n1"}))
+    first = net.running("orphan")
+    agent = net.agents[0]
+    net.kill_agent(agent)  # its run lives on, unheard
+    deleted = net.cli("delete", "node", "n1")
+    assert deleted.code == 0, deleted.stderr
+    status = net.settled("orphan")["orphan"]  # the operator's word: nothing runs there
+    assert (status["runs"][0]["outcome"], status["runs"][0]["reason"]) == ("Lost", "NodeLost")
+    assert psutil.pid_exists(first["pid"])
+    net.start_agent(agent)  # registers n1 again; its report of the old run is refused, so it stops it
+    wait_until(lambda: not psutil.pid_exists(first["pid"]), timeout=30, interval=0.1, message="stale run stopped")
+    assert "no longer current" in agent.log.read_text()
