@@ -53,8 +53,13 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
             repo.record_events(tx, repo.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
         previous = obj.status or {}
         serving = previous.get("agent")
-        if serving not in (None, beat.agent) and heartbeat_fresh(previous, now) and not previous.get("remote"):
-            raise Conflict(f"node {node} is served by the controller {serving}; give this agent another --node")
+        if serving not in (None, beat.agent) and heartbeat_fresh(previous, now):
+            if not previous.get("remote"):
+                raise Conflict(f"node {node} is served by the controller {serving}; give this agent another --node")
+            if str(serving).partition(":")[0] != beat.agent.partition(":")[0]:
+                # an agent on another machine posts heartbeats for it: two machines must not
+                # run one node's admissions (the same host's is a restarted agent taking over)
+                raise Conflict(f"node {node} is served by the agent {serving}; give this agent another --node")
         if obj.annotations.get(MANAGED_BY) == REMOTE_AGENT:
             spec = {**obj.spec, "capacity": capacity}
             if spec != obj.spec or labels != obj.labels:

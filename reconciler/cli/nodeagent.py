@@ -88,6 +88,9 @@ def agent(
         running.wait()
     except KeyboardInterrupt:
         running.stop()
+    if running.failed is not None:
+        print(f"error: {running.failed}", file=sys.stderr, flush=True)
+        os._exit(1)
     os._exit(0)  # the runs outlive the agent; nothing of this process needs a tidy interpreter exit
 
 

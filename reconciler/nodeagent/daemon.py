@@ -70,6 +70,7 @@ class NodeAgent:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.logs: LogServer | None = None
+        self.failed: str | None = None  # why the agent gave up (its node is another agent's)
 
     # -- life ------------------------------------------------------------------------------
     def start(self) -> NodeAgent:
@@ -148,7 +149,11 @@ class NodeAgent:
                 delay = BACKOFF_FIRST
                 self._pending.set()  # back after an outage: what waited is sent now
                 self._stop.wait(HEARTBEAT_INTERVAL)
-            except (Unreachable, Stale) as exc:
+            except Stale as exc:  # refused: another agent serves this node
+                self.failed = str(exc)
+                self._stop.set()
+                return
+            except Unreachable as exc:
                 log.warning("heartbeat failed: %s (again in %.1fs)", exc, delay)
                 self._stop.wait(_jitter(delay))
                 delay = min(delay * 2, BACKOFF_MAX)

@@ -181,3 +181,21 @@ def test_an_agent_on_a_follower_server_of_postgresql_keeps_working_when_the_lead
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(timeout=20)
+
+
+def test_a_second_machine_claiming_a_served_node_is_refused_and_its_agent_exits(agent, tmp_path):
+    """Another host (a UTS namespace with its own host name) starting an agent for a node an
+    agent serves: its heartbeat is refused (409) and it exits 1 naming the node."""
+    if os.geteuid() != 0:
+        pytest.skip("a second host name needs unshare --uts (root)")
+    server, _ = agent
+    argv = ["--server", server.url, "agent", "--node", "far", "--log-port", "0", "--state-dir", str(tmp_path / "b")]
+    script = 'hostname other-machine && exec "$@"'
+    second = subprocess.run(
+        ["unshare", "--uts", "sh", "-c", script, "sh", sys.executable, "-m", "reconciler", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1, second.stderr
+    assert "node far is served by the agent" in second.stderr
