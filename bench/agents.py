@@ -1,4 +1,4 @@
-"""Figure 17, remote agents: N jobs of `sleep 0.05` over three `reconciler agent`s of 2 slots
+"""Figure 18, remote agents: N jobs of `sleep 0.05` over three `reconciler agent`s of 2 slots
 each, each agent in its own network namespace joined to the server's by a veth pair (three
 machines on one), against the embedded controller (`serve` with this machine as a 6-slot
 node) running the same jobs; and the placement-to-start latency on a remote agent: from the
@@ -272,16 +272,16 @@ def rows(jobs: int) -> list[Row]:
     p95 = latencies[int(0.95 * (len(latencies) - 1))] * 1000
     return [
         Row(
-            "17 remote agents, throughput (sqlite)",
+            "18 remote agents, throughput (sqlite)",
             f"{jobs / took:.1f} jobs/s over {AGENTS} agents x {SLOTS} slots ({where}), {took:.1f} s",
             f"embedded controller, 6 slots: {jobs / base:.1f} jobs/s, {base:.1f} s",
             took / base,
             "x",
             1.25,  # at least 80% of the embedded throughput
-            [f"17: agents reach {100 * base / took:.0f}% of the embedded controller's throughput ({where})"],
+            [f"18: agents reach {100 * base / took:.0f}% of the embedded controller's throughput ({where})"],
         ),
         Row(
-            "17 remote agents, placement to start (sqlite)",
+            "18 remote agents, placement to start (sqlite)",
             f"p50 {p50:.1f} ms, p95 {p95:.1f} ms over {len(latencies)} runs",
             "admission (Admitted event) to the agent's process start",
             p50,

@@ -383,10 +383,13 @@ class Controller:
 
 def kill_run_groups(store, names: list[str]) -> None:
     """SIGKILL the process groups of the named jobs' open runs (long-running helpers the
-    benchmark itself asked for), so nothing outlives the benchmark."""
+    benchmark itself asked for), so nothing outlives the benchmark, and remove their
+    cgroups (no controller records those runs' ends)."""
+    from reconciler.agent.cgroups import CgroupUnavailable, detect
     from reconciler.agent.identity import ProcessIdentity, is_alive
     from reconciler.reads import job_statuses
 
+    groups = []
     for status in job_statuses(store, names).values():
         for run in status.get("runs", []):
             if run.get("finishedAt") is None and run.get("pid"):
@@ -394,3 +397,18 @@ def kill_run_groups(store, names: list[str]) -> None:
                 if is_alive(identity):
                     with suppress(ProcessLookupError, PermissionError):
                         os.killpg(identity.pid, signal.SIGKILL)
+                if run.get("cgroup"):
+                    groups.append(run["cgroup"])
+    if not groups:
+        return
+    try:
+        hierarchy = detect()
+    except CgroupUnavailable:
+        return
+    for name in groups:
+        group = hierarchy.open(name)
+        group.kill_all()
+        deadline = time.monotonic() + 10
+        while group.pids() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        group.remove()

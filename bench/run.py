@@ -15,8 +15,9 @@ through `serve` against straight from the store), 12 metrics (a /metrics scrape 
 13 chain (time per link of a 300-job chain from whole commands' wall times, beside doit and
 make), 14 dashboard (each view's page at 2,000 jobs, beside the API's list),
 15 ingest (jobs from a RabbitMQ queue: messages/s against a plain pika consumer),
-7 pg (figures 1, 3 and 13 on PostgreSQL, and 16: a write to watch event and admission on PostgreSQL,
-LISTEN/NOTIFY against the poll), 17 agents (1,000 jobs over three agents in network namespaces
+16 cgroups (starting a run with its cgroup against without),
+7 pg (figures 1, 3 and 13 on PostgreSQL, and 17: a write to watch event and admission on PostgreSQL,
+LISTEN/NOTIFY against the poll), 18 agents (1,000 jobs over three agents in network namespaces
 against the embedded controller, and placement-to-start latency on a remote agent). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
@@ -51,6 +52,7 @@ FULL = {
     "dashboard": dict(jobs=2000, rounds=7),
     "ingest": dict(messages=5000, rounds=3),
     "wakeup": dict(jobs=100),
+    "cgroups": dict(runs=200, rounds=5),
     "agents": dict(jobs=1000),
 }
 SMALL = {
@@ -69,6 +71,7 @@ SMALL = {
     "dashboard": dict(jobs=400, rounds=2),
     "ingest": dict(messages=1000, rounds=1),
     "wakeup": dict(jobs=10),
+    "cgroups": dict(runs=20, rounds=2),
     "agents": dict(jobs=60),
 }
 NAMES = (
@@ -86,6 +89,7 @@ NAMES = (
     "chain",
     "dashboard",
     "ingest",
+    "cgroups",
     "agents",
     "pg",
 )
@@ -162,6 +166,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
         agents,
         api,
         apply_one,
+        cgroups,
         chain,
         cli,
         dag,
@@ -252,7 +257,10 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                 lambda: [ingest.row(s["ingest"]["messages"], s["ingest"]["rounds"])],
             )
         ],
-        "agents": [("17 remote agents (sqlite)", lambda: agents.rows(s["agents"]["jobs"]))],
+        "cgroups": [
+            ("16 run start with a cgroup", lambda: [cgroups.row(s["cgroups"]["runs"], s["cgroups"]["rounds"])]),
+        ],
+        "agents": [("18 remote agents (sqlite)", lambda: agents.rows(s["agents"]["jobs"]))],
         "pg": [
             (
                 "7 DAG throughput (postgresql)",
@@ -265,7 +273,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
                 ),
             ),
             ("13 chain per link (postgresql)", lambda: [chain.row(s["chain"]["jobs"], s["chain"]["rounds"], "pg")]),
-            ("16 wake-up after a write (postgresql)", lambda: [wakeup.row(s["wakeup"]["jobs"])]),
+            ("17 wake-up after a write (postgresql)", lambda: [wakeup.row(s["wakeup"]["jobs"])]),
         ],
     }
     return out[name] if (name != "pg" or pg) else []

@@ -1,4 +1,4 @@
-"""Figure 16, wake-ups on PostgreSQL: how long after a write by another process a `serve`
+"""Figure 17, wake-ups on PostgreSQL: how long after a write by another process a `serve`
 notices it, with LISTEN/NOTIFY (the default) against the poll alone (RECONCILER_LISTEN=off:
 the 50 ms poll, as before notifications), in the same run.
 
@@ -162,14 +162,14 @@ def row(jobs: int) -> Row:
         for q in (50, 99)
     }
     return Row(
-        "16 wake-up after a write (postgresql)",
+        "17 wake-up after a write (postgresql)",
         f"watch event p50 {f['notified.event.50']:.1f} ms, admission p50 {f['notified.admission.50']:.1f} ms",
         f"poll alone: {f['polled.event.50']:.1f} ms, {f['polled.admission.50']:.1f} ms",
         f["notified.event.50"],
         "ms",
         None,
         [
-            f"16 wake-ups (postgresql): {jobs} jobs applied one at a time by another process at random intervals "
+            f"17 wake-ups (postgresql): {jobs} jobs applied one at a time by another process at random intervals "
             f"of 40-120 ms to a `serve` (this machine its node); change-to-watch-event (the ADDED event's arrival "
             f"minus the apply's end) with LISTEN/NOTIFY p50 {f['notified.event.50']:.1f} ms, p99 "
             f"{f['notified.event.99']:.1f} ms; poll alone (RECONCILER_LISTEN=off, 50 ms) p50 "

@@ -64,7 +64,8 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
             spec = {**obj.spec, "capacity": capacity}
             if spec != obj.spec or labels != obj.labels:
                 obj = repo.update_object(tx, obj, spec=spec, labels=labels)
-        allocated = next((f.allocated for f in sched.node_facts(tx.session, now) if f.name == node), 0)
+        mine = next((f for f in sched.node_facts(tx.session, now) if f.name == node), None)
+        allocated = mine.allocated_status() if mine else {"slots": 0}
         stamp = from_epoch(now)
         became_ready = not heartbeat_fresh(previous, now)
         ready: dict[str, Any] = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
@@ -80,7 +81,7 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
                 }
             ],
             "heartbeatAt": stamp,
-            "allocated": {"slots": allocated},
+            "allocated": allocated,
             "cpuCount": beat.cpu_count,
             "agent": beat.agent,
             "address": beat.address,

@@ -156,7 +156,8 @@ def not_found(label: str, name: str) -> str:
 def _with_usage(store: Store, label: str, objs: list[StoredObject]) -> None:
     """Pool and node usage are derived from the admissions table, never stored twice."""
     with store.read() as session:
-        used, queued, allocated = sched.usage(session)
+        used, queued, _ = sched.usage(session)
+        nodes = {f.name: f for f in sched.node_facts(session)} if label == "Node" else {}
     for o in objs:
         status = dict(o.status or {})
         if label == "Pool":
@@ -164,7 +165,8 @@ def _with_usage(store: Store, label: str, objs: list[StoredObject]) -> None:
             waiting = sum(queued.values()) if o.name == "global" else queued.get(o.name, 0)
             status.update(used=int(total or 0), queued=int(waiting or 0))
         else:
-            status["allocated"] = {"slots": int(allocated.get(o.name, 0) or 0)}
+            facts = nodes.get(o.name)
+            status["allocated"] = facts.allocated_status() if facts else {"slots": 0}
         o.status = status
 
 

@@ -372,6 +372,10 @@ class RunReport(Body):
         default=None, description="A service's readiness probe, run by the agent: passed or not."
     )
     ready_message: str | None = Field(default=None, description="The probe's diagnostic.")
+    limits: str | None = Field(default=None, description="How the run's resources are held: cgroup v1|v2, rlimit.")
+    degraded: str | None = Field(default=None, description="Why no cgroup holds the run.")
+    peak_memory: int | None = Field(default=None, description="The most memory its cgroup held at once (bytes).")
+    cpu_seconds: float | None = Field(default=None, description="The CPU time its cgroup counted.")
 
     def facts(self) -> dict[str, Any]:
         """The report as kept on the admission (camelCase, without what names the run)."""

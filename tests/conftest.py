@@ -52,3 +52,15 @@ def http_server(monkeypatch):
     state.release()
     httpd.shutdown()
     httpd.server_close()
+
+
+@pytest.fixture(autouse=True)
+def _no_run_cgroup_left(request):
+    """After a test that had a tmp_path, the cgroups of runs under it that no controller
+    removed (the test stopped them itself) are removed: runs get real cgroups here."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path")
+    if tmp is not None:
+        from tests.helpers import remove_run_cgroups
+
+        remove_run_cgroups(tmp)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -52,3 +54,23 @@ def wait_until(predicate: Callable[[], T], timeout: float = 20.0, interval: floa
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {message or predicate}")
         time.sleep(interval)
+
+
+def remove_run_cgroups(root: Path) -> None:
+    """After a test killed its runs itself (no controller recorded their ends), remove their
+    cgroups: each is named like its run folder (`<job>.<uid>.<n>`), found under `root`.
+    Anything still in one is the test's own and is killed first."""
+    from reconciler.agent.cgroups import CgroupUnavailable, detect
+
+    try:
+        hierarchy = detect()
+    except CgroupUnavailable:
+        return
+    names = {run.name for runs in root.rglob("runs") if runs.is_dir() for run in runs.iterdir()}
+    for name in names:
+        with contextlib.suppress(CgroupUnavailable, OSError, AssertionError):
+            group = hierarchy.open(name)
+            if group.exists():
+                group.kill_all()
+                wait_until(lambda group=group: not group.pids(), timeout=10, message=f"cgroup {name} empty")
+                group.remove()

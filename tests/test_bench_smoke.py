@@ -29,15 +29,16 @@ FIGURES = [
     "13 chain per link (sqlite)",
     "14 dashboard pages (sqlite)",
     "15 ingestion from RabbitMQ (sqlite)",
-    "17 remote agents, throughput (sqlite)",
-    "17 remote agents, placement to start (sqlite)",
+    "16 run start with a cgroup",
+    "18 remote agents, throughput (sqlite)",
+    "18 remote agents, placement to start (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",
     "7 admission at depth, no room (postgresql)",
     "7 admission at depth, head blocks (postgresql)",
     "13 chain per link (postgresql)",
-    "16 wake-up after a write (postgresql)",
+    "17 wake-up after a write (postgresql)",
 ]
 
 

@@ -105,9 +105,13 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
 
 def _downgrade(tx, *, to: int) -> None:
     """Make a current store's schema what version `to` created (what each upgrade undoes)."""
-    if to < 6:
+    if to < 7:
         for column in ("epoch", "report", "reported_rv"):
             tx.session.run(f"ALTER TABLE admissions DROP COLUMN {column}")
+    if to < 6:
+        for table in ("admissions", "queue"):
+            for column in ("cpu", "memory"):
+                tx.session.run(f"ALTER TABLE {table} DROP COLUMN {column}")
     if to < 5:
         tx.session.run("DROP TABLE leases")
     if to < 4:
@@ -186,15 +190,63 @@ def test_a_version_4_store_gets_the_leases_table(store_url):
         upgraded.dispose()
 
 
-def test_a_version_5_store_gets_admission_epochs_and_keeps_its_admissions(store_url):
-    """Schema 6: admissions carry an epoch and a remote agent's report. One made before has
+def test_a_version_5_store_gets_cpu_and_memory_on_admissions_and_queue_rows(store_url):
+    """Admissions made before are kept, holding no cpu or memory (they were not counted);
+    new ones hold the job's resources, summed per node."""
+    from reconciler.store import scheduling as sched
+
+    s = Store(store_url)
+    _create(s, "node-1", kind="Node", spec={"capacity": {"slots": 4, "cpu": "2", "memory": "1Gi"}})
+    with s.write() as tx:
+        sched.admit(tx, uid="u1", name="old", pool=None, slots=1, node="node-1", run_number=1)
+        _downgrade(tx, to=5)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION
+        with upgraded.write() as tx:
+            sched.admit(
+                tx, uid="u2", name="new", pool=None, slots=1, node="node-1", run_number=1, cpu=0.5, memory=1 << 29
+            )
+            sched.enqueue(
+                tx,
+                uid="u3",
+                name="waiting",
+                pool=None,
+                slots=1,
+                priority=0,
+                eligible_at=0.0,
+                bypass_count=0,
+                node_name=None,
+                node_selector={},
+                cpu=1.5,
+                memory=1 << 20,
+            )
+        with upgraded.read() as conn:
+            (facts,) = sched.node_facts(conn)
+            assert (facts.cpu, facts.memory, facts.cpu_allocated, facts.memory_allocated) == (
+                2.0,
+                1 << 30,
+                0.5,
+                1 << 29,
+            )
+            assert facts.allocated_status() == {"slots": 2, "cpu": "500m", "memory": "512Mi"}
+            queued = sched.queued(conn, "u3")
+            assert queued is not None and (queued.cpu, queued.memory) == (1.5, 1 << 20)
+    finally:
+        upgraded.dispose()
+
+
+def test_a_version_6_store_gets_admission_epochs_and_keeps_its_admissions(store_url):
+    """Schema 7: admissions carry an epoch and a remote agent's report. One made before has
     neither (no agent can report on it); a new admission gets its epoch, and a report names
     it: one for another epoch is refused."""
     from reconciler.store import scheduling as sched
 
     s = Store(store_url)
     with s.write() as tx:
-        _downgrade(tx, to=5)
+        _downgrade(tx, to=6)
         Statement(
             "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at)"
             " VALUES ('u1', 'old', NULL, 1, 'n1', 1, 0)"
@@ -237,7 +289,7 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     upgraded = Store(store_url)
     try:
-        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 6
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 7
         assert {"outbox", "deliveries", "ingested", "leases"} <= _tables(upgraded)
         with upgraded.read() as conn:
             assert repo.get(conn, kind="Job", name="old").uid == obj.uid

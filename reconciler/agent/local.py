@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -16,6 +17,7 @@ import psutil
 from ..api.job import Artifact, JobSpec
 from ..files import make_private_dirs
 from .artifacts import WORK, Artifacts, Preparation
+from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgroup, Spares, Usage, detect
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import has_legacy_runs, run_dir
 from .logtrim import LogTrimmer
@@ -41,9 +43,26 @@ __all__ = [
     "Preparation",
     "ProcessIdentity",
     "StartFailed",
+    "Started",
+    "Usage",
     "owner_gone",
     "process_owner",
 ]
+
+# Where the agent makes runs' cgroups: a cgroup filesystem (v2) or a folder of v1 mounts.
+# Pointing it elsewhere (a folder with no hierarchy, one that cannot be written) gives the
+# fallback: an address-space rlimit, and runs whose condition says limits are degraded.
+CGROUP_ROOT_ENV = "RECONCILER_CGROUP_ROOT"
+
+
+@dataclass(frozen=True)
+class Started:
+    """A spawned run: its wrapper, and how its resources are limited."""
+
+    identity: ProcessIdentity
+    cgroup: str | None  # the run's cgroup (by name), when it has one
+    limits: str  # "cgroup v1" | "cgroup v2" | "rlimit" (the fallback)
+    degraded: str | None = None  # why no cgroup holds the run, in a sentence
 
 
 def process_owner() -> str:
@@ -70,7 +89,7 @@ class LocalAgent:
     """`on_exit(job)` is called when something the job waits for in the agent happened: its
     run's process exited, or its run's artifact is ready (or cannot be)."""
 
-    def __init__(self, node: str, state_dir: Path, on_exit: Callable[[str], None]):
+    def __init__(self, node: str, state_dir: Path, on_exit: Callable[[str], None], *, cgroup_root: Path | None = None):
         self.node = node
         self.state_dir = Path(state_dir)
         make_private_dirs(self.state_dir / "runs")
@@ -80,13 +99,36 @@ class LocalAgent:
         self._watched: set[ProcessIdentity] = set()
         self._logs = LogTrimmer()
         self._artifacts = Artifacts(self.state_dir, wake=on_exit)
+        root = cgroup_root or Path(os.environ.get(CGROUP_ROOT_ENV) or DEFAULT_ROOT)
+        self._hierarchy: Hierarchy | None = None
+        self._spares: Spares | None = None
+        self._no_hierarchy = ""
+        try:
+            self._hierarchy = detect(root)
+            self._spares = Spares(self._hierarchy)
+        except CgroupUnavailable as exc:
+            self._no_hierarchy = str(exc)
+            log.warning("runs get no cgroup on this node: %s; memory limits become address-space rlimits", exc)
+
+    @property
+    def cgroup_version(self) -> str | None:
+        """The cgroup hierarchy runs are limited by here ("v1", "v2"), or None: the fallback."""
+        return self._hierarchy.version if self._hierarchy is not None else None
+
+    @staticmethod
+    def cgroup_name(job: str, uid: str, number: int) -> str:
+        """A run's cgroup, named like its run dir: unique on the machine (the uid), and
+        found again after a restart without a record."""
+        return f"{job}.{uid}.{number}"
 
     def run_dir(self, job: str, uid: str, number: int) -> Path:
         return run_dir(self.state_dir, job, uid, number, legacy=self._legacy_runs)
 
-    def start(self, job: str, uid: str, number: int, spec: JobSpec, revision: int) -> ProcessIdentity:
-        """Spawn run `number`; raises StartFailed, whatever the cause, when it cannot start:
-        a run that cannot start must end (and free its slot), not be retried forever."""
+    def start(self, job: str, uid: str, number: int, spec: JobSpec, revision: int) -> Started:
+        """Spawn run `number` in its own cgroup with the spec's limits (or, where none can be
+        made, under an address-space rlimit); raises StartFailed, whatever the cause, when it
+        cannot start: a run that cannot start must end (and free its slot), not be retried
+        forever."""
         env = {
             **spec.env,
             "RECONCILER_JOB": job,
@@ -95,19 +137,70 @@ class LocalAgent:
             "RECONCILER_REVISION": str(revision),
         }
         run_dir = self.run_dir(job, uid, number)
+        limits = Limits(spec.resources.cpu, spec.resources.memory)
+        group, degraded = self._make_cgroup(self.cgroup_name(job, uid, number), limits)
         try:
-            identity = self._spawn(spec, env, run_dir)
-        except StartFailed:
-            raise
-        except Exception as exc:  # a full disk, a run dir in the way, a process limit
+            if group is not None:
+                identity = self._spawn(spec, env, run_dir, join=group.procs_files)
+            else:
+                kib = -(-limits.memory // 1024) if limits.memory else None
+                identity = self._spawn(spec, env, run_dir, address_space_kib=kib)
+        except Exception as exc:
+            if group is not None:
+                group.remove()
+            if isinstance(exc, StartFailed):
+                raise
+            # a full disk, a run dir in the way, a process limit
             log.warning("run %d of job %s could not start", number, job, exc_info=True)
             raise StartFailed(f"cannot start run: {exc}") from exc
         self.trim_logs(run_dir, spec.kept_log_bytes)
         self.watch(job, identity)
-        return identity
+        if group is not None:
+            return Started(identity, group.name, f"cgroup {group.version}")
+        return Started(identity, None, "rlimit", degraded)
+
+    def _make_cgroup(self, name: str, limits: Limits) -> tuple[RunCgroup | None, str | None]:
+        """The run's cgroup, or None and why there is none (never a reason to fail the run)."""
+        if self._spares is None:
+            return None, self._no_hierarchy
+        try:
+            return self._spares.take(name, limits), None
+        except CgroupUnavailable as exc:
+            if str(exc) != self._no_hierarchy:  # said once per cause, not once per run
+                self._no_hierarchy = str(exc)
+                log.warning("runs get no cgroup (%s): memory limits become address-space rlimits", exc)
+            return None, str(exc)
+
+    def _cgroup(self, name: str | None) -> RunCgroup | None:
+        if name is None or self._hierarchy is None:
+            return None
+        return self._hierarchy.open(name)
+
+    def existing_cgroup(self, job: str, uid: str, number: int) -> str | None:
+        """The run's cgroup if it was made (a run spawned before a crash, adopted now)."""
+        name = self.cgroup_name(job, uid, number)
+        group = self._cgroup(name)
+        return name if group is not None and group.exists() else None
+
+    def usage(self, cgroup: str | None) -> Usage | None:
+        """What the run's cgroup counted: peak memory, CPU seconds, OOM kills."""
+        group = self._cgroup(cgroup)
+        return group.usage() if group is not None and group.exists() else None
+
+    def remove_cgroup(self, cgroup: str | None) -> bool:
+        """The run is over and its cgroup empty: removed (False while a process is left)."""
+        group = self._cgroup(cgroup)
+        return group is None or group.remove()
 
     @staticmethod
-    def _spawn(spec: JobSpec, env: dict[str, str], run_dir: Path) -> ProcessIdentity:
+    def _spawn(
+        spec: JobSpec,
+        env: dict[str, str],
+        run_dir: Path,
+        *,
+        join: list[Path] | None = None,
+        address_space_kib: int | None = None,
+    ) -> ProcessIdentity:
         if spec.artifact is not None:  # the unpacked folder, or a relative workingDir in it
             cwd = os.path.join(run_dir / WORK, spec.working_dir or "")
         else:
@@ -119,6 +212,8 @@ class LocalAgent:
             cwd=cwd,
             run_dir=run_dir,
             fsync_exit=False,
+            join=join,
+            address_space_kib=address_space_kib,
         )
 
     def prepare(self, job: str, run_dir: Path, artifact: Artifact) -> Preparation:
@@ -199,33 +294,60 @@ class LocalAgent:
     def exit_of(run_dir: Path) -> ExitRecord | None:
         return read_exit(run_dir)
 
-    @staticmethod
-    def alive(identity: ProcessIdentity) -> bool:
-        """A process of the run lives: its wrapper, or anything left in its group."""
-        return is_alive(identity) or group_alive(identity)
+    def alive(self, identity: ProcessIdentity, cgroup: str | None = None) -> bool:
+        """A process of the run lives: its wrapper, anything left in its group or, with a
+        cgroup, anything in it (a process that left the group with setsid is still there)."""
+        if is_alive(identity) or group_alive(identity):
+            return True
+        group = self._cgroup(cgroup)
+        return group is not None and bool(group.pids())
 
     @staticmethod
     def wrapper_alive(identity: ProcessIdentity) -> bool:
         """The run's wrapper itself lives (then its end can be watched)."""
         return is_alive(identity)
 
-    @staticmethod
-    def leftovers(identity: ProcessIdentity) -> bool:
-        """Processes of the run's group other than its wrapper."""
-        return any(pid != identity.pid for pid in group_pids(identity))
+    def leftovers(self, identity: ProcessIdentity, cgroup: str | None = None) -> bool:
+        """Processes of the run other than its wrapper: in its group or in its cgroup."""
+        if any(pid != identity.pid for pid in group_pids(identity)):
+            return True
+        group = self._cgroup(cgroup)
+        return group is not None and any(pid != identity.pid for pid in group.pids())
 
-    @staticmethod
-    def terminate(identity: ProcessIdentity) -> None:
+    def terminate(self, identity: ProcessIdentity, cgroup: str | None = None) -> None:
+        """SIGTERM to the run's group, and to the processes of its cgroup outside the group
+        (each process gets it once)."""
         signal_group(identity, signal.SIGTERM)
+        group = self._cgroup(cgroup)
+        if group is not None:
+            for pid in group.pids():
+                _signal_outside(pid, identity.pid, signal.SIGTERM)
 
-    @staticmethod
-    def kill(identity: ProcessIdentity, *, wrapper_too: bool = False) -> None:
-        """SIGKILL the run's group but the wrapper, which then records the status. Only a
-        wrapper that stayed alive long after its command died (`wrapper_too`) is killed too."""
-        if kill_group_except_wrapper(identity) == 0 and wrapper_too:
+    def kill(self, identity: ProcessIdentity, cgroup: str | None = None, *, wrapper_too: bool = False) -> None:
+        """SIGKILL the run's group and cgroup but the wrapper, which then records the status.
+        Only a wrapper that stayed alive long after its command died (`wrapper_too`) is
+        killed too."""
+        killed = kill_group_except_wrapper(identity)
+        group = self._cgroup(cgroup)
+        if group is not None:
+            killed += group.signal(signal.SIGKILL, spare=identity.pid)
+        if killed == 0 and wrapper_too:
             signal_group(identity, signal.SIGKILL)
+            if group is not None:
+                group.kill_all()
 
     def close(self) -> None:
+        if self._spares is not None:
+            self._spares.close()
         self._watcher.close()
         self._logs.close()
         self._artifacts.close()
+
+
+def _signal_outside(pid: int, pgid: int, sig: int) -> None:
+    """`sig` to `pid` unless it is in process group `pgid` (which was signalled whole)."""
+    try:
+        if os.getpgid(pid) != pgid:
+            os.kill(pid, sig)
+    except ProcessLookupError:
+        pass

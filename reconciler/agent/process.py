@@ -91,6 +91,8 @@ def spawn_run(
     cwd: str,
     run_dir: pathlib.Path,
     fsync_exit: bool = True,
+    join: list[pathlib.Path] | None = None,
+    address_space_kib: int | None = None,
 ) -> ProcessIdentity:
     """Start a run under the sh wrapper in a new session; return the wrapper's identity.
 
@@ -98,7 +100,10 @@ def spawn_run(
     (run by `/bin/sh -c`). `env` is merged over `inherited_environment()`. stdout and stderr
     go to run_dir/stdout and run_dir/stderr (0600, run_dir 0700); the wrapper
     writes the exit code to run_dir/exit (fsynced unless `fsync_exit` is
-    False, see wrapper.py for the cost). The wrapper leads its own process
+    False, see wrapper.py for the cost). Before the command starts, the wrapper
+    writes its pid to each cgroup.procs file in `join` (the run's cgroup) and sets
+    `ulimit -v address_space_kib` (the fallback where no cgroup can be made). The
+    wrapper leads its own process
     group: pgid == pid. Raises StartFailed, without spawning anything, when the
     program or the working directory is missing. reap() (which ExitWatcher
     calls) collects the wrapper once it has exited.
@@ -131,7 +136,7 @@ def spawn_run(
     ready_r, ready_w = os.pipe()  # the wrapper's first stderr: EOF once its traps are armed
     try:
         popen = subprocess.Popen(
-            wrapper_argv(run_dir.resolve(), command, fsync=fsync_exit),
+            wrapper_argv(run_dir.resolve(), command, fsync=fsync_exit, join=join, address_space_kib=address_space_kib),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=ready_w,

@@ -22,12 +22,20 @@ _CAUGHT = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "ALRM")
 # the handler notes the code the command would have died with.
 _TRAPS = "\n".join(f"trap 't={128 + getattr(signal, 'SIG' + name)}' {name}" for name in _CAUGHT)
 
-# Positional parameters: $1 = run dir, $2 = 1 to fsync the record, the rest =
-# the argv to run (argv[0] an absolute path, so no shell builtin can stand in
-# for the program, and "$@" means no splitting, globbing or redirection).
+# Positional parameters: $1 = run dir, $2 = 1 to fsync the record, $3 = the
+# run's cgroup.procs files, blank-separated (none: no cgroup), $4 = an address-space
+# limit in KiB for `ulimit -v` (empty: none), the rest = the argv to run
+# (argv[0] an absolute path, so no shell builtin can stand in for the program,
+# and "$@" means no splitting, globbing or redirection).
 # - `exec 2>>`: spawn_run gives the wrapper a pipe as stderr, which closes once
 #   the traps are armed; groups.py waits for that before it sends a signal, so
 #   no signal of ours can kill the wrapper before it records.
+# - The wrapper joins the run's cgroup (each hierarchy's cgroup.procs: a builtin
+#   echo, no fork) before the command is forked, so all the command starts is in
+#   it. A join that fails (the cgroup removed under it) leaves sh's message in the
+#   run's stderr and the run unlimited, as where no cgroup could be made; it is
+#   not a reason to refuse the run. `ulimit -v` is the fallback where no cgroup
+#   can be made at all.
 # - A signal landing after the `[ -z "$t" ]` test and before the forked child
 #   has exec'd the program is absorbed: dash's (v)forked child still runs the
 #   wrapper's handler until exec. Measured: up to a millisecond or so after
@@ -47,8 +55,12 @@ SCRIPT = f"""t=
 {_TRAPS}
 d=$1
 s=$2
-shift 2
+g=$3
+v=$4
+shift 4
 exec 2>>"$d/stderr"
+for f in $g; do echo $$ >"$f"; done
+[ -n "$v" ] && ulimit -v "$v"
 if [ -z "$t" ]; then
   "$@"
   c=$?
@@ -63,6 +75,17 @@ exit "$c"
 """
 
 
-def wrapper_argv(run_dir: pathlib.Path, command: list[str], *, fsync: bool = True) -> list[str]:
-    """The argv that starts `command` (argv[0] already resolved) under the wrapper."""
-    return ["/bin/sh", "-c", SCRIPT, WRAPPER_NAME, str(run_dir), "1" if fsync else "0", *command]
+def wrapper_argv(
+    run_dir: pathlib.Path,
+    command: list[str],
+    *,
+    fsync: bool = True,
+    join: list[pathlib.Path] | None = None,
+    address_space_kib: int | None = None,
+) -> list[str]:
+    """The argv that starts `command` (argv[0] already resolved) under the wrapper; it joins
+    the cgroup.procs files `join` (paths without blanks or wildcards: the shell splits them)
+    and sets `ulimit -v address_space_kib` first."""
+    cgroup = " ".join(str(p) for p in join or [])
+    limit = "" if address_space_kib is None else str(address_space_kib)
+    return ["/bin/sh", "-c", SCRIPT, WRAPPER_NAME, str(run_dir), "1" if fsync else "0", cgroup, limit, *command]

@@ -13,8 +13,16 @@ from .quantity import CPU, Size, parse_duration
 
 class Capacity(Strict):
     slots: int | None = Field(default=None, ge=0, le=MAX_SLOTS, description="Default: the node's CPU count.")
-    cpu: CPU | None = None
-    memory: Size | None = None
+    cpu: CPU | None = Field(
+        default=None,
+        description="CPUs the runs placed here may hold (their resources.cpu); unset: not counted. "
+        "The local node declares the host's count when it registers.",
+    )
+    memory: Size | None = Field(
+        default=None,
+        description="Memory the runs placed here may hold (their resources.memory); unset: not counted. "
+        "The local node declares the host's memory when it registers.",
+    )
 
 
 class NodeSpec(Strict):
@@ -24,6 +32,8 @@ class NodeSpec(Strict):
 
 class Allocated(Strict):
     slots: int = 0
+    cpu: CPU | None = Field(default=None, description="resources.cpu of the runs admitted here, if counted.")
+    memory: Size | None = Field(default=None, description="resources.memory of the runs admitted here, if counted.")
 
 
 class NodeStatus(Strict):

@@ -104,6 +104,13 @@ class RunRecord(Strict):
     signal: int | None = None
     outcome: RunOutcome | None = None
     reason: str | None = None
+    limits: str | None = Field(
+        default=None,
+        description="What holds the run to spec.resources: `cgroup v2`, `cgroup v1`, or `rlimit` (degraded).",
+    )
+    cgroup: str | None = Field(default=None, description="The run's cgroup, under `reconciler/` in each hierarchy.")
+    peak_memory: int | None = Field(default=None, description="Bytes: the most memory the run's cgroup held at once.")
+    cpu_seconds: float | None = Field(default=None, description="CPU time the run's processes used (its cgroup's).")
 
 
 class Receipt(Strict):
@@ -212,6 +219,10 @@ class RunDict(TypedDict, total=False):
     signal: int
     outcome: str
     reason: str
+    limits: str
+    cgroup: str
+    peakMemory: int
+    cpuSeconds: float
 
 
 class ReceiptDict(TypedDict, total=False):

@@ -121,6 +121,9 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
             _fmt_code(r),
             r.get("outcome") or "running",
             r.get("reason") or "",
+            _bytes(r.get("peakMemory")),
+            "" if r.get("cpuSeconds") is None else f"{r['cpuSeconds']:.2f}",
+            r.get("limits") or "",
         ]
         for r in status.get("runs", [])
     ]
@@ -134,12 +137,28 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
         _section("Waits", table(["TYPE", "SATISFIED", "LAST CHECKED", "MESSAGE"], waits) if waits else ""),
         _section(
             "Runs",
-            table(["RUN", "REV", "NODE", "PID", "STARTED", "FINISHED", "EXIT", "OUTCOME", "REASON"], runs)
+            table(
+                [
+                    *("RUN", "REV", "NODE", "PID", "STARTED", "FINISHED", "EXIT", "OUTCOME", "REASON"),
+                    *("PEAK MEMORY", "CPU SECONDS", "LIMITS"),
+                ],
+                runs,
+            )
             if runs
             else "",
         ),
         _section("Conditions", table(["TYPE", "STATUS", "REASON", "MESSAGE"], conditions) if conditions else ""),
     ]
+
+
+def _bytes(size: int | None) -> str:
+    """A run's peak memory as people read it (1 decimal, binary units)."""
+    if size is None:
+        return ""
+    for unit, scale in (("Gi", 1 << 30), ("Mi", 1 << 20), ("Ki", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f}{unit}"
+    return f"{size}B"
 
 
 def _notifier_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:

@@ -119,4 +119,6 @@ class Endings:
             bypass_count=int(status.get("bypassCount", 0)),
             node_name=spec.placement.node_name,
             node_selector=spec.placement.node_selector,
+            cpu=spec.resources.cpu or 0.0,
+            memory=spec.resources.memory or 0,
         )

@@ -301,10 +301,7 @@ class JobReconciler:
                 raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
             me = self.endings.enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
             ports = self._ports_taken(tx, spec.port)
-            nodes = [
-                NodeView(n.name, n.ready, n.unschedulable, n.capacity, n.allocated, n.labels, ports.get(n.name, _NONE))
-                for n in sched.node_facts(tx.session, ctx.now)
-            ]
+            nodes = [_view(n, ports.get(n.name, _NONE)) for n in sched.node_facts(tx.session, ctx.now)]
             scopes = self._scopes(tx.session, me, nodes)
             decision = admission.decide(admission.Request(me.uid, me.name, me.slots, me.bypass_count), scopes)
             placed = None
@@ -319,6 +316,8 @@ class JobReconciler:
                     strategy=strategy,
                     turn=sched.round_robin_next(tx.session) if round_robin else 0,
                     port=spec.port,
+                    cpu=spec.resources.cpu or 0.0,
+                    memory=spec.resources.memory or 0,
                 )
                 if round_robin and placed.node is not None:
                     sched.round_robin_turn(tx)  # taken only by a job placed: the rotation survives restarts
@@ -335,6 +334,8 @@ class JobReconciler:
                     run_number=number,
                     owner=owner,
                     port=spec.port,
+                    cpu=spec.resources.cpu or 0.0,
+                    memory=spec.resources.memory or 0,
                 )
                 for passed in decision.bypassed:
                     sched.count_bypass(tx, passed.uid)
@@ -410,17 +411,17 @@ class JobReconciler:
         def fits_now(entry: sched.QueueEntry) -> bool:
             own = [facts("global")] + ([facts(entry.pool)] if entry.pool else [])
             room = all(f.capacity is None or entry.slots <= f.capacity - f.used for f in own)
-            placed = place(nodes, slots=entry.slots, node_name=entry.node_name, selector=entry.node_selector)
+            placed = place(nodes, **_needs(entry))
             return room and placed.node is not None
 
         # A queued job that no node could take even empty (pinned to a missing, cordoned or
         # NotReady node, a selector nobody matches, more slots than any node has) is
         # Unschedulable, not short of slots: it does not hold its scope's line, or once passed
         # maxBypass times it would stop every younger job until a node for it turns up.
-        empty = [dataclasses.replace(n, allocated=0) for n in nodes]
+        empty = [dataclasses.replace(n, allocated=0, cpu_allocated=0.0, memory_allocated=0) for n in nodes]
 
         def could_place(entry: sched.QueueEntry) -> bool:
-            placed = place(empty, slots=entry.slots, node_name=entry.node_name, selector=entry.node_selector)
+            placed = place(empty, **_needs(entry))
             return placed.node is not None
 
         for scope_name in ["global"] + ([me.pool] if me.pool else []):
@@ -439,6 +440,33 @@ def _read_dep_states(session: Any, names: list[str]) -> DepStates:
     exist), in one snapshot."""
     found = repo.statuses(session, kind="Job", names=names) if names else {}
     return {name: revisions.seen_by_dependents(o) if (o := found.get(name)) else None for name in names}
+
+
+def _view(n: sched.NodeFacts, ports: frozenset[int]) -> NodeView:
+    return NodeView(
+        n.name,
+        n.ready,
+        n.unschedulable,
+        n.capacity,
+        n.allocated,
+        n.labels,
+        ports,
+        n.cpu,
+        n.memory,
+        n.cpu_allocated,
+        n.memory_allocated,
+    )
+
+
+def _needs(entry: sched.QueueEntry) -> dict[str, Any]:
+    """What a queued job asks of a node, as `place` takes it."""
+    return {
+        "slots": entry.slots,
+        "node_name": entry.node_name,
+        "selector": entry.node_selector,
+        "cpu": entry.cpu,
+        "memory": entry.memory,
+    }
 
 
 def _request(entry: sched.QueueEntry | None) -> admission.Request | None:

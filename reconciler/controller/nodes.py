@@ -44,12 +44,16 @@ def heartbeat(
                 tx,
                 kind="Node",
                 name=node,
+                # slots only (their default: the CPU count). cpu and memory are counted where an
+                # operator declares them: declared here, a service's default 2 CPUs would take a
+                # 2-core host whole and hold back every other job, which slots never did
                 spec={"capacity": {}, "unschedulable": False},
                 labels={"reconciler.dev/hostname": socket.gethostname()[:63]},
                 annotations={"reconciler.dev/managed-by": "agent"},
             )
             repo.record_events(tx, repo.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
-        allocated = next((f.allocated for f in sched.node_facts(tx.session, now) if f.name == node), 0)
+        mine = next((f for f in sched.node_facts(tx.session, now) if f.name == node), None)
+        allocated = mine.allocated_status() if mine else {"slots": 0}
         stamp = from_epoch(now)
         previous = obj.status or {}
         became_ready = not heartbeat_fresh(previous, now)
@@ -66,7 +70,7 @@ def heartbeat(
                 }
             ],
             "heartbeatAt": stamp,
-            "allocated": {"slots": allocated},
+            "allocated": allocated,
             "cpuCount": os.cpu_count() or 1,
             "agent": owner,
             "address": address,

@@ -1,5 +1,9 @@
 """Placement over nodes (API.md section 2, Placement). Pure: candidates are Ready,
-schedulable nodes matching nodeName/nodeSelector with room; a strategy picks one."""
+schedulable nodes matching nodeName/nodeSelector with room; a strategy picks one.
+
+Room is slots and, on a node that declares them (`capacity.cpu`, `capacity.memory`), the
+job's `resources` against what the node's admissions hold: a node with cpu 2 takes two
+1-CPU jobs at once, not three."""
 
 from __future__ import annotations
 
@@ -18,10 +22,23 @@ class NodeView:
     allocated: int
     labels: dict[str, str] = field(default_factory=dict)
     ports: frozenset[int] = frozenset()  # held by services admitted there, or found in use
+    cpu: float | None = None  # declared capacity; None: not counted here
+    memory: int | None = None
+    cpu_allocated: float = 0.0
+    memory_allocated: int = 0
 
     @property
     def free(self) -> int:
         return self.capacity - self.allocated
+
+    def short_of(self, cpu: float, memory: int) -> str | None:
+        """Which declared resource cannot take the job now."""
+        # a float sum of quantities like 0.1 is not exact: a thousandth of a CPU is the unit
+        if self.cpu is not None and round((self.cpu - self.cpu_allocated - cpu) * 1000) < 0:
+            return "insufficient cpu"
+        if self.memory is not None and self.memory - self.memory_allocated < memory:
+            return "insufficient memory"
+        return None
 
 
 @dataclass(frozen=True)
@@ -31,7 +48,13 @@ class Placement:
 
 
 def _why_not(
-    node: NodeView, node_name: str | None, selector: dict[str, str], slots: int, port: int | None
+    node: NodeView,
+    node_name: str | None,
+    selector: dict[str, str],
+    slots: int,
+    port: int | None,
+    cpu: float = 0.0,
+    memory: int = 0,
 ) -> str | None:
     if node_name is not None and node.name != node_name:
         return "didn't match nodeName"
@@ -43,6 +66,8 @@ def _why_not(
         return "unschedulable (cordoned)"
     if node.free < slots:
         return "insufficient slots"
+    if (short := node.short_of(cpu, memory)) is not None:
+        return short
     if port is not None and port in node.ports:
         return f"port {port} taken"
     return None
@@ -57,12 +82,15 @@ def place(
     strategy: str = "spread",
     turn: int = 0,
     port: int | None = None,
+    cpu: float = 0.0,
+    memory: int = 0,
 ) -> Placement:
-    """`turn` is the store-wide round-robin counter; `port` a service's, which must be free."""
+    """`turn` is the store-wide round-robin counter; `port` a service's, which must be free;
+    `cpu` and `memory` the job's resources, counted on nodes that declare them."""
     reasons: Counter[str] = Counter()
     candidates = []
     for node in sorted(nodes, key=lambda n: n.name):
-        why = _why_not(node, node_name, selector, slots, port)
+        why = _why_not(node, node_name, selector, slots, port, cpu, memory)
         if why is None:
             candidates.append(node)
         else:

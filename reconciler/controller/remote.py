@@ -89,6 +89,8 @@ class RemoteSteps:
         if report is not None and report.get("startedAt"):
             identity = _identity(report)
             run = self.runs.new_run(ctx, held.run_number, identity, report["startedAt"], node=node.name)
+            if report.get("limits"):
+                run["limits"] = report["limits"]
             ctx.status.setdefault("startTime", run["startedAt"])
             if ctx.spec.readiness is not None:  # not ready until this run's first probe passes (on its node)
                 ctx.status["ready"] = False
@@ -139,6 +141,7 @@ class RemoteSteps:
 
     def _ended(self, ctx: Ctx, run: RunDict, report: dict[str, Any]) -> Result:
         self._heard(ctx, run.get("node"))
+        _usage(run, report)
         finished = report["finishedAt"]
         if report.get("gone"):
             message = f"the agent of node {run.get('node')} found run {run['number']} gone without an exit record"
@@ -171,6 +174,7 @@ class RemoteSteps:
         report = self._report(ctx, run["number"]) or {}
         if report.get("finishedAt"):
             self._heard(ctx, node.name)
+            _usage(run, report)
             if report.get("gone"):
                 return self.runs.after_stop(ctx, why, run=run, lost="its agent found the process gone")
             exited = ExitRecord(report.get("exitCode"), report.get("signal"))
@@ -255,6 +259,14 @@ def _admitted_run(store: Any, uid: str) -> int | None:
     with store.read() as session:
         held = sched.admission(session, uid)
     return None if held is None else held.run_number
+
+
+def _usage(run: RunDict, report: dict[str, Any]) -> None:
+    """What the run's cgroup counted on its node, as `describe` shows it for local runs."""
+    if report.get("peakMemory") is not None:
+        run["peakMemory"] = int(report["peakMemory"])
+    if report.get("cpuSeconds") is not None:
+        run["cpuSeconds"] = float(report["cpuSeconds"])
 
 
 def _identity(report: dict[str, Any]) -> ProcessIdentity | None:

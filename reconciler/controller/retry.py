@@ -13,7 +13,8 @@ from ..api.job import Backoff, Restart, Retry
 class RunEnd:
     outcome: str  # Succeeded | Failed | TimedOut | Cancelled | StartFailed | Lost
     exit_code: int | None = None
-    reason: str | None = None  # why a run was Lost (ProcessLost, NodeLost) or could not start: the job's reason
+    # why a run was Lost (ProcessLost, NodeLost), could not start, or failed (OOMKilled): the job's reason
+    reason: str | None = None
     retryable: bool = False  # a StartFailed run worth another attempt (its artifact's URL was unreachable)
 
 
@@ -72,7 +73,7 @@ def _retryable(retry: Retry, run: RunEnd) -> tuple[bool, str, str]:
     """(retryable, job outcome if not, reason if not)."""
     if run.outcome == "Failed":
         ok = not retry.on_exit_codes or run.exit_code in retry.on_exit_codes
-        return ok, "Failed", "NonRetryableExitCode"
+        return ok, "Failed", run.reason or "NonRetryableExitCode"
     if run.outcome == "TimedOut":
         return retry.on_timeout, "TimedOut", "RunTimeout"
     if run.outcome == "Lost":
@@ -110,7 +111,7 @@ def after_run(
     if not ok:
         return AfterRun(False, outcome, reason, f"{detail}; not retryable")
     if attempts > retry.limit:
-        reason = "BackoffLimitExceeded" if run.outcome == "Failed" else reason
+        reason = run.reason or "BackoffLimitExceeded" if run.outcome == "Failed" else reason
         return AfterRun(False, outcome, reason, f"{detail}; retry limit {retry.limit} reached")
     delay = backoff_delay(retry.backoff, attempts, rand)
     return AfterRun(True, delay=delay, message=f"{detail}; retry {attempts} of {retry.limit} in {delay:.3g}s")

@@ -6,14 +6,24 @@ start time). A job never completes while a process of its run is known alive."""
 
 from __future__ import annotations
 
+import logging
 import random
 from pathlib import Path
 
-from ..agent.local import ExitRecord, LocalAgent, Preparation, ProcessIdentity, StartFailed
+from ..agent.local import (
+    ExitRecord,
+    LocalAgent,
+    Preparation,
+    ProcessIdentity,
+    Started,
+    StartFailed,
+    Usage,
+)
 from ..agent.probe import Probes
 from ..api.annotations import LOST_RUN, lost_run
 from ..api.meta import from_epoch, to_epoch
 from ..api.node import heartbeat_fresh
+from ..api.quantity import format_size
 from ..api.status import Phase, RunDict, RunOutcome
 from ..store import Store
 from ..store import repository as repo
@@ -36,6 +46,7 @@ KEPT_SERVICE_RUNS = 20  # a service restarts without end: its oldest run records
 
 Stop = tuple[str, str]  # (reason, message)
 Verdict = tuple[bool, str]  # a readiness probe's: (ready, why)
+log = logging.getLogger(__name__)
 
 
 class RunSteps:
@@ -114,6 +125,7 @@ class RunSteps:
         identity = self.agent.find(run_dir)
         exited = self.agent.exit_of(run_dir)
         started_at = None  # now, unless an adopted process tells when it really started
+        started: Started | None = None
         if identity is None and exited is None:
             if (stop := self.stop_reason(ctx)) is not None:
                 if ctx.spec.artifact is not None:
@@ -128,7 +140,8 @@ class RunSteps:
             faults.point("after-admission")
             self._leading()
             try:
-                identity = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
+                started = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
+                identity = started.identity
                 faults.point("after-spawn")
             except StartFailed as exc:
                 run = self.new_run(ctx, number, None)
@@ -140,6 +153,7 @@ class RunSteps:
             started_at = from_epoch(min(self.agent.started_at(identity), ctx.now))
         crash_loop = ctx.status.get("reason") == "CrashLoop"  # a service restarted after a short run
         run = self.new_run(ctx, number, identity, started_at)
+        self._limits(ctx, run, started)
         ctx.status.setdefault("startTime", run["startedAt"])
         if ctx.spec.readiness is not None:  # not ready until this run's first probe passes
             ctx.status["ready"] = False
@@ -218,6 +232,27 @@ class RunSteps:
         ctx.status.setdefault("runs", []).append(run)
         return run
 
+    def _limits(self, ctx: Ctx, run: RunDict, started: Started | None) -> None:
+        """How the run's resources are held: its cgroup (found again for a run adopted after a
+        crash), or the fallback, which the job's LimitsEnforced condition then tells."""
+        if started is None:  # adopted: spawned before a crash, its cgroup kept by name
+            cgroup = self.agent.existing_cgroup(ctx.name, ctx.uid, run["number"])
+            if cgroup is not None:
+                run["cgroup"], run["limits"] = cgroup, f"cgroup {self.agent.cgroup_version}"
+            return
+        run["limits"] = started.limits
+        if started.cgroup is not None:
+            run["cgroup"] = started.cgroup
+        if started.degraded is not None:
+            message = (
+                f"run {run['number']}: limits are degraded, no cgroup could be made ({started.degraded}); "
+                "memory is an address-space rlimit and CPU is not limited"
+            )
+            set_condition(ctx.status, "LimitsEnforced", False, "LimitsDegraded", message, ctx.now_text)
+        elif any(c.get("type") == "LimitsEnforced" for c in ctx.status.get("conditions", [])):
+            message = f"run {run['number']} is held by its {started.limits}"
+            set_condition(ctx.status, "LimitsEnforced", True, "Cgroup", message, ctx.now_text)
+
     def unstarted(self, ctx: Ctx, lost: Stop) -> Result:
         """`drain --force` reached an admission whose run never started: the run does not
         start there. Not an attempt (no process ran): the slots go back and the job returns
@@ -246,7 +281,8 @@ class RunSteps:
                 return self.after_stop(ctx, lost, run=run)  # nobody to stop it: the operator's word suffices
             return requeue_after(OTHER_AGENT_POLL)  # only the run's own agent can see its processes
         identity, run_dir = _identity(run), self.run_dir(ctx, run["number"])
-        alive = identity is not None and self.agent.alive(identity)
+        cgroup = run.get("cgroup")
+        alive = identity is not None and self.agent.alive(identity, cgroup)
         exited = self.agent.exit_of(run_dir)
         if identity is None or not alive:
             return self._ended(ctx, run, exited)
@@ -256,16 +292,18 @@ class RunSteps:
         orphaned = not self.agent.wrapper_alive(identity)
         if not orphaned:
             self.agent.watch(ctx.name, identity)  # the exit watcher wakes the job when it ends
-        if exited is not None and not self.agent.leftovers(identity):
+        if exited is not None and not self.agent.leftovers(identity, cgroup):
             return requeue_after(STOP_POLL)  # the wrapper is writing its record and about to exit; the watcher wakes us
         if exited is not None:  # the command exited but left processes in its group
-            return self._begin_stop(ctx, identity, ("Exited", "the command exited; stopping what it left running"))
+            return self._begin_stop(
+                ctx, identity, ("Exited", "the command exited; stopping what it left running"), cgroup
+            )
         stop = self.stop_reason(ctx)
         run_deadline = deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"]))
         if stop is None and deadlines.passed(run_deadline, ctx.now):
             stop = ("RunTimeout", f"run {run['number']} exceeded its runTimeout of {ctx.spec.run_timeout:g}s")
         if stop is not None:
-            return self._begin_stop(ctx, identity, stop)
+            return self._begin_stop(ctx, identity, stop, cgroup)
         due = deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline())
         if ctx.spec.type == "service":
             due = _sooner(due, self.service_health(ctx, run))
@@ -275,6 +313,8 @@ class RunSteps:
 
     def _ended(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result:
         faults.point("before-exit-record")
+        if (exited is None or exited.exit_code != 0) and (oom := self._oom_killed(ctx, run, exited)) is not None:
+            return oom
         if exited is None:
             return self.finish(
                 ctx,
@@ -289,10 +329,24 @@ class RunSteps:
             ctx, run, RunEnd(outcome, exited.exit_code), exit_code=exited.exit_code, signal=exited.signal
         )
 
-    def _begin_stop(self, ctx: Ctx, identity: ProcessIdentity, stop: Stop) -> Result:
+    def _oom_killed(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result | None:
+        """A run that failed (or whose wrapper was killed before it could record) after the
+        kernel killed a process of its cgroup at the memory limit ends Failed/OOMKilled. The
+        cgroup's own count decides, not a guess from 137: a run killed by SIGKILL from
+        elsewhere is no OOM, and a run whose command survived a killed child is no failure."""
+        usage = self.agent.usage(run.get("cgroup"))
+        if usage is None or not usage.oom_kills:
+            return None
+        limit = format_size(ctx.spec.resources.memory or 0)
+        message = f"the kernel killed {usage.oom_kills} process(es) of the run at its memory limit ({limit})"
+        code, sig = (exited.exit_code, exited.signal) if exited is not None else (None, None)
+        end = RunEnd(RunOutcome.FAILED, code, reason="OOMKilled")
+        return self.finish(ctx, run, end, exit_code=code, signal=sig, reason="OOMKilled", message=message)
+
+    def _begin_stop(self, ctx: Ctx, identity: ProcessIdentity, stop: Stop, cgroup: str | None) -> Result:
         reason, message = stop
         self._leading()
-        self.agent.terminate(identity)
+        self.agent.terminate(identity, cgroup)
         ctx.status["stop"] = {
             "reason": reason,
             "message": message,
@@ -323,7 +377,8 @@ class RunSteps:
                 return self.after_stop(ctx, stop_of, run=run, lost=lost[1])
             return requeue_after(OTHER_AGENT_POLL)
         identity = _identity(run) if run else None
-        if run is not None and identity is not None and self.agent.alive(identity):
+        cgroup = run.get("cgroup") if run else None
+        if run is not None and identity is not None and self.agent.alive(identity, cgroup):
             self.agent.trim_logs(self.run_dir(ctx, run["number"]), ctx.spec.kept_log_bytes)
             kill_at = float(stop.get("killAt", ctx.now))
             if ctx.now >= kill_at:
@@ -335,7 +390,7 @@ class RunSteps:
                         warning=True,
                     )
                     self.endings.write(ctx)
-                self.agent.kill(identity, wrapper_too=ctx.now >= kill_at + WRAPPER_GRACE)
+                self.agent.kill(identity, cgroup, wrapper_too=ctx.now >= kill_at + WRAPPER_GRACE)
             return requeue_after(STOP_POLL)
         reason = (stop.get("reason", "Cancelled"), stop.get("message", ""))
         if run is None:
@@ -535,6 +590,10 @@ class RunSteps:
             run_dir = self.run_dir(ctx, run["number"])
             self.agent.stop_trimming(run_dir)
             self.agent.discard_work(run_dir)  # an artifact's unpacked folder goes with the run
+        if (cgroup := run.get("cgroup")) is not None and run.get("node") == self.agent.node:
+            _record_usage(run, self.agent.usage(cgroup))
+            if not self.agent.remove_cgroup(cgroup):  # cannot be: its processes were proven gone
+                log.warning("the cgroup %s of job %s could not be removed", cgroup, ctx.name)
         _close_run(ctx, run, outcome, code, signal, reason)
         if finished_at is not None:
             run["finishedAt"] = finished_at
@@ -580,6 +639,16 @@ def _identity(run: RunDict) -> ProcessIdentity | None:
     if run.get("pid") is None:
         return None
     return ProcessIdentity(int(run["pid"]), float(run["processStartTime"]))
+
+
+def _record_usage(run: RunDict, usage: Usage | None) -> None:
+    """What `describe` shows of a run: the most memory it held at once, its CPU time."""
+    if usage is None:
+        return
+    if usage.peak_memory is not None:
+        run["peakMemory"] = usage.peak_memory
+    if usage.cpu_seconds is not None:
+        run["cpuSeconds"] = round(usage.cpu_seconds, 3)
 
 
 def _close_run(ctx: Ctx, run: RunDict, outcome: str, code: int | None, signal: int | None, reason: str | None) -> None:

@@ -273,10 +273,14 @@ class NodeAgent:
         # ends at once waits for it, and finds it
         with self._lock:
             identity = self.local.find(run_dir)  # started before a crash, its record not yet written
+            if identity is not None:  # its cgroup, if one was made, is found by name
+                record.cgroup = self.local.existing_cgroup(job, uid, number)
             ended_before = identity is None and self.local.exit_of(run_dir) is not None
             if identity is None and not ended_before:
                 try:
-                    identity = self.local.start(job, uid, number, spec, int(item.get("revision") or 1))
+                    started = self.local.start(job, uid, number, spec, int(item.get("revision") or 1))
+                    identity = started.identity
+                    record.cgroup, record.limits, record.degraded = started.cgroup, started.limits, started.degraded
                 except StartFailed as exc:
                     run_dir.mkdir(parents=True, exist_ok=True)
                     record.start_failed, record.finished_at = str(exc), from_epoch(time.time())
@@ -353,8 +357,8 @@ class NodeAgent:
         run_dir = Path(record.dir)
         exited = self.local.exit_of(run_dir)
         identity = record.identity
-        if identity is not None and _group_exists(identity.pid) and self.local.leftovers(identity):
-            self.local.kill(identity, wrapper_too=True)  # the command ended and left processes behind
+        if identity is not None and _group_exists(identity.pid) and self.local.leftovers(identity, record.cgroup):
+            self.local.kill(identity, record.cgroup, wrapper_too=True)  # the command ended and left processes behind
         if exited is None:
             record.gone = True
             record.finished_at = from_epoch(time.time())
@@ -364,6 +368,14 @@ class NodeAgent:
                 record.finished_at = from_epoch((run_dir / "exit").stat().st_mtime)
             except OSError:
                 record.finished_at = from_epoch(time.time())
+        if record.cgroup is not None:
+            usage = self.local.usage(record.cgroup)
+            if usage is not None:
+                record.peak_memory, record.cpu_seconds = usage.peak_memory, usage.cpu_seconds
+            if not self.local.remove_cgroup(record.cgroup):  # cannot be: its processes are gone
+                log.warning(
+                    "the cgroup %s of run %d of job %s could not be removed", record.cgroup, record.run, record.job
+                )
         self.local.stop_trimming(run_dir)
         if (run_dir / "work").exists():
             self.local.discard_work(run_dir)  # an artifact's unpacked folder goes with the run
@@ -383,7 +395,7 @@ class NodeAgent:
         if reason in ("RunTimeout", "DeadlineExceeded"):
             self.local.note_stderr(Path(record.dir), "job timed out")
         log.info("stopping run %d of job %s (%s)", record.run, record.job, reason or "asked")
-        self.local.terminate(identity)
+        self.local.terminate(identity, record.cgroup)
 
     def _tick(self) -> None:
         while not self._stop.wait(TICK):
@@ -397,7 +409,9 @@ class NodeAgent:
                 if not self.local.alive(identity):
                     self._exited(record.job)
                 elif now >= record.stop_at + record.grace:
-                    self.local.kill(identity, wrapper_too=now >= record.stop_at + record.grace + WRAPPER_GRACE)
+                    self.local.kill(
+                        identity, record.cgroup, wrapper_too=now >= record.stop_at + record.grace + WRAPPER_GRACE
+                    )
 
     def _look_at_probes(self) -> None:
         """Each live service's readiness probe, run here at its interval (Probes); a verdict

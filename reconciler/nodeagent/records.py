@@ -35,6 +35,11 @@ class Record:
     start_reason: str | None = None  # StartFailed, or ArtifactInvalid
     retryable: bool = False  # a start that failed, worth another attempt (an artifact's URL unreachable)
     ready: bool | None = None  # a service's readiness probe, run here: its last verdict
+    cgroup: str | None = None  # the run's cgroup (by name), when it has one
+    limits: str | None = None  # how its resources are held: cgroup v1 | cgroup v2 | rlimit
+    degraded: str | None = None  # why no cgroup holds it
+    peak_memory: int | None = None  # what its cgroup counted, once it ended
+    cpu_seconds: float | None = None
     ready_message: str | None = None
     start_reported: bool = False
     end_reported: bool = False
@@ -70,6 +75,10 @@ class Record:
             "startReason": self.start_reason,
             "ready": self.ready,
             "readyMessage": self.ready_message,
+            "limits": self.limits,
+            "degraded": self.degraded,
+            "peakMemory": self.peak_memory,
+            "cpuSeconds": None if self.cpu_seconds is None else round(self.cpu_seconds, 3),
         }
         body: dict[str, Any] = {"uid": self.uid, "run": self.run, "epoch": self.epoch}
         body.update({k: v for k, v in facts.items() if v is not None})

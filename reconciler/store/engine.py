@@ -25,7 +25,7 @@ from .listen import Listener, Wakeups, listening
 
 BUSY_TIMEOUT_MS = 30_000
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
-SCHEMA_VERSION = 6  # 1 + the number of migrations.UPGRADES: what a current store records in meta
+SCHEMA_VERSION = 7  # 1 + the number of migrations.UPGRADES: what a current store records in meta
 _SQLITE_SETUP = (
     "PRAGMA journal_mode=WAL",
     f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",

@@ -82,6 +82,14 @@ def _v5(conn: Connection) -> None:
 
 
 def _v6(conn: Connection) -> None:
+    """Admissions and queue rows carry the job's cpu and memory, which nodes that declare
+    them count. Rows from before hold NULL: admitted uncounted, they count as nothing."""
+    for table in ("admissions", "queue"):
+        conn.run(f"ALTER TABLE {table} ADD COLUMN cpu FLOAT")
+        conn.run(f"ALTER TABLE {table} ADD COLUMN memory BIGINT")
+
+
+def _v7(conn: Connection) -> None:
     """Admissions carry an epoch (fencing remote agents' reports) and the agent's last report
     of their run. An admission from before has no epoch: no agent can report on it (a
     local run is watched by its controller), which is what it always was."""
@@ -90,7 +98,7 @@ def _v6(conn: Connection) -> None:
     conn.run("ALTER TABLE admissions ADD COLUMN reported_rv INTEGER")
 
 
-UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5, _v6]
+UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5, _v6, _v7]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

@@ -12,16 +12,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..api.node import heartbeat_fresh
+from ..api.quantity import format_cpu, format_size, parse_cpu, parse_size
 from .dbapi import Connection, Row, Statement
 from .engine import COUNT_UP, META, Tx
 
 # Statements built once: on the reconcile loop's path, building a statement per call costs
 # more than SQLite's work.
-_QUEUE = "job_uid, job_name, pool, slots, rank, eligible_at, bypass_count, node_name, node_selector"
+_QUEUE = "job_uid, job_name, pool, slots, rank, eligible_at, bypass_count, node_name, node_selector, cpu, memory"
 _QUEUED = Statement(f"SELECT {_QUEUE} FROM queue WHERE job_uid = :uid")
 _ENQUEUE = Statement(
     f"INSERT INTO queue ({_QUEUE}) VALUES (:job_uid, :job_name, :pool, :slots, :rank, :eligible_at,"
-    " :bypass_count, :node_name, :node_selector)"
+    " :bypass_count, :node_name, :node_selector, :cpu, :memory)"
 )
 _DEQUEUE = Statement("DELETE FROM queue WHERE job_uid = :uid")
 # a pool's spec and its slots in use in one round trip; the global pool counts every admission
@@ -32,15 +33,17 @@ _POOL_FACTS = {
         f"SELECT {_POOL_SPEC}, (SELECT coalesce(sum(slots), 0) FROM admissions WHERE pool = :name) AS used"
     ),
 }
-# every node with the slots allocated on it, in one round trip
+# every node with the slots, cpu and memory allocated on it, in one round trip
 _NODES = Statement(
-    "SELECT o.name, o.spec, o.status, o.labels, coalesce(a.allocated, 0) AS allocated FROM objects AS o"
-    " LEFT OUTER JOIN (SELECT node, sum(slots) AS allocated FROM admissions GROUP BY node) AS a ON a.node = o.name"
-    " WHERE o.kind = 'Node'"
+    "SELECT o.name, o.spec, o.status, o.labels, coalesce(a.allocated, 0) AS allocated,"
+    " coalesce(a.cpu, 0) AS cpu, coalesce(a.memory, 0) AS memory FROM objects AS o"
+    " LEFT OUTER JOIN (SELECT node, sum(slots) AS allocated, sum(cpu) AS cpu, sum(memory) AS memory"
+    " FROM admissions GROUP BY node) AS a ON a.node = o.name WHERE o.kind = 'Node'"
 )
 _ADMIT = Statement(
-    "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at, owner, port, epoch)"
-    " VALUES (:job_uid, :job_name, :pool, :slots, :node, :run_number, :admitted_at, :owner, :port, :epoch)"
+    "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at, owner, port, cpu, memory,"
+    " epoch) VALUES (:job_uid, :job_name, :pool, :slots, :node, :run_number, :admitted_at, :owner, :port, :cpu,"
+    " :memory, :epoch)"
 )
 _PORTS = Statement("SELECT node, port, job_name FROM admissions WHERE port IS NOT NULL")
 _ADMISSION = Statement("SELECT node, run_number, owner, epoch, report FROM admissions WHERE job_uid = :uid")
@@ -78,6 +81,8 @@ class QueueEntry:
     bypass_count: int
     node_name: str | None
     node_selector: dict[str, str]
+    cpu: float = 0.0  # spec.resources, what the job needs of a node that declares cpu and memory
+    memory: int = 0
 
     @classmethod
     def from_row(cls, row: Row) -> QueueEntry:
@@ -91,6 +96,8 @@ class QueueEntry:
             row.bypass_count,
             row.node_name,
             json.loads(row.node_selector),
+            row.cpu or 0.0,
+            row.memory or 0,
         )
 
 
@@ -110,6 +117,19 @@ class NodeFacts:
     capacity: int
     allocated: int
     ready: bool
+    cpu: float | None = None  # declared capacity (None: not counted on this node)
+    memory: int | None = None
+    cpu_allocated: float = 0.0
+    memory_allocated: int = 0
+
+    def allocated_status(self) -> dict[str, Any]:
+        """status.allocated as shown: slots and, where the node declares them, cpu and memory."""
+        allocated: dict[str, Any] = {"slots": self.allocated}
+        if self.cpu is not None:
+            allocated["cpu"] = format_cpu(self.cpu_allocated)
+        if self.memory is not None:
+            allocated["memory"] = format_size(self.memory_allocated)
+        return allocated
 
 
 def enqueue(
@@ -124,11 +144,15 @@ def enqueue(
     bypass_count: int,
     node_name: str | None,
     node_selector: dict[str, str],
+    cpu: float = 0.0,
+    memory: int = 0,
 ) -> QueueEntry:
     """Idempotent: a job already queued keeps its row (and its bypass count). Returns the row."""
     entry = queued(tx.session, uid)
     if entry is None:
-        entry = QueueEntry(uid, name, pool, slots, -priority, eligible_at, bypass_count, node_name, dict(node_selector))
+        entry = QueueEntry(
+            uid, name, pool, slots, -priority, eligible_at, bypass_count, node_name, dict(node_selector), cpu, memory
+        )
         _ENQUEUE.execute(
             tx.session,
             {
@@ -141,6 +165,8 @@ def enqueue(
                 "bypass_count": bypass_count,
                 "node_name": node_name,
                 "node_selector": json.dumps(node_selector, sort_keys=True),
+                "cpu": cpu,
+                "memory": memory,
             },
         )
     return entry
@@ -209,10 +235,12 @@ def node_facts(session: Connection, now: float | None = None) -> list[NodeFacts]
     facts = []
     for row in _NODES.execute(session).all():
         spec, status = json.loads(row.spec), json.loads(row.status or "{}")
-        capacity = spec.get("capacity", {}).get("slots")
+        declared = spec.get("capacity", {})
+        capacity = declared.get("slots")
         if capacity is None:
             capacity = status.get("cpuCount") or 1
         fresh = heartbeat_fresh(status, now)
+        cpu, memory = declared.get("cpu"), declared.get("memory")
         facts.append(
             NodeFacts(
                 row.name,
@@ -221,6 +249,10 @@ def node_facts(session: Connection, now: float | None = None) -> list[NodeFacts]
                 int(capacity),
                 int(row.allocated),
                 fresh,
+                None if cpu is None else parse_cpu(cpu),
+                None if memory is None else parse_size(memory),
+                float(row.cpu),
+                int(row.memory),
             )
         )
     return facts
@@ -237,10 +269,13 @@ def admit(
     run_number: int,
     owner: str | None = None,
     port: int | None = None,
+    cpu: float = 0.0,
+    memory: int = 0,
 ) -> float:
     """Record the admission; `owner` claims the spawn at once when the admitting controller
     is the node's own agent; `port` is a service's, held on the node (a second admission of
-    one port on one node is refused by the store)."""
+    one port on one node is refused by the store); `cpu` and `memory` are the job's
+    resources, held on the node."""
     now = time.time()
     _ADMIT.execute(
         tx.session,
@@ -254,6 +289,8 @@ def admit(
             "admitted_at": now,
             "owner": owner,
             "port": port,
+            "cpu": cpu,
+            "memory": memory,
             "epoch": tx.rv(),
         },
     )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Column, Index, Text, text
+from sqlalchemy import BigInteger, Column, Float, Index, Text, text
 from sqlmodel import Field, SQLModel
 
 
@@ -80,7 +80,11 @@ class AdmissionRow(SQLModel, table=True):
     admitted_at: float
     owner: str | None = None  # the agent that claimed the spawn (host:pid:start), so no run starts twice
     port: int | None = None  # a service's port, held on its node while admitted
-    # schema 6: the admission's epoch (the resourceVersion that admitted it, or restarted its
+    # spec.resources, held on the node while admitted: counted where the node declares cpu or
+    # memory capacity (schema 6; NULL in admissions made before, counted as nothing)
+    cpu: float | None = Field(default=None, sa_column=Column(Float))
+    memory: int | None = Field(default=None, sa_column=Column(BigInteger))
+    # schema 7: the admission's epoch (the resourceVersion that admitted it, or restarted its
     # service's run): a remote agent's report names it, and one for an epoch no longer
     # current is refused; the agent's last report of the run (JSON), and the change
     # sequence number of its write, which the controller's change feed follows
@@ -106,6 +110,8 @@ class QueueRow(SQLModel, table=True):
     bypass_count: int = 0
     node_name: str | None = None  # placement constraints, so a head's fit can be judged from here
     node_selector: str = "{}"
+    cpu: float | None = Field(default=None, sa_column=Column(Float))  # what a head needs of a node (schema 6)
+    memory: int | None = Field(default=None, sa_column=Column(BigInteger))
 
 
 class OutboxRow(SQLModel, table=True):

@@ -199,3 +199,32 @@ def test_strategy_never_picks_a_non_candidate(strategy):
         node("d", capacity=2, allocated=1),
     ]
     assert [pick(nodes, strategy=strategy, turn=t).node for t in range(3)] == ["d", "d", "d"]
+
+
+# --- cpu and memory, where a node declares them ------------------------------------------------
+GiB = 1 << 30
+
+
+def sized(name: str, *, cpu: float | None = None, memory: int | None = None, cpu_used=0.0, memory_used=0) -> NodeView:
+    return NodeView(name, True, False, 8, 0, {}, frozenset(), cpu, memory, cpu_used, memory_used)
+
+
+@pytest.mark.parametrize(
+    ("node", "cpu", "memory", "expected"),
+    [
+        pytest.param(sized("a", cpu=2, cpu_used=1), 1, 0, "a", id="second-cpu-fits"),
+        pytest.param(sized("a", cpu=2, cpu_used=2), 1, 0, None, id="third-cpu-does-not"),
+        pytest.param(sized("a", cpu=1, cpu_used=0.7), 0.3, 0, "a", id="exact-thousandths-fit"),
+        pytest.param(sized("a", memory=GiB, memory_used=GiB // 2), 0, GiB // 2, "a", id="memory-fits"),
+        pytest.param(sized("a", memory=GiB, memory_used=GiB // 2), 0, GiB // 2 + 1, None, id="memory-short"),
+        pytest.param(sized("a"), 500, 100 * GiB, "a", id="undeclared-not-counted"),
+    ],
+)
+def test_declared_cpu_and_memory_are_counted(node, cpu, memory, expected):
+    assert place([node], slots=1, node_name=None, selector={}, cpu=cpu, memory=memory).node == expected
+
+
+def test_the_unschedulable_message_names_the_short_resource():
+    nodes = [sized("a", cpu=2, cpu_used=2), sized("b", memory=GiB, memory_used=GiB)]
+    placed = place(nodes, slots=1, node_name=None, selector={}, cpu=1, memory=GiB)
+    assert placed.message == "0/2 nodes are available: 1 insufficient cpu, 1 insufficient memory"

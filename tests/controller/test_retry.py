@@ -501,3 +501,22 @@ def test_a_service_whose_artifact_cannot_be_reached_is_restarted_like_after_an_e
     d = after_run(retry(limit=0), run, attempts=5, cancelled=False, deadline_passed=False, rand=fixed(MID), restart=3.0)
     assert d.retry is restarted
     assert d.reason == (None if restarted else run.reason or "StartFailed")
+
+
+@pytest.mark.parametrize(
+    ("retry", "attempts", "reason"),
+    [
+        pytest.param(Retry(limit=0), 1, "OOMKilled", id="limit-reached"),
+        pytest.param(Retry(limit=3, on_exit_codes=[1]), 1, "OOMKilled", id="137-not-retryable"),
+    ],
+)
+def test_a_run_killed_at_its_memory_limit_names_the_job_s_reason(retry, attempts, reason):
+    end = RunEnd("Failed", 137, reason="OOMKilled")
+    decision = after_run(retry, end, attempts=attempts, cancelled=False, deadline_passed=False, rand=no_rand)
+    assert (decision.retry, decision.outcome, decision.reason) == (False, "Failed", reason)
+
+
+def test_a_run_killed_at_its_memory_limit_is_retried_like_any_failure():
+    end = RunEnd("Failed", 137, reason="OOMKilled")
+    decision = after_run(Retry(limit=1), end, attempts=1, cancelled=False, deadline_passed=False, rand=fixed(0.5))
+    assert decision.retry

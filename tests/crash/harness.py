@@ -41,7 +41,7 @@ from reconciler.store import Store
 from reconciler.store import repository as repo
 from reconciler.store.dbapi import Statement
 from tests.data.inprocess import cli
-from tests.helpers import Result, wait_until
+from tests.helpers import Result, remove_run_cgroups, wait_until
 
 API = "reconciler.dev/v1alpha1"
 NODE_SLOTS = 4  # the local node's capacity in these tests, whatever the CPU count
@@ -304,6 +304,7 @@ class Env:
                 with contextlib.suppress(psutil.NoSuchProcess):
                     proc.kill()
             psutil.wait_procs(procs, timeout=0.2)
+        remove_run_cgroups(self.root)
         self.store.dispose()
 
 

@@ -26,7 +26,7 @@ import psutil
 import pytest
 
 from reconciler.agent.logs import run_dir
-from tests.helpers import Result, run_cli, wait_until
+from tests.helpers import Result, remove_run_cgroups, run_cli, wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -202,6 +202,7 @@ class Env:
         for c in self.controllers:
             c.stop()
         kill_stray_runs(self.root)
+        remove_run_cgroups(self.root)
         if self._store is not None:
             self._store.dispose()
 

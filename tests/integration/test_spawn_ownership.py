@@ -21,6 +21,7 @@ from reconciler.reads import job_statuses
 from reconciler.store import Store
 from reconciler.store import repository as repo
 from reconciler.store import scheduling as sched
+from tests.helpers import wait_until
 
 JOB = """apiVersion: reconciler.dev/v1alpha1
 kind: Job
@@ -36,7 +37,7 @@ def test_a_live_controllers_spawn_is_not_adopted_by_another(sqlite_url, tmp_path
     apply_manifests(store, manifests)
     other = subprocess.Popen(["sleep", "60"])  # stands in for the other, live, controller
     wired = Controller(store)  # this controller: wired, never started, driven by hand
-    identity = None
+    identity = started = None
     try:
         me = psutil.Process(other.pid)
         owner = f"{socket.gethostname()}:{other.pid}:{me.create_time()}"
@@ -57,7 +58,8 @@ def test_a_live_controllers_spawn_is_not_adopted_by_another(sqlite_url, tmp_path
                 },
             )
         spec = wired.jobs.spec_of(obj)
-        identity = wired.agent.start("owned", obj.uid, 1, spec, 1)  # the other controller's spawn
+        started = wired.agent.start("owned", obj.uid, 1, spec, 1)  # the other controller's spawn
+        identity = started.identity
 
         wired.jobs("owned")
 
@@ -69,8 +71,10 @@ def test_a_live_controllers_spawn_is_not_adopted_by_another(sqlite_url, tmp_path
         assert held.owner == owner  # the spawn still belongs to the other controller
         assert is_alive(identity)  # and the run was left alone
     finally:
-        if identity is not None:
+        if identity is not None and started is not None:
             signal_group(identity, signal.SIGKILL)
+            wait_until(lambda: not wired.agent.alive(identity, started.cgroup), timeout=10)
+            wired.agent.remove_cgroup(started.cgroup)  # the run's, which no controller recorded
         wired.agent.close()
         other.kill()
         other.wait()

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import Result, run_cli, wait_until
+from tests.helpers import Result, remove_run_cgroups, run_cli, wait_until
 
 PREFIX = "/apis/reconciler.dev/v1alpha1"
 
@@ -119,6 +119,7 @@ def serve(tmp_path) -> Iterator[Callable[..., Server]]:
     yield start
     for server in started:
         stop_server(server)
+    remove_run_cgroups(tmp_path)
 
 
 @pytest.fixture

@@ -1,0 +1,159 @@
+"""Figure 16, what a run's cgroup costs: runs of `/bin/true` started through the run wrapper
+(`spawn_run`) without a cgroup, as before, against the same with one as the agent makes it
+(`Spares.take` with the job defaults: a cgroup made ahead by the spares thread, renamed; the
+wrapper joining it; `remove` after the exit), interleaved in rounds in this one process. Per
+run: the controller's side (take + spawn, then remove once the wrapper has exited) and the
+whole run (start to the wrapper reaped, which includes the wrapper's joins). The notes add
+what the spares thread spends beside the loop: making a cgroup, per run. Aim (issue 11): at
+most 0.5 ms more per run. Needs a writable cgroup hierarchy (root); elsewhere the row says
+why there is no figure.
+
+    .venv/bin/python bench/cgroups.py --runs 200 --rounds 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Row, log
+
+AIM_MS = 0.5
+FIGURE = "16 run start with a cgroup"
+
+
+def _one(work: Path, index: int, spares, limits) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """Seconds of one run of /bin/true: taking its cgroup, spawning, removing the cgroup after
+    the exit, and the whole run (start to the wrapper reaped)."""
+    from reconciler.agent.process import reap, spawn_run
+
+    run_dir = work / f"run-{index}"
+    t0 = time.perf_counter()
+    group = spares.take(f"bench.{uuid.uuid4()}.1", limits) if spares is not None else None
+    t1 = time.perf_counter()
+    identity = spawn_run(
+        argv=["/bin/true"],
+        env={},
+        cwd=str(work),
+        run_dir=run_dir,
+        fsync_exit=False,
+        join=group.procs_files if group is not None else None,
+    )
+    t2 = time.perf_counter()
+    while reap(identity) is None:
+        time.sleep(0.0001)
+    t3 = time.perf_counter()
+    if group is not None and not group.remove():
+        raise RuntimeError(f"the cgroup {group.name} could not be removed after its run")
+    t4 = time.perf_counter()
+    shutil.rmtree(run_dir)
+    return {"take": t1 - t0, "spawn": t2 - t1, "remove": t4 - t3, "whole": t4 - t0}
+
+
+def _join_cost(hierarchy, limits, runs: int, rounds: int) -> float:  # type: ignore[no-untyped-def]
+    """What the wrapper's joins add before the command starts: a `/bin/sh` writing its pid to
+    each cgroup.procs of a run's cgroup, as the wrapper does, against the same writes to
+    /dev/null, interleaved (median difference, seconds)."""
+    group = hierarchy.create(f"bench.{uuid.uuid4()}.1", limits)
+    script = 'for f in $1; do echo $$ >"$f"; done'
+    targets = {"join": " ".join(str(p) for p in group.procs_files), "null": " ".join("/dev/null" for _ in group.dirs)}
+    times: dict[str, list[float]] = {"join": [], "null": []}
+    try:
+        for r in range(rounds):
+            for mode in ("join", "null") if r % 2 == 0 else ("null", "join"):
+                for _ in range(runs):
+                    t0 = time.perf_counter()
+                    subprocess.run(["/bin/sh", "-c", script, "sh", targets[mode]], check=True)
+                    times[mode].append(time.perf_counter() - t0)
+    finally:
+        group.remove()
+    return statistics.median(times["join"]) - statistics.median(times["null"])
+
+
+def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Median seconds per run of each part, for `plain` and `cgroup` runs, and what the
+    spares thread spends per run beside the loop (`ahead`)."""
+    from reconciler.agent.cgroups import Limits, Spares, detect
+
+    hierarchy = detect()
+    spares = Spares(hierarchy)
+    limits = Limits(cpu=1.0, memory=512 << 20)  # a run job's defaults
+    samples: dict[str, list[dict[str, float]]] = {"plain": [], "cgroup": []}
+    work = Path(tempfile.mkdtemp(prefix="reconciler-bench-cgroups-"))
+    try:
+        _one(work, -1, spares, limits)  # warm: the parent cgroup made, the spares thread started
+        for r in range(rounds):
+            for mode in ("plain", "cgroup") if r % 2 == 0 else ("cgroup", "plain"):
+                samples[mode] += [_one(work, i, spares if mode == "cgroup" else None, limits) for i in range(runs)]
+        made = []  # the spares thread's work per run: a cgroup made (and, at the end, removed)
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            hierarchy.create(f"bench.{uuid.uuid4()}.1", Limits(None, None)).remove()
+            made.append(time.perf_counter() - t0)
+        join = _join_cost(hierarchy, limits, runs, rounds)
+    finally:
+        spares.close()
+        shutil.rmtree(work, ignore_errors=True)
+    result = {m: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for m, xs in samples.items()}
+    result["cgroup"]["ahead"] = statistics.median(made)
+    result["cgroup"]["join"] = join
+    result["cgroup"]["version"] = 2.0 if hierarchy.version == "v2" else 1.0
+    return result
+
+
+def row(runs: int, rounds: int) -> Row:
+    from reconciler.agent.cgroups import CgroupUnavailable
+
+    log(f"cgroups: {rounds} rounds of {runs} runs with and without a cgroup")
+    try:
+        m = measure(runs, rounds)
+    except CgroupUnavailable as exc:
+        return Row(FIGURE, "no cgroup here", "-", None, "ms", None, [f"16 cgroups: not measured: {exc}"])
+    c, p = m["cgroup"], m["plain"]
+    version = "v2" if c["version"] == 2.0 else "v1"
+    # what a cgroup adds to a run's start and end: on the loop's path (take, remove) and in
+    # the wrapper before the command starts (its joins)
+    added = (c["take"] + c["remove"] + max(0.0, c["join"])) * 1000
+    note = (
+        f"16 cgroups ({version}): medians of {rounds} x {runs} runs of /bin/true each way, interleaved; on the "
+        f"loop's path a cgroup adds take {c['take'] * 1000:.3f} ms + remove {c['remove'] * 1000:.3f} ms; the "
+        f"wrapper's joins add {c['join'] * 1000:.3f} ms before the command starts (sh writing its pid to the "
+        f"{len(version) and 'cgroup.procs files'} against to /dev/null); spawn "
+        f"{c['spawn'] * 1000:.2f} ms with the joins in the wrapper's argv against {p['spawn'] * 1000:.2f} ms; the "
+        f"whole run (start to the wrapper reaped and its cgroup removed) {c['whole'] * 1000:.2f} ms against "
+        f"{p['whole'] * 1000:.2f} ms; beside the loop, the "
+        f"spares thread spends {c['ahead'] * 1000:.2f} ms a run making a cgroup (timed as make + remove of a bare one)"
+    )
+    return Row(
+        f"{FIGURE} ({version})",
+        f"+{added:.2f} ms a run (take, join, remove)",
+        f"spawn alone {p['spawn'] * 1000:.2f} ms",
+        added,
+        "ms",
+        AIM_MS,
+        [note],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    result = row(args.runs, args.rounds)
+    print(f"{result.figure}: {result.reconciler} ({result.reference})")
+    for note in result.notes:
+        print(note)
+
+
+if __name__ == "__main__":
+    main()

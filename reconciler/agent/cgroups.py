@@ -1,0 +1,455 @@
+"""A cgroup per run: its memory limit and CPU quota, its usage, and every process it holds.
+
+Two backends, chosen once per agent by `detect`:
+- cgroup v2 (one unified hierarchy with the memory and cpu controllers): a run's cgroup is
+  `ROOT/reconciler/<run>` with `memory.max` and `cpu.max`;
+- cgroup v1 (a hierarchy per controller, as on these machines): `ROOT/memory/reconciler/<run>`
+  with `memory.limit_in_bytes`, `ROOT/cpu/reconciler/<run>` with `cpu.cfs_quota_us` over
+  `cpu.cfs_period_us`, and `ROOT/cpuacct/reconciler/<run>` for the CPU time (one folder where
+  cpu and cpuacct share a mount).
+
+The run's wrapper joins the cgroup itself (`wrapper.py` writes its pid to each
+`cgroup.procs` before the command starts), so everything the command forks is inside, and a
+process that leaves its process group (`setsid`, a daemon) is still found and stopped here.
+Nothing here blocks: each call is a few reads or writes of cgroupfs files.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+log = logging.getLogger(__name__)
+
+DEFAULT_ROOT = Path("/sys/fs/cgroup")
+PARENT = "reconciler"  # every run's cgroup is a child of this one, in each hierarchy
+CFS_PERIOD_US = 100_000
+MIN_QUOTA_US = 1_000  # the kernel's floor for cpu.cfs_quota_us / cpu.max
+_UNSAFE = frozenset(" \t\n*?[]\\'\"$`")  # the wrapper splits the procs files on blanks, unquoted
+
+
+class CgroupUnavailable(Exception):
+    """No cgroup can be made for a run here (no hierarchy, not root, read-only); the message
+    says why, for the run's condition."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu: float | None  # cores; None or 0: no quota
+    memory: int | None  # bytes; None or 0: no limit
+
+
+@dataclass(frozen=True)
+class Usage:
+    peak_memory: int | None  # bytes, the most the cgroup was charged at once (None: not kept here)
+    cpu_seconds: float | None
+    oom_kills: int  # processes the kernel killed for the cgroup's memory limit
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text()
+    except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
+        return None
+
+
+def _write(path: Path, value: str) -> None:
+    # cgroupfs answers each write(2) separately: one call, no buffering
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, value.encode())
+    finally:
+        os.close(fd)
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text.strip()) if text is not None else None
+    except ValueError:
+        return None
+
+
+def _keyed(text: str | None, key: str) -> int | None:
+    """The value of `key` in a flat keyed file (`memory.events`, `cpu.stat`, `oom_control`)."""
+    for line in (text or "").splitlines():
+        name, _, value = line.partition(" ")
+        if name == key:
+            return _int(value)
+    return None
+
+
+class RunCgroup:
+    """One run's cgroup: a folder per hierarchy (one on v2). Every method tolerates a cgroup
+    that is already gone."""
+
+    version = ""
+
+    def __init__(self, name: str, dirs: tuple[Path, ...]):
+        self.name = name
+        self.dirs = dirs
+
+    @property
+    def procs_files(self) -> list[Path]:
+        """What the wrapper writes its pid to, before the command starts."""
+        return [d / "cgroup.procs" for d in self.dirs]
+
+    def exists(self) -> bool:
+        return any(d.is_dir() for d in self.dirs)
+
+    def pids(self) -> list[int]:
+        """Every process in the cgroup (any hierarchy: a process joins them one after another)."""
+        found: set[int] = set()
+        for d in self.dirs:
+            found.update(int(p) for p in (_read(d / "cgroup.procs") or "").split())
+        return sorted(found)
+
+    def signal(self, sig: int, *, spare: int | None = None) -> int:
+        """`sig` to every process in the cgroup but `spare` (the wrapper, which must live to
+        record the exit). One pass: a process forked meanwhile is caught by the next call.
+        Returns how many were signalled."""
+        sent = 0
+        for pid in self.pids():
+            if pid == spare:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+                sent += 1
+        return sent
+
+    def kill_all(self) -> None:
+        """SIGKILL to everything in it, the wrapper too."""
+        self.signal(signal.SIGKILL)
+
+    def usage(self) -> Usage:
+        raise NotImplementedError
+
+    def remove(self) -> bool:
+        """rmdir in each hierarchy; True once none is left. The kernel refuses while a
+        process is inside (EBUSY), and so does this."""
+        gone = True
+        for d in self.dirs:
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError:
+                gone = False
+        return gone
+
+
+class V1Cgroup(RunCgroup):
+    version = "v1"
+
+    def __init__(self, name: str, memory: Path, cpu: Path, cpuacct: Path):
+        super().__init__(name, tuple(dict.fromkeys((memory, cpu, cpuacct))))
+        self.memory, self.cpu, self.cpuacct = memory, cpu, cpuacct
+
+    def usage(self) -> Usage:
+        usage_ns = _int(_read(self.cpuacct / "cpuacct.usage"))
+        oom_control = _read(self.memory / "memory.oom_control")
+        kills = _keyed(oom_control, "oom_kill")
+        if kills is None:  # kernels before 4.13 count no kills: an OOM in progress is all there is
+            kills = _keyed(oom_control, "under_oom") or 0
+        return Usage(
+            peak_memory=_int(_read(self.memory / "memory.max_usage_in_bytes")),
+            cpu_seconds=None if usage_ns is None else usage_ns / 1e9,
+            oom_kills=kills,
+        )
+
+
+class V2Cgroup(RunCgroup):
+    version = "v2"
+
+    def __init__(self, name: str, path: Path):
+        super().__init__(name, (path,))
+        self.path = path
+
+    def usage(self) -> Usage:
+        usage_us = _keyed(_read(self.path / "cpu.stat"), "usage_usec")
+        return Usage(
+            peak_memory=_int(_read(self.path / "memory.peak")),  # Linux 5.19 and later
+            cpu_seconds=None if usage_us is None else usage_us / 1e6,
+            oom_kills=_keyed(_read(self.path / "memory.events"), "oom_kill") or 0,
+        )
+
+    def kill_all(self) -> None:
+        kill = self.path / "cgroup.kill"  # Linux 5.13 and later: atomic, forks included
+        if kill.exists():
+            with contextlib.suppress(OSError):
+                _write(kill, "1")
+                return
+        super().kill_all()
+
+
+def _made(path: Path) -> bool:
+    """mkdir; False when it was already there (a run created before a crash, made again)."""
+    try:
+        path.mkdir()
+    except FileExistsError:
+        return False
+    return True
+
+
+class Hierarchy:
+    """Where runs' cgroups are made: `create` one with limits, `open` one made before (by
+    this process or one that died)."""
+
+    version = ""
+
+    def create(self, name: str, limits: Limits) -> RunCgroup:
+        _check_name(name)
+        self.prepare()
+        group = self.open(name)
+        new = [d for d in group.dirs if not d.exists()]  # what a failure must not leave behind
+        try:
+            for d in group.dirs:
+                _made(d)
+            self._limit(group, limits)
+        except OSError as exc:
+            for d in reversed(new):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            raise CgroupUnavailable(f"cannot create cgroup {group.dirs[0]}: {exc.strerror or exc}") from exc
+        return group
+
+    def rename(self, spare: RunCgroup, name: str, limits: Limits) -> RunCgroup:
+        """A cgroup made ahead (`Spares`) becomes run `name`'s, with its limits: a rename in
+        each hierarchy (kernfs renames in place), undone if one fails."""
+        _check_name(name)
+        group = self.open(name)
+        done: list[tuple[Path, Path]] = []
+        try:
+            for old, new in zip(spare.dirs, group.dirs, strict=True):
+                os.rename(old, new)
+                done.append((old, new))
+            self._limit(group, limits)
+        except OSError as exc:
+            for old, new in reversed(done):
+                with contextlib.suppress(OSError):
+                    os.rename(new, old)
+            raise CgroupUnavailable(f"cannot take cgroup {spare.dirs[0]} for {name}: {exc.strerror or exc}") from exc
+        return group
+
+    def prepare(self) -> None:
+        """Make the parent `reconciler/` in each hierarchy (and what it needs to hold runs)."""
+        try:
+            for d in self.parents():
+                _made(d)
+        except OSError as exc:
+            raise CgroupUnavailable(f"cannot create {self.parents()[0]}: {exc.strerror or exc}") from exc
+
+    def parents(self) -> list[Path]:
+        return [d.parent for d in self.open("x").dirs]
+
+    def open(self, name: str) -> RunCgroup:
+        raise NotImplementedError
+
+    def _limit(self, group: RunCgroup, limits: Limits) -> None:
+        raise NotImplementedError
+
+
+class V1Hierarchy(Hierarchy):
+    version = "v1"
+
+    def __init__(self, memory: Path, cpu: Path, cpuacct: Path):
+        self.memory, self.cpu, self.cpuacct = memory, cpu, cpuacct
+
+    def open(self, name: str) -> V1Cgroup:
+        return V1Cgroup(name, self.memory / PARENT / name, self.cpu / PARENT / name, self.cpuacct / PARENT / name)
+
+    def _limit(self, group: RunCgroup, limits: Limits) -> None:
+        assert isinstance(group, V1Cgroup)
+        if limits.memory:
+            _write(group.memory / "memory.limit_in_bytes", str(limits.memory))
+            memsw = group.memory / "memory.memsw.limit_in_bytes"
+            if memsw.exists():  # swap accounting on: the limit holds for swap too, not just RAM
+                with contextlib.suppress(OSError):
+                    _write(memsw, str(limits.memory))
+        if limits.cpu:
+            _write(group.cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(group.cpu / "cpu.cfs_quota_us", str(max(MIN_QUOTA_US, round(limits.cpu * CFS_PERIOD_US))))
+
+
+class V2Hierarchy(Hierarchy):
+    version = "v2"
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def open(self, name: str) -> V2Cgroup:
+        return V2Cgroup(name, self.root / PARENT / name)
+
+    def prepare(self) -> None:
+        try:  # the controllers must be enabled on the way down before a child can use them
+            for d in (self.root, self.root / PARENT):
+                _made(d)
+                _enable(d / "cgroup.subtree_control", ("cpu", "memory"))
+        except OSError as exc:
+            raise CgroupUnavailable(f"cannot enable cpu and memory under {self.root}: {exc.strerror or exc}") from exc
+
+    def _limit(self, group: RunCgroup, limits: Limits) -> None:
+        assert isinstance(group, V2Cgroup)
+        if limits.memory:
+            _write(group.path / "memory.max", str(limits.memory))
+            swap = group.path / "memory.swap.max"
+            if swap.exists():
+                with contextlib.suppress(OSError):
+                    _write(swap, "0")
+        if limits.cpu:
+            quota = max(MIN_QUOTA_US, round(limits.cpu * CFS_PERIOD_US))
+            _write(group.path / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+
+
+REFILL_DELAY = 0.005
+SPARE = "spare-"  # spare-<pid of the agent's process>-<random>: found and swept once that process is gone
+
+
+class Spares:
+    """Empty cgroups made ahead by a thread of its own, so that starting a run renames one
+    (about 0.03 ms a hierarchy) instead of making it (a mkdir in a v1 memory hierarchy alone
+    costs 0.1-0.3 ms, on the reconcile loop's path). `take` never waits for the thread: with
+    no spare ready it makes the run's cgroup itself. Spares left by a process that died are
+    removed when the next one starts, and a process's own when it closes."""
+
+    def __init__(self, hierarchy: Hierarchy, keep: int = 4):
+        self.hierarchy = hierarchy
+        self.keep = keep
+        self._ready: list[RunCgroup] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        self._prefix = f"{SPARE}{os.getpid()}-"
+
+    def take(self, name: str, limits: Limits) -> RunCgroup:
+        """Run `name`'s cgroup with `limits` (CgroupUnavailable when none can be made)."""
+        with self._lock:
+            spare = self._ready.pop() if self._ready else None
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._fill, name="cgroup-spares", daemon=True)
+                self._thread.start()
+        try:
+            if spare is not None and not self.hierarchy.open(name).exists():
+                try:
+                    return self.hierarchy.rename(spare, name, limits)
+                except CgroupUnavailable as exc:
+                    log.warning("%s; making the cgroup instead", exc)
+            if spare is not None:
+                spare.remove()
+            return self.hierarchy.create(name, limits)
+        finally:
+            # the next spare is made after this one was taken: made at once, the two would
+            # queue on the kernel's cgroup lock and the take would wait for the mkdir
+            self._wake.set()
+
+    def ready(self) -> int:
+        with self._lock:
+            return len(self._ready)
+
+    def _fill(self) -> None:
+        try:
+            self.sweep()
+            while not self._closed:
+                while not self._closed and self.ready() < self.keep:
+                    spare = self.hierarchy.create(f"{self._prefix}{uuid.uuid4().hex[:12]}", Limits(None, None))
+                    with self._lock:
+                        self._ready.append(spare)
+                self._wake.wait()
+                self._wake.clear()
+                # after the spawn that took a spare: making one at once would contend with it
+                # (for the interpreter's lock, and in the kernel for the cgroup lock its join takes)
+                time.sleep(REFILL_DELAY)
+        except CgroupUnavailable as exc:  # runs get none either: the agent says so per cause
+            log.info("no spare cgroups are made ahead: %s", exc)
+        except Exception:  # a spare is a saving, not a need: take makes cgroups itself from now on
+            log.warning("no more spare cgroups are made ahead", exc_info=True)
+
+    def sweep(self) -> None:
+        """Remove the spares of processes that are gone (a controller killed)."""
+        for parent in self.hierarchy.parents():
+            try:
+                entries = [e for e in os.listdir(parent) if e.startswith(SPARE)]
+            except OSError:
+                continue
+            for entry in entries:
+                pid = entry[len(SPARE) :].partition("-")[0]
+                if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                    with contextlib.suppress(OSError):
+                        (parent / entry).rmdir()
+
+    def close(self) -> None:
+        """Stop making spares and remove the ones left."""
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=5)
+        with self._lock:
+            left, self._ready = self._ready, []
+        for spare in left:
+            spare.remove()
+
+
+def _enable(subtree_control: Path, controllers: tuple[str, ...]) -> None:
+    enabled = set((_read(subtree_control) or "").split())
+    missing = [c for c in controllers if c not in enabled]
+    if missing:
+        _write(subtree_control, " ".join(f"+{c}" for c in missing))
+
+
+def _check_name(name: str) -> None:
+    if not name or "/" in name or name in (".", "..") or _UNSAFE.intersection(name):
+        raise CgroupUnavailable(f"{name!r} cannot name a cgroup")
+
+
+def detect(root: Path = DEFAULT_ROOT) -> Hierarchy:
+    """The hierarchy runs' cgroups are made in under `root` (a cgroup filesystem's mount
+    point, or a folder of v1 mounts): v2 where the unified hierarchy offers the memory and
+    cpu controllers, v1 where memory, cpu and cpuacct are mounted, else CgroupUnavailable.
+    Writability is found out by `create`."""
+    if _UNSAFE.intersection(str(root)):
+        raise CgroupUnavailable(f"{root} cannot hold cgroups the run wrapper joins (a blank or a wildcard)")
+    controllers = _read(root / "cgroup.controllers")
+    if controllers is not None:
+        offered = set(controllers.split())
+        if {"memory", "cpu"} <= offered:
+            return V2Hierarchy(root)
+        missing = " and ".join(sorted({"memory", "cpu"} - offered))
+        raise CgroupUnavailable(f"the cgroup v2 hierarchy at {root} does not offer the {missing} controller")
+    found = {
+        name: path.resolve()
+        for name, probe in (
+            ("memory", "memory.limit_in_bytes"),
+            ("cpu", "cpu.cfs_quota_us"),
+            ("cpuacct", "cpuacct.usage"),
+        )
+        if (path := root / name / probe).exists()
+    }
+    if len(found) == 3:
+        return V1Hierarchy(found["memory"].parent, found["cpu"].parent, found["cpuacct"].parent)
+    raise CgroupUnavailable(f"no cgroup hierarchy with the memory and cpu controllers under {root}")
+
+
+__all__ = [
+    "CgroupUnavailable",
+    "Hierarchy",
+    "Limits",
+    "RunCgroup",
+    "Spares",
+    "Usage",
+    "V1Cgroup",
+    "V1Hierarchy",
+    "V2Cgroup",
+    "V2Hierarchy",
+    "detect",
+]

@@ -1,0 +1,253 @@
+"""The cgroup module: v2 against a fake hierarchy in a temp dir (files where the kernel keeps
+its interface files), v1 against this machine's real hierarchy (root, cgroup v1), with real
+processes joined by the run wrapper."""
+
+from __future__ import annotations
+
+import os
+import signal
+import uuid
+from pathlib import Path
+
+import pytest
+
+from reconciler.agent.cgroups import (
+    CgroupUnavailable,
+    Limits,
+    Spares,
+    V1Hierarchy,
+    V2Hierarchy,
+    detect,
+)
+from reconciler.agent.process import read_exit
+from tests.helpers import wait_until
+
+MiB = 1024 * 1024
+
+
+# -- v2, on a fake hierarchy ------------------------------------------------------------------
+@pytest.fixture
+def fake_v2(tmp_path: Path) -> Path:
+    root = tmp_path / "cgroup2"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("cpuset cpu io memory hugetlb pids rdma misc\n")
+    (root / "cgroup.subtree_control").write_text("")
+    return root
+
+
+def test_v2_is_chosen_where_the_unified_hierarchy_offers_memory_and_cpu(fake_v2):
+    assert isinstance(detect(fake_v2), V2Hierarchy)
+
+
+def test_a_v2_hierarchy_without_the_memory_controller_is_refused_by_name(fake_v2):
+    (fake_v2 / "cgroup.controllers").write_text("cpu io pids\n")
+    with pytest.raises(CgroupUnavailable, match="memory controller"):
+        detect(fake_v2)
+
+
+def test_v2_create_enables_the_controllers_on_the_way_and_writes_the_limits(fake_v2):
+    group = detect(fake_v2).create("job.uid.1", Limits(cpu=0.2, memory=64 * MiB))
+    parent = fake_v2 / "reconciler"
+    assert (fake_v2 / "cgroup.subtree_control").read_text() == "+cpu +memory"
+    assert (parent / "cgroup.subtree_control").read_text() == "+cpu +memory"
+    assert group.dirs == (parent / "job.uid.1",)
+    assert (parent / "job.uid.1" / "memory.max").read_text() == str(64 * MiB)
+    assert (parent / "job.uid.1" / "cpu.max").read_text() == "20000 100000"
+    assert group.procs_files == [parent / "job.uid.1" / "cgroup.procs"]
+
+
+def test_v2_leaves_controllers_already_enabled_alone(fake_v2):
+    (fake_v2 / "cgroup.subtree_control").write_text("cpu memory pids\n")
+    detect(fake_v2).create("a.b.1", Limits(cpu=1, memory=MiB))
+    assert (fake_v2 / "cgroup.subtree_control").read_text() == "cpu memory pids\n"
+
+
+def test_v2_without_limits_writes_none(fake_v2):
+    group = detect(fake_v2).create("a.b.1", Limits(cpu=None, memory=0))
+    assert not (group.dirs[0] / "memory.max").exists()
+    assert not (group.dirs[0] / "cpu.max").exists()
+
+
+def test_v2_usage_reads_peak_cpu_time_and_oom_kills(fake_v2):
+    group = detect(fake_v2).create("a.b.1", Limits(cpu=1, memory=MiB))
+    path = group.dirs[0]
+    (path / "memory.peak").write_text("123456789\n")
+    (path / "cpu.stat").write_text("usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n")
+    (path / "memory.events").write_text("low 0\nhigh 0\nmax 7\noom 1\noom_kill 1\noom_group_kill 0\n")
+    usage = group.usage()
+    assert (usage.peak_memory, usage.cpu_seconds, usage.oom_kills) == (123456789, 2.5, 1)
+
+
+def test_v2_usage_without_memory_peak_says_unknown(fake_v2):
+    group = detect(fake_v2).create("a.b.1", Limits(cpu=1, memory=MiB))
+    (group.dirs[0] / "memory.events").write_text("oom 0\noom_kill 0\n")
+    assert group.usage().peak_memory is None and group.usage().oom_kills == 0
+
+
+def test_v2_pids_and_kill_all_through_cgroup_kill(fake_v2):
+    group = detect(fake_v2).create("a.b.1", Limits(cpu=1, memory=MiB))
+    (group.dirs[0] / "cgroup.procs").write_text("12\n7\n")
+    (group.dirs[0] / "cgroup.kill").write_text("")
+    assert group.pids() == [7, 12]
+    group.kill_all()
+    assert (group.dirs[0] / "cgroup.kill").read_text() == "1"
+
+
+def test_v2_create_fails_cleanly_where_the_parent_cannot_be_made(fake_v2):
+    (fake_v2 / "reconciler").write_text("")  # as a read-only hierarchy would: nothing can go there
+    with pytest.raises(CgroupUnavailable, match=str(fake_v2)):
+        detect(fake_v2).create("a.b.1", Limits(cpu=1, memory=MiB))
+
+
+def test_opening_a_cgroup_that_is_gone_reads_as_empty(fake_v2):
+    group = detect(fake_v2).open("never.made.1")
+    assert not group.exists() and group.pids() == [] and group.remove()
+    assert group.usage().oom_kills == 0
+
+
+@pytest.mark.parametrize("name", ["", "..", "a/b", "a b", "a*b"])
+def test_names_the_wrapper_could_not_join_are_refused(fake_v2, name):
+    with pytest.raises(CgroupUnavailable):
+        detect(fake_v2).create(name, Limits(cpu=1, memory=MiB))
+
+
+# -- spares: cgroups made ahead, renamed at a run's start --------------------------------------
+def _spares_in(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith("spare-"))
+
+
+def test_a_run_takes_a_spare_by_renaming_it_and_the_thread_makes_another(fake_v2):
+    spares = Spares(detect(fake_v2), keep=2)
+    parent = fake_v2 / "reconciler"
+    try:
+        spares.take("first.uid.1", Limits(cpu=1, memory=MiB))  # none ready yet: made at once
+        wait_until(lambda: spares.ready() == 2, timeout=10)
+        before = _spares_in(parent)
+        group = spares.take("job.uid.2", Limits(cpu=0.5, memory=2 * MiB))
+        assert group.dirs == (parent / "job.uid.2",)
+        assert (parent / "job.uid.2" / "memory.max").read_text() == str(2 * MiB)
+        assert (parent / "job.uid.2" / "cpu.max").read_text() == "50000 100000"
+        assert len(set(before) - set(_spares_in(parent))) == 1, "the run's cgroup is a spare renamed"
+        wait_until(lambda: spares.ready() == 2, timeout=10)
+    finally:
+        spares.close()
+    assert _spares_in(parent) == [], "closing removes the spares left"
+
+
+def test_a_run_whose_cgroup_exists_keeps_it_and_the_spare_goes(fake_v2):
+    hier = detect(fake_v2)
+    hier.create("job.uid.1", Limits(cpu=1, memory=MiB))  # made before a crash, before its spawn
+    spares = Spares(hier, keep=1)
+    try:
+        spares.take("warm.uid.1", Limits(cpu=1, memory=MiB))
+        wait_until(lambda: spares.ready() == 1, timeout=10)
+        group = spares.take("job.uid.1", Limits(cpu=2, memory=MiB))
+        assert (group.dirs[0] / "cpu.max").read_text() == "200000 100000"
+    finally:
+        spares.close()
+
+
+def test_spares_of_a_process_that_is_gone_are_swept(fake_v2):
+    hier = detect(fake_v2)
+    hier.prepare()
+    parent = fake_v2 / "reconciler"
+    gone = 2**22 + 12345  # above pid_max's default ceiling: no such process
+    (parent / f"spare-{gone}-abc").mkdir()
+    (parent / f"spare-{os.getpid()}-mine").mkdir()
+    Spares(hier).sweep()
+    assert _spares_in(parent) == [f"spare-{os.getpid()}-mine"]
+
+
+# -- v1: detection on fake folders, the rest on the real hierarchy ----------------------------
+def test_no_hierarchy_is_refused_with_the_place_named(tmp_path):
+    with pytest.raises(CgroupUnavailable, match=str(tmp_path)):
+        detect(tmp_path)
+
+
+def test_v1_with_cpu_and_cpuacct_on_one_mount_uses_one_folder_for_both(tmp_path):
+    (tmp_path / "memory").mkdir()
+    (tmp_path / "memory" / "memory.limit_in_bytes").write_text("")
+    shared = tmp_path / "cpu,cpuacct"
+    shared.mkdir()
+    (shared / "cpu.cfs_quota_us").write_text("")
+    (shared / "cpuacct.usage").write_text("")
+    (tmp_path / "cpu").symlink_to(shared)
+    (tmp_path / "cpuacct").symlink_to(shared)
+    hier = detect(tmp_path)
+    assert isinstance(hier, V1Hierarchy)
+    assert hier.open("a.b.1").dirs == (
+        tmp_path / "memory" / "reconciler" / "a.b.1",
+        shared / "reconciler" / "a.b.1",
+    )
+
+
+def _real_v1() -> V1Hierarchy | None:
+    try:
+        hier = detect()
+    except CgroupUnavailable:
+        return None
+    return hier if isinstance(hier, V1Hierarchy) and os.access(hier.memory, os.W_OK) else None
+
+
+real_v1 = pytest.mark.skipif(_real_v1() is None, reason="needs a writable cgroup v1 hierarchy (the CI machine's)")
+
+
+@pytest.fixture
+def v1_group():
+    hier = _real_v1()
+    assert hier is not None
+    group = hier.create(f"test.{uuid.uuid4()}.1", Limits(cpu=0.5, memory=64 * MiB))
+    yield group
+    group.kill_all()
+    wait_until(lambda: not group.pids(), timeout=10)
+    assert group.remove()
+
+
+@real_v1
+def test_v1_create_writes_the_memory_limit_and_the_cpu_quota(v1_group):
+    assert (v1_group.memory / "memory.limit_in_bytes").read_text().strip() == str(64 * MiB)
+    assert (v1_group.cpu / "cpu.cfs_period_us").read_text().strip() == "100000"
+    assert (v1_group.cpu / "cpu.cfs_quota_us").read_text().strip() == "50000"
+    assert v1_group.pids() == [] and v1_group.usage().oom_kills == 0
+
+
+@real_v1
+def test_the_wrapper_joins_the_cgroup_before_the_command_runs(spawn, v1_group, tmp_path):
+    """The command reads its own /proc/self/cgroup: it is in the run's cgroup in every
+    hierarchy from its first instruction."""
+    _identity, run_dir = spawn(argv=["cat", "/proc/self/cgroup"], join=v1_group.procs_files)
+    wait_until(lambda: read_exit(run_dir), timeout=10)
+    lines = (run_dir / "stdout").read_text().splitlines()
+    for controller in ("memory", "cpu", "cpuacct"):
+        path = next(line.split(":", 2)[2] for line in lines if line.split(":")[1] == controller)
+        assert path == f"/reconciler/{v1_group.name}", lines
+
+
+@real_v1
+def test_v1_finds_kills_and_counts_a_process_that_left_the_group(spawn, v1_group, tmp_path):
+    pid_file = tmp_path / "escapee"
+    shell = f"setsid sh -c 'echo $$ > {pid_file}; while :; do :; done' & exit 0"
+    identity, _run_dir = spawn(shell=shell, join=v1_group.procs_files)
+    escapee = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=10))
+    assert escapee in v1_group.pids()
+    assert os.getpgid(escapee) != identity.pid
+    wait_until(lambda: v1_group.usage().cpu_seconds > 0.05, timeout=10)
+    assert v1_group.signal(signal.SIGKILL, spare=identity.pid) >= 1
+    wait_until(lambda: not v1_group.pids(), timeout=10)
+
+
+@real_v1
+def test_v1_counts_an_oom_kill(spawn, v1_group):
+    _identity, run_dir = spawn(argv=["python3", "-c", "b = bytearray(200 * 1024 * 1024)"], join=v1_group.procs_files)
+    record = wait_until(lambda: read_exit(run_dir), timeout=30)
+    usage = v1_group.usage()
+    assert record.exit_code == 137 and usage.oom_kills == 1
+    assert 0 < usage.peak_memory <= 64 * MiB
+
+
+def test_the_fallback_rlimit_holds_the_command(spawn):
+    """`ulimit -v` in the wrapper, in KiB: the command sees it as its RLIMIT_AS."""
+    _identity, run_dir = spawn(argv=["cat", "/proc/self/limits"], address_space_kib=256 * 1024)
+    wait_until(lambda: read_exit(run_dir), timeout=10)
+    line = next(x for x in (run_dir / "stdout").read_text().splitlines() if x.startswith("Max address space"))
+    assert line.split()[3] == str(256 * MiB)
