@@ -55,6 +55,9 @@ def test_a_working_dir_the_node_lacks_is_replaced_by_the_runs_own_folder(agent, 
     _apply(server, job_manifest("where", ["pwd"], workingDir="/no/such/folder/on/this/node"))
     status = settled(server, "where")["where"]["status"]
     assert status["outcome"] == "Succeeded"
+    (run,) = status["runs"]  # held as a local run is: in a cgroup of its own where one can be made
+    assert run["limits"] in ("cgroup v1", "cgroup v2", "rlimit")
+    assert run["limits"] == "rlimit" or "cpuSeconds" in run  # its cgroup's count, reported at its end
     printed = server.cli("logs", "job/where").stdout.strip()
     assert printed.startswith(str(tmp_path / "agent" / "runs" / "where."))
 
