@@ -376,6 +376,7 @@ class RunReport(Body):
     degraded: str | None = Field(default=None, description="Why no cgroup holds the run.")
     peak_memory: int | None = Field(default=None, description="The most memory its cgroup held at once (bytes).")
     cpu_seconds: float | None = Field(default=None, description="The CPU time its cgroup counted.")
+    oom_kills: int | None = Field(default=None, description="Processes the kernel killed at its memory limit.")
 
     def facts(self) -> dict[str, Any]:
         """The report as kept on the admission (camelCase, without what names the run)."""

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..agent.local import ExitRecord, ProcessIdentity
 from ..api import node as nodes
 from ..api.meta import to_epoch
+from ..api.quantity import format_size
 from ..api.status import Phase, RunDict, RunOutcome
 from ..store import repository as repo
 from ..store import scheduling as sched
@@ -150,6 +151,13 @@ class RemoteSteps:
                 ctx, run, end, exit_code=None, reason="NodeLost", message=message, finished_at=finished
             )
         code, signal = report.get("exitCode"), report.get("signal")
+        if code != 0 and report.get("oomKills"):  # the cgroup's own count decides, as for a local run
+            limit = format_size(ctx.spec.resources.memory or 0)
+            message = f"the kernel killed {report['oomKills']} process(es) of the run at its memory limit ({limit})"
+            end = RunEnd(RunOutcome.FAILED, code, reason="OOMKilled")
+            return self.runs.finish(
+                ctx, run, end, exit_code=code, signal=signal, reason="OOMKilled", message=message, finished_at=finished
+            )
         outcome = RunOutcome.SUCCEEDED if code == 0 else RunOutcome.FAILED
         return self.runs.finish(ctx, run, RunEnd(outcome, code), exit_code=code, signal=signal, finished_at=finished)
 

@@ -372,6 +372,7 @@ class NodeAgent:
             usage = self.local.usage(record.cgroup)
             if usage is not None:
                 record.peak_memory, record.cpu_seconds = usage.peak_memory, usage.cpu_seconds
+                record.oom_kills = usage.oom_kills
             if not self.local.remove_cgroup(record.cgroup):  # cannot be: its processes are gone
                 log.warning(
                     "the cgroup %s of run %d of job %s could not be removed", record.cgroup, record.run, record.job

@@ -40,6 +40,7 @@ class Record:
     degraded: str | None = None  # why no cgroup holds it
     peak_memory: int | None = None  # what its cgroup counted, once it ended
     cpu_seconds: float | None = None
+    oom_kills: int | None = None  # processes the kernel killed at its memory limit
     ready_message: str | None = None
     start_reported: bool = False
     end_reported: bool = False
@@ -79,6 +80,7 @@ class Record:
             "degraded": self.degraded,
             "peakMemory": self.peak_memory,
             "cpuSeconds": None if self.cpu_seconds is None else round(self.cpu_seconds, 3),
+            "oomKills": self.oom_kills or None,
         }
         body: dict[str, Any] = {"uid": self.uid, "run": self.run, "epoch": self.epoch}
         body.update({k: v for k, v in facts.items() if v is not None})

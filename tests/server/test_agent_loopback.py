@@ -202,3 +202,19 @@ def test_a_second_machine_claiming_a_served_node_is_refused_and_its_agent_exits(
     )
     assert second.returncode == 1, second.stderr
     assert "node far is served by the agent" in second.stderr
+
+
+def test_a_remote_run_past_its_memory_limit_ends_oom_killed_and_its_cgroup_goes(agent):
+    from tests.resources.conftest import hierarchy, run_cgroup_dirs
+
+    found = hierarchy()
+    if found is None:
+        pytest.skip("needs a cgroup hierarchy (the CI machine has v1)")
+    server, _ = agent
+    hog = f"{sys.executable} -c 'b = bytearray(300 * 1024 * 1024); b[::4096] = b\"x\" * len(b[::4096])'"
+    _apply(server, {**job_manifest("hog", ["sh", "-c", hog]), "spec": {"shell": hog, "resources": {"memory": "64Mi"}}})
+    status = settled(server, "hog")["hog"]["status"]
+    (run,) = status["runs"]
+    assert (status["outcome"], status["reason"], run["exitCode"]) == ("Failed", "OOMKilled", 137), status
+    assert run["limits"] == f"cgroup {found.version}" and 0 < run["peakMemory"] <= 64 * 1024 * 1024
+    assert not run_cgroup_dirs(found, server.job("hog")["metadata"]["uid"]), "the run's cgroup outlived it"
