@@ -59,9 +59,9 @@ for verb in (resources.apply, resources.diff, resources.get, resources.describe,
 
 def _register_optional() -> None:
     """Verb groups that live in their own modules."""
-    from . import control, explain, graph, nodes, runner, serve
+    from . import control, explain, graph, nodeagent, nodes, runner, serve
 
-    for module in (explain, control, runner, graph, nodes, serve):
+    for module in (explain, control, runner, graph, nodes, serve, nodeagent):
         module.register(app)
 
 

@@ -43,7 +43,8 @@ from ..wire import (
     object_list,
     status,
 )
-from . import dashboard, seed
+from . import agents, dashboard, seed
+from .agents import Wake
 from .auth import Tokens
 from .guard import MAX_BODY, Guard
 from .watch import Broadcaster, Expired, stream
@@ -62,9 +63,11 @@ def create_app(
     tokens: Tokens | None = None,
     max_body: int = MAX_BODY,
     leader: Callable[[], dict[str, Any]] | None = None,
+    wake: Wake | None = None,
 ) -> Guard:
     """The API over `store`, behind the token and body-size guard. `leader`: who holds the
-    controller lease, as `GET /leader` shows it (serve's leader election)."""
+    controller lease, as `GET /leader` shows it (serve's leader election). `wake(job)`: tell
+    the controller in this process at once of an agent's report on the job."""
     broadcaster = Broadcaster(store)
 
     @asynccontextmanager
@@ -84,7 +87,8 @@ def create_app(
         lifespan=lifespan,
     )
     _errors(app)
-    _routes(app, store, broadcaster)
+    agents.routes(app, store, wake)
+    _routes(app, store, broadcaster, tokens)
     if leader is not None:
 
         @app.get("/leader", tags=["server"])
@@ -155,7 +159,7 @@ def _items(items: list[dict[str, Any]]) -> Loaded:
     return documents(items, Path.cwd())
 
 
-def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
+def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens | None) -> None:
     @app.get("/healthz", response_class=PlainTextResponse, tags=["server"])
     def healthz() -> str:
         """`ok` while the store answers (no token needed)."""
@@ -296,11 +300,15 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
         follow: bool = Query(False, description="Stream what the run writes until it ends."),
         tail_lines: int | None = Query(None, alias="tailLines", ge=0),
     ) -> Response:
-        """A run's captured output, as `reconciler logs` prints it."""
+        """A run's captured output, as `reconciler logs` prints it (a remote run's from its
+        node's agent)."""
         found = reads.run_logs(store, name, run)
+        stop = threading.Event()
+        remote = agents.remote_log(store, tokens, found, stream=stream_name, tail=tail_lines, follow=follow, stop=stop)
+        if remote is not None:
+            return StreamingResponse(_in_threads(remote, stop), media_type="text/plain")
         if not follow:
             return StreamingResponse(_in_threads(found.read(stream_name, tail=tail_lines)), media_type="text/plain")
-        stop = threading.Event()
         pieces = found.follow(stream_name, tail=tail_lines, stop=stop)
         return StreamingResponse(_in_threads(pieces, stop), media_type="text/plain")
 

@@ -50,7 +50,7 @@ def test_tokens_and_roles(serve, sqlite_url, tokens_file):
     assert anonymous.get("/metrics").status_code == 401, "metrics need a token"
     assert "reconciler_jobs" in viewer.get("/metrics").text
 
-    # an agent token: only its own node, read (the agent endpoints come later)
+    # an agent token: its own node, read; under nodes/worker-1/ the agent routes (test_agent_loopback.py)
     node = {"apiVersion": "reconciler.dev/v1alpha1", "kind": "Node", "metadata": {"name": "worker-1"}, "spec": {}}
     admin.post(f"{PREFIX}/nodes", json=node)
     agent = server.http(token=AGENT)
