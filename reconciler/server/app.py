@@ -3,6 +3,7 @@ calls for the same verb and answers what it returns, in the shapes of wire.py.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -20,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from .. import apply as applying
 from .. import commands, reads
+from .. import converge as converging
 from .. import graph as graphs
 from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
@@ -291,6 +293,29 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
         document = status(200, said)
         document["details"] = {"name": name, "group": "reconciler.dev", "kind": "jobs"}
         return _json(document)
+
+    @app.post(PREFIX + "/nodes/{name}/cordon", tags=["verbs"])
+    def cordon(name: str) -> Response:
+        """Mark the node unschedulable (`reconciler cordon`); the message says what happened."""
+        return _json(status(200, commands.set_unschedulable(store, name, True)))
+
+    @app.post(PREFIX + "/nodes/{name}/uncordon", tags=["verbs"])
+    def uncordon(name: str) -> Response:
+        """Mark the node schedulable again (`reconciler uncordon`)."""
+        return _json(status(200, commands.set_unschedulable(store, name, False)))
+
+    @app.post(PREFIX + "/nodes/{name}/drain", tags=["verbs"])
+    def drain(name: str, force: bool = Query(False, description="Declare its runs lost.")) -> Response:
+        """Cordon the node and, with force, declare every run there lost (`reconciler drain`):
+        one transaction; `GET nodes/{name}/held` is what a drain waits for."""
+        done = commands.drain(store, name, force=force)
+        return _json({"cordoned": done.cordoned, "declaredLost": [list(lost) for lost in done.declared_lost]})
+
+    @app.get(PREFIX + "/nodes/{name}/held", tags=["verbs"])
+    def held(name: str) -> Response:
+        """The runs holding slots on the node, as `drain` waits for them to leave."""
+        items = [dataclasses.asdict(h) for h in converging.runs_on(store, [name])]
+        return _json({"items": items})
 
     @app.get(PREFIX + "/jobs/{name}/log", tags=["resources"], response_class=PlainTextResponse)
     def job_log(

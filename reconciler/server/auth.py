@@ -118,6 +118,6 @@ def refusal(identity: Identity, method: str, path: str) -> str | None:
     if identity.role == "viewer":
         return None if method in READS else f"a viewer token may only read (GET), not {method}"
     own = f"{PREFIX}/nodes/{identity.node}"
-    if (method in READS and path == own) or path.startswith(own + "/"):
-        return None
+    if (method in READS and path == own) or path == own + "/heartbeat" or path.startswith(own + "/runs"):
+        return None  # not cordon, uncordon or drain of its node: those are an operator's
     return f"an agent token may only touch its own node ({identity.node}): its heartbeat, runs and reports"

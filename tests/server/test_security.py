@@ -60,6 +60,9 @@ def test_tokens_and_roles(serve, sqlite_url, tokens_file):
     for path in [f"{PREFIX}/jobs", f"{PREFIX}/nodes"] + [f"{PREFIX}/nodes/{n}" for n in others]:
         assert agent.get(path).status_code == 403, path
     assert agent.put(f"{PREFIX}/nodes/worker-1", json=node).status_code == 403
+    for action in ("cordon", "uncordon", "drain"):  # an operator's, not its agent's
+        assert agent.post(f"{PREFIX}/nodes/worker-1/{action}").status_code == 403, action
+    assert admin.post(f"{PREFIX}/nodes/worker-1/cordon").json()["message"] == "cordoned"
 
     # the CLI: 401 is exit 2 (fix the invocation), 403 exit 1 (understood and refused)
     no_token = run_cli("get", "jobs", store=sqlite_url, env={"RECONCILER_SERVER": server.url})
