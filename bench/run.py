@@ -17,7 +17,8 @@ make), 14 dashboard (each view's page at 2,000 jobs, beside the API's list),
 15 ingest (jobs from a RabbitMQ queue: messages/s against a plain pika consumer),
 16 cgroups (starting a run with its cgroup against without),
 7 pg (figures 1, 3 and 13 on PostgreSQL, and 17: a write to watch event and admission on PostgreSQL,
-LISTEN/NOTIFY against the poll). Prints
+LISTEN/NOTIFY against the poll), 18 agents (1,000 jobs over three agents in network namespaces
+against the embedded controller, and placement-to-start latency on a remote agent). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
 """
@@ -52,6 +53,7 @@ FULL = {
     "ingest": dict(messages=5000, rounds=3),
     "wakeup": dict(jobs=100),
     "cgroups": dict(runs=200, rounds=5),
+    "agents": dict(jobs=1000),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -70,6 +72,7 @@ SMALL = {
     "ingest": dict(messages=1000, rounds=1),
     "wakeup": dict(jobs=10),
     "cgroups": dict(runs=20, rounds=2),
+    "agents": dict(jobs=60),
 }
 NAMES = (
     "dag",
@@ -87,6 +90,7 @@ NAMES = (
     "dashboard",
     "ingest",
     "cgroups",
+    "agents",
     "pg",
 )
 APPLY_AIMS = (10.0, 3.0)
@@ -159,6 +163,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
     """(row label, thunk returning rows) for one named figure."""
     from bench import (
         admission,
+        agents,
         api,
         apply_one,
         cgroups,
@@ -255,6 +260,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
         "cgroups": [
             ("16 run start with a cgroup", lambda: [cgroups.row(s["cgroups"]["runs"], s["cgroups"]["rounds"])]),
         ],
+        "agents": [("18 remote agents (sqlite)", lambda: agents.rows(s["agents"]["jobs"]))],
         "pg": [
             (
                 "7 DAG throughput (postgresql)",

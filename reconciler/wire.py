@@ -326,3 +326,63 @@ class RunRequest(Body):
 
         fields = self.model_dump(exclude_none=True)
         return OneOff(**fields)
+
+
+# -- node agents -----------------------------------------------------------------------------
+
+
+class Capacity(Body):
+    slots: int | None = Field(default=None, ge=0, description="Default: the node's CPU count.")
+    cpu: str | None = None
+    memory: str | None = None
+
+
+class HeartbeatRequest(Body):
+    """POST nodes/{name}/heartbeat: a node agent registers its Node (first beat) and keeps it
+    Ready. Labels and capacity are the agent's word for a Node it registered; a Node applied
+    from a manifest keeps the manifest's."""
+
+    agent: str = Field(description="The agent process (host:pid:start).")
+    labels: dict[str, str] = Field(default_factory=dict)
+    capacity: Capacity = Field(default_factory=Capacity)
+    cpu_count: int = Field(default=1, ge=1)
+    address: str = Field(description="Where this node's services and log port are reached.")
+    log_port: int | None = Field(default=None, ge=1, le=65535)
+
+
+class RunReport(Body):
+    """POST nodes/{name}/runs/{job}/report: what the agent knows of one run, all of it each
+    time (a start, then the same with its end). `epoch` names the admission; a report for
+    one that is no longer current is refused (409) and the agent stops the process."""
+
+    uid: str
+    run: int = Field(ge=1)
+    epoch: int
+    pid: int | None = None
+    process_start_time: float | None = None
+    started_at: str | None = None
+    finished_at: str | None = None
+    exit_code: int | None = None
+    signal: int | None = None
+    gone: bool = Field(default=False, description="The process is gone and left no exit record.")
+    start_failed: str | None = Field(default=None, description="Why the run could not start (nothing ran).")
+    start_reason: str | None = Field(default=None, description="StartFailed, or ArtifactInvalid.")
+    retryable: bool = Field(default=False, description="A failed start worth another attempt (URL unreachable).")
+    ready: bool | None = Field(
+        default=None, description="A service's readiness probe, run by the agent: passed or not."
+    )
+    ready_message: str | None = Field(default=None, description="The probe's diagnostic.")
+    limits: str | None = Field(default=None, description="How the run's resources are held: cgroup v1|v2, rlimit.")
+    degraded: str | None = Field(default=None, description="Why no cgroup holds the run.")
+    peak_memory: int | None = Field(default=None, description="The most memory its cgroup held at once (bytes).")
+    cpu_seconds: float | None = Field(default=None, description="The CPU time its cgroup counted.")
+    oom_kills: int | None = Field(default=None, description="Processes the kernel killed at its memory limit.")
+
+    def facts(self) -> dict[str, Any]:
+        """The report as kept on the admission (camelCase, without what names the run)."""
+        flags = {"gone", "retryable"}  # kept only when set
+        return {
+            k: v
+            for k, v in self.model_dump(by_alias=True, exclude={"uid", "run", "epoch"}).items()
+            if v is not None and not (k in flags and v is False)
+        }

@@ -30,6 +30,8 @@ FIGURES = [
     "14 dashboard pages (sqlite)",
     "15 ingestion from RabbitMQ (sqlite)",
     "16 run start with a cgroup",
+    "18 remote agents, throughput (sqlite)",
+    "18 remote agents, placement to start (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",

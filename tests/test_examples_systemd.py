@@ -1,6 +1,7 @@
-"""The systemd units in examples/systemd start `reconciler serve` with flags it has: each
-ExecStart's options are checked against `reconciler serve --help`, so a renamed flag cannot
-leave a unit that fails at boot."""
+"""The systemd units in examples/systemd start `reconciler serve` (or `agent`) with flags it
+has: each ExecStart's options are checked against the verb's `--help` (and the global ones,
+`--server`, `--token`, `--store`, which may come before it), so a renamed flag cannot leave a
+unit that fails at boot."""
 
 from __future__ import annotations
 
@@ -19,13 +20,21 @@ def _exec_start(unit: Path) -> str:
     return next(line.split("=", 1)[1] for line in text.splitlines() if line.startswith("ExecStart="))
 
 
+GLOBAL = ("--server", "--token", "--store")
+
+
 @pytest.mark.parametrize("unit", UNITS, ids=[u.name for u in UNITS])
-def test_a_units_serve_flags_are_flags_serve_has(unit, sqlite_url):
+def test_a_units_flags_are_flags_its_verb_has(unit, sqlite_url):
     command = _exec_start(unit).split()
-    assert command[0].endswith("/reconciler") and command[1] == "serve", command
-    helped = run_cli("serve", "--help", store=sqlite_url, env={"COLUMNS": "200"}).stdout
-    known = set(re.findall(r"--[a-z][a-z-]+", helped))
-    flags = [word for word in command[2:] if word.startswith("--")]
+    assert command[0].endswith("/reconciler"), command
+    words = command[1:]
+    while words and words[0] in GLOBAL:  # a global option and its value
+        words = words[2:]
+    verb = words[0]
+    assert verb in ("serve", "agent"), command
+    helped = run_cli(verb, "--help", store=sqlite_url, env={"COLUMNS": "200"}).stdout
+    known = set(re.findall(r"--[a-z][a-z-]+", helped)) | set(GLOBAL)
+    flags = [word for word in command[1:] if word.startswith("--")]
     assert flags and not [f for f in flags if f not in known], (flags, sorted(known))
 
 

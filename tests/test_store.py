@@ -241,6 +241,9 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
 
 def _downgrade(tx, *, to: int) -> None:
     """Make a current store's schema what version `to` created (what each upgrade undoes)."""
+    if to < 7:
+        for column in ("epoch", "report", "reported_rv"):
+            tx.session.run(f"ALTER TABLE admissions DROP COLUMN {column}")
     if to < 6:
         for table in ("admissions", "queue"):
             for column in ("cpu", "memory"):
@@ -371,6 +374,39 @@ def test_a_version_5_store_gets_cpu_and_memory_on_admissions_and_queue_rows(stor
         upgraded.dispose()
 
 
+def test_a_version_6_store_gets_admission_epochs_and_keeps_its_admissions(store_url):
+    """Schema 7: admissions carry an epoch and a remote agent's report. One made before has
+    neither (no agent can report on it); a new admission gets its epoch, and a report names
+    it: one for another epoch is refused."""
+    from reconciler.store import scheduling as sched
+
+    s = Store(store_url)
+    with s.write() as tx:
+        _downgrade(tx, to=6)
+        Statement(
+            "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at)"
+            " VALUES ('u1', 'old', NULL, 1, 'n1', 1, 0)"
+        ).execute(tx.session)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION
+        with upgraded.read() as conn:
+            assert sched.admission(conn, "u1") == sched.Admission("n1", 1, None, None, None)
+        with upgraded.write() as tx:
+            sched.admit(tx, uid="u2", name="new", pool=None, slots=1, node="n2", run_number=1)
+            epoch = tx.rv()
+        with upgraded.write() as tx:
+            assert not sched.record_report(tx, uid="u2", node="n2", run=1, epoch=epoch + 1, report={"pid": 1})
+            assert sched.record_report(tx, uid="u2", node="n2", run=1, epoch=epoch, report={"pid": 1})
+        with upgraded.read() as conn:
+            assert sched.admission(conn, "u2") == sched.Admission("n2", 1, None, epoch, {"pid": 1})
+            assert [name for name, _ in sched.reported_since(conn, epoch)] == ["new"]
+    finally:
+        upgraded.dispose()
+
+
 def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissions(store_url):
     """A store made before notifier delivery and service ports (schema 1: no outbox, no
     admissions.port) gets them when opened, and keeps what it held."""
@@ -389,12 +425,12 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     upgraded = Store(store_url)
     try:
-        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 6
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 7
         assert {"outbox", "deliveries", "ingested", "leases"} <= _tables(upgraded)
         with upgraded.read() as conn:
             assert repo.get(conn, kind="Job", name="old").uid == obj.uid
             assert Statement("SELECT count(*) FROM outbox").execute(conn).scalar() == 0
-            assert sched.admission(conn, "u1") == sched.Admission("n1", 1, None)
+            assert sched.admission(conn, "u1") == sched.Admission("n1", 1, None, None, None)
         with upgraded.write() as tx:
             sched.admit(tx, uid="u2", name="web", pool=None, slots=1, node="n1", run_number=1, port=8080)
         with pytest.raises(StoreError), upgraded.write() as tx:  # one service per port and node

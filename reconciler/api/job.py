@@ -215,6 +215,12 @@ class Retry(Strict):
     )
     on_timeout: bool = Field(default=False, description="Is a run timeout retryable.")
     on_lost: bool = Field(default=True, description="Is a lost run (node or agent gone) retried.")
+    lost_after: Duration | None = Field(
+        default=None,
+        description="A run on a node that stopped posting heartbeats is declared Lost (NodeLost) this long "
+        "after the node's last heartbeat; unset: only once its fate is proven (its agent reports, the node "
+        "is deleted or drained with --force).",
+    )
     backoff: Backoff = Field(default_factory=Backoff)
 
     @field_validator("on_exit_codes")

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any, Literal
 
 from pydantic import Field
 
 from .meta import API_VERSION, MAX_SLOTS, Condition, ObjectMeta, Strict, Time, from_epoch, to_epoch
-from .quantity import CPU, Size
+from .quantity import CPU, Size, parse_duration
 
 
 class Capacity(Strict):
@@ -44,13 +45,40 @@ class NodeStatus(Strict):
     address: str | None = Field(
         default=None, description="Where the node's services are reached; the service registry publishes it."
     )
+    remote: bool | None = Field(
+        default=None, description="Served by a `reconciler agent` that reports its runs through the API."
+    )
+    log_port: int | None = Field(default=None, description="Where the node's agent serves its runs' logs.")
     paths_checked_at: Time | None = Field(
         default=None,
         description="When the controller on this node last checked every path that waiting jobs wait for.",
     )
 
 
-READY_WINDOW = 40.0  # seconds without a heartbeat before a node is NotReady
+LOST_AFTER_ENV = "RECONCILER_NODE_LOST_AFTER"
+
+
+def _ready_window() -> float:
+    """Seconds without a heartbeat before a node is NotReady: 40, or RECONCILER_NODE_LOST_AFTER
+    (tests shorten it; every process that judges nodes reads the same variable)."""
+    text = os.environ.get(LOST_AFTER_ENV, "").strip()
+    if not text:
+        return 40.0
+    try:
+        seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
+    except ValueError:
+        return 40.0
+    return seconds if seconds > 0 else 40.0
+
+
+READY_WINDOW = _ready_window()
+
+
+def set_ready_window(seconds: float) -> None:
+    """`serve --node-lost-after`: this process and those it starts judge nodes by `seconds`."""
+    global READY_WINDOW
+    READY_WINDOW = seconds
+    os.environ[LOST_AFTER_ENV] = f"{seconds:g}s"
 
 
 def heartbeat_fresh(status: dict[str, Any] | None, now: float) -> bool:

@@ -66,9 +66,9 @@ def _register_optional() -> None:
     global _registered
     if _registered:
         return
-    from . import control, explain, graph, nodes, runner, serve
+    from . import control, explain, graph, nodeagent, nodes, runner, serve
 
-    for module in (explain, control, runner, graph, nodes, serve):
+    for module in (explain, control, runner, graph, nodes, serve, nodeagent):
         module.register(app)
     _registered = True
 

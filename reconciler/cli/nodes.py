@@ -20,10 +20,9 @@ def _node_name(ref: str) -> str:
 
 
 def _set_unschedulable(ctx: typer.Context, refs: list[str], unschedulable: bool) -> None:
-    from ..commands import set_unschedulable
-
+    client = ctx_of(ctx).client
     for name in [_node_name(r) for r in refs]:  # every ref checked before the first write
-        typer.echo(f"node.reconciler.dev/{name} {set_unschedulable(ctx_of(ctx).store, name, unschedulable)}")
+        typer.echo(f"node.reconciler.dev/{name} {client.set_unschedulable(name, unschedulable)}")
 
 
 def cordon(ctx: typer.Context, refs: list[str] = typer.Argument(..., help="node/NAME ...")) -> None:
@@ -46,14 +45,13 @@ def drain(
 ) -> None:
     """Cordon nodes, then wait until no run holds slots on them (exit 1 naming the runs
     still there when the timeout passes). --force stops those runs and records them Lost."""
-    from ..commands import drain as do_drain
-    from ..converge import HeldRun, wait_drained
+    from ..converge import HeldRun
 
     names = [_node_name(r) for r in refs]
     limit = duration_of(timeout, "--timeout") or None
-    store = ctx_of(ctx).store
+    client = ctx_of(ctx).client
     for name in names:
-        done = do_drain(store, name, force=force)
+        done = client.drain(name, force=force)
         typer.echo(f"node.reconciler.dev/{name} {done.cordoned}")
         for job, number in done.declared_lost:
             err(f"job/{job} run {number} on node/{name}: declared lost (--force); it is stopped and recorded Lost")
@@ -70,7 +68,7 @@ def drain(
         said.clear()
         said.update(held)
 
-    left = wait_drained(store, names, limit, waiting)
+    left = client.wait_drained(names, limit, waiting)
     if left:
         runs = ", ".join(f"job/{h.job} run {h.run} ({h.phase}) on node/{h.node}" for h in left)
         err(f"error: timed out waiting for the drain; still there: {runs}")

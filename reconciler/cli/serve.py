@@ -30,6 +30,11 @@ def serve(
         "and another takes over this long after it stops renewing.",
     ),
     node_address: str = NODE_ADDRESS,
+    node_lost_after: str | None = typer.Option(
+        None,
+        "--node-lost-after",
+        help="A node without a heartbeat this long is NotReady (default 40s, or RECONCILER_NODE_LOST_AFTER).",
+    ),
     verbose: bool = typer.Option(False, "-v", "--verbose", help="Log each request and the controller's steps."),
 ) -> None:
     """The HTTP API plus the controller, with this machine as a node unless --no-local-node.
@@ -39,6 +44,11 @@ def serve(
     from ..server.serve import serve as run
 
     store_needed = ctx_of(ctx).local_only("serve")
+    lost_after = duration_of(node_lost_after, "--node-lost-after")
+    if lost_after is not None:
+        from ..api.node import set_ready_window
+
+        set_ready_window(lost_after)
     checked = check(host, tokens, tls_cert, tls_key)
     period = duration_of(lease, "--lease")
     if period is None or period < MIN_LEASE:

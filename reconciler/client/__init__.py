@@ -5,13 +5,13 @@ exits the same either way; cli/context.py picks one."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from ..apply import Change, Deleted
-    from ..commands import OneOff
-    from ..converge import Converged, Until, WaitResult
+    from ..commands import Drained, OneOff
+    from ..converge import Converged, HeldRun, Until, WaitResult
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
     from ..reads import Listing
@@ -47,4 +47,9 @@ class Client(Protocol):
     def stored_graph(self, selector: str | None) -> Graph: ...
     def manifest_graph(self, manifests: list[Manifest]) -> Graph: ...
     def converge(self, names: list[str], until: Until) -> Converged: ...
+    def set_unschedulable(self, name: str, unschedulable: bool) -> str: ...
+    def drain(self, name: str, *, force: bool) -> Drained: ...
+    def wait_drained(
+        self, names: list[str], timeout: float | None, on_change: Callable[[list[HeldRun]], None]
+    ) -> list[HeldRun]: ...
     def close(self) -> None: ...

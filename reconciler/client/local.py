@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ..apply import Change, Deleted
-    from ..commands import OneOff
-    from ..converge import Converged, Until, WaitResult
+    from ..commands import Drained, OneOff
+    from ..converge import Converged, HeldRun, Until, WaitResult
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
     from ..reads import Listing, RunLogs
@@ -79,6 +79,23 @@ class LocalClient:
         from ..commands import rerun
 
         return rerun(self.store, name, downstream=downstream)
+
+    def set_unschedulable(self, name: str, unschedulable: bool) -> str:
+        from ..commands import set_unschedulable
+
+        return set_unschedulable(self.store, name, unschedulable)
+
+    def drain(self, name: str, *, force: bool) -> Drained:
+        from ..commands import drain
+
+        return drain(self.store, name, force=force)
+
+    def wait_drained(
+        self, names: list[str], timeout: float | None, on_change: Callable[[list[HeldRun]], None]
+    ) -> list[HeldRun]:
+        from ..converge import wait_drained
+
+        return wait_drained(self.store, names, timeout, on_change)
 
     def rerun_failed(self, selector: str | None) -> list[str]:
         from ..commands import rerun_failed

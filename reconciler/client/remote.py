@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 from ..api.kinds import resolve_kind
@@ -32,8 +32,8 @@ from .informer import Informer, Relist, changes, list_objects
 if TYPE_CHECKING:
     from ..api.status import JobStatusDict
     from ..apply import Change, Deleted
-    from ..commands import OneOff
-    from ..converge import Converged, Until, WaitResult, Watched
+    from ..commands import Drained, OneOff
+    from ..converge import Converged, HeldRun, Until, WaitResult, Watched
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
     from ..reads import Listing
@@ -42,6 +42,7 @@ if TYPE_CHECKING:
 
 NAMED_GETS = 16  # up to this many names are fetched one by one; more, in one list
 EVENTS_LIMIT = 1000  # as reads.events
+DRAIN_LOOK = 0.5  # seconds between looks at what a drained node still holds
 
 
 class RemoteClient:
@@ -193,6 +194,39 @@ class RemoteClient:
 
     def rerun(self, name: str, *, downstream: bool) -> str:
         return self._act(name, "rerun", downstream=downstream)
+
+    def set_unschedulable(self, name: str, unschedulable: bool) -> str:
+        action = "cordon" if unschedulable else "uncordon"
+        return str(self.http.call("POST", f"{PREFIX}/nodes/{name}/{action}")["message"])
+
+    def drain(self, name: str, *, force: bool) -> Drained:
+        from ..commands import Drained
+
+        done = self.http.call("POST", f"{PREFIX}/nodes/{name}/drain", params={"force": force})
+        return Drained(name, str(done["cordoned"]), [(str(j), int(n)) for j, n in done["declaredLost"]])
+
+    def wait_drained(
+        self, names: list[str], timeout: float | None, on_change: Callable[[list[HeldRun]], None]
+    ) -> list[HeldRun]:
+        """As converge.wait_drained, by asking the server what still holds slots there on a
+        timer (a drain is an operator's wait of seconds to minutes: a look every 0.5 s)."""
+        from ..converge import HeldRun
+
+        def look() -> list[HeldRun]:
+            items = [self.http.call("GET", f"{PREFIX}/nodes/{n}/held")["items"] for n in names]
+            return [HeldRun(**item) for found in items for item in found]
+
+        deadline = None if timeout is None else time.monotonic() + timeout
+        held = look()
+        on_change(held)
+        while held:
+            if deadline is not None and time.monotonic() >= deadline:
+                return held
+            time.sleep(DRAIN_LOOK)
+            if (now := look()) != held:
+                held = now
+                on_change(held)
+        return held
 
     def rerun_failed(self, selector: str | None) -> list[str]:
         _parsed(selector)

@@ -84,7 +84,7 @@ class Controller:
     def start(self) -> Controller:
         if self.local_node:
             heartbeat(self.store, self.node, self.owner, self.clock.now(), address=self.address)
-        self._feed = ChangeFeed(self.store, skip_known=True, listen=True)
+        self._feed = ChangeFeed(self.store, skip_known=True, listen=True, reports=True)
         with self.store.read() as session:
             for job, deps in sched.dependency_graph(session).items():
                 for dep in deps:
@@ -118,6 +118,11 @@ class Controller:
         self._watcher.join(2)
         self.agent.close()
 
+    def wake(self, job: str) -> None:
+        """Something about the job's run happened elsewhere (a remote agent's report): look
+        at it now, in the urgent lane."""
+        self.queue.add(job, urgent=True)
+
     def _wake_first_in_line(self) -> None:
         with self.store.read() as session:
             for name in sched.first_in_line(session, None, WAKE_ON_ROOM):
@@ -128,7 +133,9 @@ class Controller:
         heartbeat, here rather than through the work queue, where a backlog of thousands of
         jobs could hold it past the node's readiness window."""
         # start() opens the feed before it lists the open jobs, so no change falls in between
-        feed = self._feed if self._feed is not None else ChangeFeed(self.store, skip_known=True, listen=True)
+        feed = (
+            self._feed if self._feed is not None else ChangeFeed(self.store, skip_known=True, listen=True, reports=True)
+        )
         interval = self._interval
         next_beat = time.monotonic() + HEARTBEAT_INTERVAL
         next_poll = time.monotonic() + interval

@@ -33,6 +33,7 @@ from . import deadlines, faults
 from .context import RETRY_SCHEDULED, Ctx
 from .endings import Endings
 from .owners import released
+from .remote import RemoteSteps
 from .retry import RunEnd, after_run, restart_delay
 from .runtime import AGAIN, DONE, Result, requeue_after
 from .transitions import set_condition
@@ -47,6 +48,7 @@ OTHER_AGENT_POLL = 5.0
 KEPT_SERVICE_RUNS = 20  # a service restarts without end: its oldest run records go (status.restarts counts them all)
 
 Stop = tuple[str, str]  # (reason, message)
+Verdict = tuple[bool, str]  # a readiness probe's: (ready, why)
 log = logging.getLogger(__name__)
 
 
@@ -60,6 +62,7 @@ class RunSteps:
         self.probes = probes
         self.owner = owner
         self.rand = rand
+        self.remote = RemoteSteps(self)
 
     def step(self, ctx: Ctx) -> Result:
         if ctx.phase == Phase.STARTING:
@@ -110,6 +113,8 @@ class RunSteps:
             self.endings.enqueue(ctx)
             self.endings.write(ctx)
             return AGAIN
+        if held.node != self.agent.node and (node := self.remote.node(held.node, ctx.now)) is not None:
+            return self.remote.starting(ctx, held, node)  # its agent starts it and reports
         if held.node != self.agent.node:
             lost = drained(ctx, held.run_number, held.node)
             if lost is not None and not self.node_served(held.node, ctx.now):
@@ -142,7 +147,7 @@ class RunSteps:
                 identity = started.identity
                 faults.point("after-spawn")
             except StartFailed as exc:
-                run = self._new_run(ctx, number, None)
+                run = self.new_run(ctx, number, None)
                 return self.finish(
                     ctx, run, RunEnd(RunOutcome.START_FAILED), exit_code=None, reason="StartFailed", message=str(exc)
                 )
@@ -150,7 +155,7 @@ class RunSteps:
             self.agent.watch(ctx.name, identity)
             started_at = from_epoch(min(self.agent.started_at(identity), ctx.now))
         crash_loop = ctx.status.get("reason") == "CrashLoop"  # a service restarted after a short run
-        run = self._new_run(ctx, number, identity, started_at)
+        run = self.new_run(ctx, number, identity, started_at)
         self._limits(ctx, run, started)
         ctx.status.setdefault("startTime", run["startedAt"])
         if ctx.spec.readiness is not None:  # not ready until this run's first probe passes
@@ -186,7 +191,7 @@ class RunSteps:
         return requeue_after(deadlines.soonest(ctx.now, ctx.job_deadline()))
 
     def _artifact_failed(self, ctx: Ctx, number: int, prep: Preparation) -> Result:
-        run = self._new_run(ctx, number, None)
+        run = self.new_run(ctx, number, None)
         message = prep.message
         if prep.retryable and ctx.spec.type != "service":  # a service is restarted without a limit
             message += f" (attempt {len(ctx.runs_this_revision())} of {ctx.spec.retry.limit + 1})"
@@ -210,13 +215,19 @@ class RunSteps:
         if fence is not None and not fence.holds():
             raise Fenced("this server may no longer hold the controller lease: it acts on no process")
 
-    def _new_run(
-        self, ctx: Ctx, number: int, identity: ProcessIdentity | None, started_at: str | None = None
+    def new_run(
+        self,
+        ctx: Ctx,
+        number: int,
+        identity: ProcessIdentity | None,
+        started_at: str | None = None,
+        *,
+        node: str | None = None,
     ) -> RunDict:
         run: RunDict = {
             "number": number,
             "revision": ctx.revision,
-            "node": self.agent.node,
+            "node": node or self.agent.node,
             "startedAt": started_at or ctx.now_text,
         }
         if identity is not None:
@@ -265,6 +276,8 @@ class RunSteps:
             if ctx.spec.type == "service":
                 return self.restart_due(ctx)
             raise RuntimeError(f"job {ctx.name} is Running without an open run")
+        if run.get("node") != self.agent.node and (node := self.remote.node(run.get("node"), ctx.now)) is not None:
+            return self.remote.running(ctx, run, node)
         if run.get("node") != self.agent.node:
             lost = drained(ctx, run["number"], run.get("node"))
             if lost is not None and not self.node_served(run.get("node"), ctx.now):
@@ -296,7 +309,7 @@ class RunSteps:
             return self._begin_stop(ctx, identity, stop, cgroup)
         due = deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline())
         if ctx.spec.type == "service":
-            due = _sooner(due, self._service_health(ctx, run))
+            due = _sooner(due, self.service_health(ctx, run))
         if orphaned:
             return requeue_after(ORPHAN_POLL if due is None else min(due, ORPHAN_POLL))
         return requeue_after(due)
@@ -356,6 +369,8 @@ class RunSteps:
     def stopping(self, ctx: Ctx) -> Result:
         run, stop = ctx.open_run(), ctx.status.get("stop") or {}
         if run is not None and run.get("node") != self.agent.node:
+            if (node := self.remote.node(run.get("node"), ctx.now)) is not None:
+                return self.remote.stopping(ctx, run, node)
             lost = drained(ctx, run["number"], run.get("node"))
             if lost is not None and not self.node_served(run.get("node"), ctx.now):
                 # the stop cannot be finished by anyone, and need not be: the run is Lost, and
@@ -389,7 +404,14 @@ class RunSteps:
         return self.after_stop(ctx, reason, run=run, exited=exited)
 
     def after_stop(
-        self, ctx: Ctx, stop: Stop, run: RunDict | None, exited: ExitRecord | None = None, *, lost: str | None = None
+        self,
+        ctx: Ctx,
+        stop: Stop,
+        run: RunDict | None,
+        exited: ExitRecord | None = None,
+        *,
+        lost: str | None = None,
+        finished_at: str | None = None,
     ) -> Result:
         """The run (if any) is over and its processes are gone: record it, release the slots,
         then go where the stop reason leads. `lost` says why the run is recorded Lost
@@ -402,14 +424,15 @@ class RunSteps:
         if run is not None:
             if lost is not None:
                 code, sig = (exited.exit_code, exited.signal) if exited else (None, None)
-                self._close_run(ctx, run, RunOutcome.LOST, code, sig, "NodeLost")
+                self._close_run(ctx, run, RunOutcome.LOST, code, sig, "NodeLost", finished_at)
                 ctx.note("Exited", f"run {run['number']} ended Lost: {lost}", warning=True)
             elif reason in ("RunTimeout", "DeadlineExceeded"):
                 self._timed_out(ctx, run)
-                self._close_run(ctx, run, RunOutcome.TIMED_OUT, -1, None, reason)
+                self._close_run(ctx, run, RunOutcome.TIMED_OUT, -1, None, reason, finished_at)
             else:
                 code = exited.exit_code if exited else None
-                self._close_run(ctx, run, RunOutcome.CANCELLED, code, exited.signal if exited else None, reason)
+                signal = exited.signal if exited else None
+                self._close_run(ctx, run, RunOutcome.CANCELLED, code, signal, reason, finished_at)
         ctx.status.pop("stop", None)
         if reason == "RunTimeout" and run is not None and self._restarts_in_place(ctx, RunEnd(RunOutcome.TIMED_OUT)):
             return self._restart_later(ctx, run)
@@ -432,7 +455,10 @@ class RunSteps:
         return self.endings.complete(ctx, outcome, reason, message)
 
     def _timed_out(self, ctx: Ctx, run: RunDict) -> None:
-        """The stderr line the seed scheduler wrote for timed-out runs."""
+        """The stderr line the seed scheduler wrote for timed-out runs (a remote agent writes
+        its own when it stops a run for RunTimeout)."""
+        if run.get("node") != self.agent.node:
+            return
         self.agent.note_stderr(self.run_dir(ctx, run["number"]), "job timed out")
 
     # -- after a run ---------------------------------------------------------------------
@@ -455,9 +481,11 @@ class RunSteps:
         signal: int | None = None,
         reason: str | None = None,
         message: str = "",
+        finished_at: str | None = None,
     ) -> Result:
+        """`finished_at`: when the run ended as its remote agent saw it (else now)."""
         outcome = end.outcome
-        self._close_run(ctx, run, outcome, exit_code, signal, reason)
+        self._close_run(ctx, run, outcome, exit_code, signal, reason, finished_at)
         code = f" with exit code {exit_code}" if exit_code is not None else ""
         detail = f": {message}" if message else ""
         ctx.note("Exited", f"run {run['number']} ended {outcome}{code}{detail}", warning=outcome != "Succeeded")
@@ -517,16 +545,18 @@ class RunSteps:
             return requeue_after(deadlines.soonest(ctx.now, at, ctx.job_deadline()))
         number = held.run_number + 1
         ctx.status.pop("nextRunAt", None)
-        ctx.ops.append(lambda tx: sched.restart_run(tx, ctx.uid, number, self.owner))
+        owner = self.owner if held.node == self.agent.node else None  # a remote agent is told by the new epoch
+        ctx.ops.append(lambda tx: sched.restart_run(tx, ctx.uid, number, owner))
         reason = "CrashLoop" if ctx.status.get("reason") == "CrashLoop" else "Restarting"
         ctx.move(Phase.STARTING, reason, f"run {number}: restarting the service on {held.node}", event="Restarting")
         self.endings.write(ctx)
-        self.endings.admitted[ctx.uid] = sched.Admission(held.node, number, self.owner)
+        self.endings.admitted[ctx.uid] = sched.Admission(held.node, number, owner)
         return AGAIN
 
-    def _service_health(self, ctx: Ctx, run: RunDict) -> float | None:
+    def service_health(self, ctx: Ctx, run: RunDict, verdict: Verdict | None = None) -> float | None:
         """Readiness from the last probe, and the end of CrashLoop once the run has lived
-        resetAfter; written only when either changes. The delay until it is looked at again."""
+        resetAfter; written only when either changes. The delay until it is looked at again.
+        `verdict`: the probe's, as a remote agent reported it (its probe runs there)."""
         due: float | None = None
         if ctx.status.get("reason") == "CrashLoop":
             healthy_at = to_epoch(run["startedAt"]) + ctx.spec.restart_policy.reset_after
@@ -537,28 +567,39 @@ class RunSteps:
                 due = healthy_at - ctx.now
         readiness = ctx.spec.readiness
         if readiness is not None:
-            verdict = self.probes.verdict(ctx.name, ctx.uid, readiness.as_wait_probe(), ctx.spec.host_dir)
+            if run.get("node") == self.agent.node:
+                verdict = self.probes.verdict(ctx.name, ctx.uid, readiness.as_wait_probe(), ctx.spec.host_dir)
+                due = _sooner(due, readiness.interval * (0.9 + 0.2 * self.rand.random()))
             if verdict is not None and verdict[0] != ctx.status.get("ready"):
                 ctx.status["ready"] = verdict[0]
                 reason = "ProbeSucceeded" if verdict[0] else "ProbeFailed"
                 set_condition(ctx.status, "Ready", verdict[0], reason, verdict[1], ctx.now_text)
                 ctx.note("Ready" if verdict[0] else "NotReady", verdict[1], warning=not verdict[0])
-            due = _sooner(due, readiness.interval * (0.9 + 0.2 * self.rand.random()))
         if ctx.changed() or ctx.events:
             self.endings.write(ctx)
         return due
 
     def _close_run(
-        self, ctx: Ctx, run: RunDict, outcome: str, code: int | None, signal: int | None, reason: str | None
+        self,
+        ctx: Ctx,
+        run: RunDict,
+        outcome: str,
+        code: int | None,
+        signal: int | None,
+        reason: str | None,
+        finished_at: str | None = None,
     ) -> None:
-        run_dir = self.run_dir(ctx, run["number"])
-        self.agent.stop_trimming(run_dir)
-        self.agent.discard_work(run_dir)  # an artifact's unpacked folder goes with the run
-        if (cgroup := run.get("cgroup")) is not None:
+        if run.get("node") == self.agent.node:  # a remote run's files are its agent's
+            run_dir = self.run_dir(ctx, run["number"])
+            self.agent.stop_trimming(run_dir)
+            self.agent.discard_work(run_dir)  # an artifact's unpacked folder goes with the run
+        if (cgroup := run.get("cgroup")) is not None and run.get("node") == self.agent.node:
             _record_usage(run, self.agent.usage(cgroup))
             if not self.agent.remove_cgroup(cgroup):  # cannot be: its processes were proven gone
                 log.warning("the cgroup %s of job %s could not be removed", cgroup, ctx.name)
         _close_run(ctx, run, outcome, code, signal, reason)
+        if finished_at is not None:
+            run["finishedAt"] = finished_at
 
     def _decide(self, ctx: Ctx, end: RunEnd, message: str) -> Result:
         stop = self.stop_reason(ctx)

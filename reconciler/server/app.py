@@ -3,6 +3,7 @@ calls for the same verb and answers what it returns, in the shapes of wire.py.""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import math
@@ -20,6 +21,7 @@ from starlette.exceptions import HTTPException
 
 from .. import apply as applying
 from .. import commands, reads
+from .. import converge as converging
 from .. import graph as graphs
 from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
@@ -43,7 +45,8 @@ from ..wire import (
     object_list,
     status,
 )
-from . import dashboard, seed
+from . import agents, dashboard, seed
+from .agents import Wake
 from .auth import Tokens
 from .guard import MAX_BODY, Guard
 from .watch import Broadcaster, Expired, stream
@@ -62,9 +65,11 @@ def create_app(
     tokens: Tokens | None = None,
     max_body: int = MAX_BODY,
     leader: Callable[[], dict[str, Any]] | None = None,
+    wake: Wake | None = None,
 ) -> Guard:
     """The API over `store`, behind the token and body-size guard. `leader`: who holds the
-    controller lease, as `GET /leader` shows it (serve's leader election)."""
+    controller lease, as `GET /leader` shows it (serve's leader election). `wake(job)`: tell
+    the controller in this process at once of an agent's report on the job."""
     broadcaster = Broadcaster(store)
 
     @asynccontextmanager
@@ -84,7 +89,8 @@ def create_app(
         lifespan=lifespan,
     )
     _errors(app)
-    _routes(app, store, broadcaster)
+    agents.routes(app, store, wake)
+    _routes(app, store, broadcaster, tokens)
     if leader is not None:
 
         @app.get("/leader", tags=["server"])
@@ -155,7 +161,7 @@ def _items(items: list[dict[str, Any]]) -> Loaded:
     return documents(items, Path.cwd())
 
 
-def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
+def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens | None) -> None:
     @app.get("/healthz", response_class=PlainTextResponse, tags=["server"])
     def healthz() -> str:
         """`ok` while the store answers (no token needed)."""
@@ -288,6 +294,29 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
         document["details"] = {"name": name, "group": "reconciler.dev", "kind": "jobs"}
         return _json(document)
 
+    @app.post(PREFIX + "/nodes/{name}/cordon", tags=["verbs"])
+    def cordon(name: str) -> Response:
+        """Mark the node unschedulable (`reconciler cordon`); the message says what happened."""
+        return _json(status(200, commands.set_unschedulable(store, name, True)))
+
+    @app.post(PREFIX + "/nodes/{name}/uncordon", tags=["verbs"])
+    def uncordon(name: str) -> Response:
+        """Mark the node schedulable again (`reconciler uncordon`)."""
+        return _json(status(200, commands.set_unschedulable(store, name, False)))
+
+    @app.post(PREFIX + "/nodes/{name}/drain", tags=["verbs"])
+    def drain(name: str, force: bool = Query(False, description="Declare its runs lost.")) -> Response:
+        """Cordon the node and, with force, declare every run there lost (`reconciler drain`):
+        one transaction; `GET nodes/{name}/held` is what a drain waits for."""
+        done = commands.drain(store, name, force=force)
+        return _json({"cordoned": done.cordoned, "declaredLost": [list(lost) for lost in done.declared_lost]})
+
+    @app.get(PREFIX + "/nodes/{name}/held", tags=["verbs"])
+    def held(name: str) -> Response:
+        """The runs holding slots on the node, as `drain` waits for them to leave."""
+        items = [dataclasses.asdict(h) for h in converging.runs_on(store, [name])]
+        return _json({"items": items})
+
     @app.get(PREFIX + "/jobs/{name}/log", tags=["resources"], response_class=PlainTextResponse)
     def job_log(
         name: str,
@@ -296,11 +325,15 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
         follow: bool = Query(False, description="Stream what the run writes until it ends."),
         tail_lines: int | None = Query(None, alias="tailLines", ge=0),
     ) -> Response:
-        """A run's captured output, as `reconciler logs` prints it."""
+        """A run's captured output, as `reconciler logs` prints it (a remote run's from its
+        node's agent)."""
         found = reads.run_logs(store, name, run)
+        stop = threading.Event()
+        remote = agents.remote_log(store, tokens, found, stream=stream_name, tail=tail_lines, follow=follow, stop=stop)
+        if remote is not None:
+            return StreamingResponse(_in_threads(remote, stop), media_type="text/plain")
         if not follow:
             return StreamingResponse(_in_threads(found.read(stream_name, tail=tail_lines)), media_type="text/plain")
-        stop = threading.Event()
         pieces = found.follow(stream_name, tail=tail_lines, stop=stop)
         return StreamingResponse(_in_threads(pieces, stop), media_type="text/plain")
 

@@ -3,8 +3,8 @@
 One `TOKEN ROLE [NODE]` per line (`#` comments and blank lines allowed):
 - `admin`: everything;
 - `viewer`: GET only (lists, watches, logs, the registry);
-- `agent NODE`: for the node agents of a later version; today only GET of its own Node
-  (and /healthz, which needs no token).
+- `agent NODE`: a node agent: its own Node (GET), and under `nodes/NODE/` its heartbeat,
+  the runs placed on it and its reports of them; nothing of another node (403).
 
 Tokens are kept as SHA-256 digests and compared in constant time against every known one,
 so neither a token nor how much of it matched leaks through timing; none is ever logged."""
@@ -36,8 +36,11 @@ def _digest(token: str) -> bytes:
 
 
 class Tokens:
-    def __init__(self, entries: list[tuple[bytes, Identity]]):
+    def __init__(self, entries: list[tuple[bytes, Identity]], agent_tokens: dict[str, str] | None = None):
         self._entries = entries
+        # node -> its agent's token: the server shows it to that agent's log port, the one
+        # place it fetches from a node (kept in memory only, never logged)
+        self._agent_tokens = agent_tokens or {}
 
     @classmethod
     def load(cls, path: str) -> Tokens:
@@ -49,6 +52,7 @@ class Tokens:
         entries: list[tuple[bytes, Identity]] = []
         problems: list[str] = []
         seen: dict[bytes, int] = {}
+        agent_tokens: dict[str, str] = {}
         for number, line in enumerate(text.splitlines(), 1):
             words = line.split()
             if not words or words[0].startswith("#"):
@@ -64,11 +68,17 @@ class Tokens:
                 continue
             seen[digest] = number
             entries.append((digest, found))
+            if found.node is not None:
+                agent_tokens.setdefault(found.node, words[0])
         if not entries and not problems:
             problems.append(f"{path}: no tokens: nobody could use the server (one `TOKEN ROLE [NODE]` per line)")
         if problems:
             raise InvalidInput(problems[0], problems)
-        return cls(entries)
+        return cls(entries, agent_tokens)
+
+    def agent_token(self, node: str) -> str | None:
+        """The token of `node`'s agent, which its log port accepts."""
+        return self._agent_tokens.get(node)
 
     def identify(self, token: str | None) -> Identity | None:
         """Whose token this is, or None; every known token is compared, each in constant time."""
@@ -107,6 +117,7 @@ def refusal(identity: Identity, method: str, path: str) -> str | None:
         return None
     if identity.role == "viewer":
         return None if method in READS else f"a viewer token may only read (GET), not {method}"
-    if method in READS and path == f"{PREFIX}/nodes/{identity.node}":
-        return None
-    return f"an agent token may only read its own node ({identity.node})"
+    own = f"{PREFIX}/nodes/{identity.node}"
+    if (method in READS and path == own) or path == own + "/heartbeat" or path.startswith(own + "/runs"):
+        return None  # not cordon, uncordon or drain of its node: those are an operator's
+    return f"an agent token may only touch its own node ({identity.node}): its heartbeat, runs and reports"

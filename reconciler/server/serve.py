@@ -70,9 +70,17 @@ def serve(
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # log fetches from agents: a line each otherwise
     with controller_elected(store, lease=lease, workers=workers, local_node=local_node, address=address) as elected:
+
+        def wake(job: str) -> None:
+            """An agent's report: the controller in this process (while it leads) looks at once."""
+            hand = getattr(elected.leadership.running, "wake", None)  # None while this server follows
+            if hand is not None:
+                hand(job)
+
         config = uvicorn.Config(
-            create_app(store, tokens=tokens, leader=elected.leadership.describe),
+            create_app(store, tokens=tokens, leader=elected.leadership.describe, wake=wake),
             host=host,
             port=port,
             ssl_certfile=tls_cert,

@@ -30,7 +30,8 @@ DDL: dict[str, dict[str, tuple[str, ...]]] = {
             (
                 "CREATE TABLE admissions ( job_uid VARCHAR NOT NULL, job_name VARCHAR NOT NULL, pool VARCHAR, "
                 "slots INTEGER NOT NULL, node VARCHAR, run_number INTEGER NOT NULL, admitted_at FLOAT NOT NULL, "
-                "owner VARCHAR, port INTEGER, cpu FLOAT, memory BIGINT, PRIMARY KEY (job_uid) )"
+                "owner VARCHAR, port INTEGER, cpu FLOAT, memory BIGINT, epoch INTEGER, report TEXT, reported_rv "
+                "INTEGER, PRIMARY KEY (job_uid) )"
             ),
             "CREATE INDEX ix_admissions_node ON admissions (node)",
             "CREATE INDEX ix_admissions_pool ON admissions (pool)",
@@ -102,7 +103,8 @@ DDL: dict[str, dict[str, tuple[str, ...]]] = {
             (
                 "CREATE TABLE admissions ( job_uid VARCHAR NOT NULL, job_name VARCHAR NOT NULL, pool VARCHAR, "
                 "slots INTEGER NOT NULL, node VARCHAR, run_number INTEGER NOT NULL, admitted_at FLOAT NOT NULL, "
-                "owner VARCHAR, port INTEGER, cpu FLOAT, memory BIGINT, PRIMARY KEY (job_uid) )"
+                "owner VARCHAR, port INTEGER, cpu FLOAT, memory BIGINT, epoch INTEGER, report TEXT, reported_rv "
+                "INTEGER, PRIMARY KEY (job_uid) )"
             ),
             "CREATE INDEX ix_admissions_node ON admissions (node)",
             "CREATE INDEX ix_admissions_pool ON admissions (pool)",

@@ -14,7 +14,7 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -25,7 +25,7 @@ from .listen import Listener, Wakeups, listening
 
 BUSY_TIMEOUT_MS = 30_000
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
-SCHEMA_VERSION = 6  # 1 + the number of migrations.UPGRADES: what a current store records in meta
+SCHEMA_VERSION = 7  # 1 + the number of migrations.UPGRADES: what a current store records in meta
 _SQLITE_SETUP = (
     "PRAGMA journal_mode=WAL",
     f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
@@ -193,6 +193,9 @@ class Store:
         self.origin = uuid.uuid4().hex[:16]  # names this store's own writes in its notifications
         self._wakeups = Wakeups()
         self._listener: Listener | None = None
+        # called after each committed change, in the writer's thread: what waits on this
+        # process's writes (a node agent's long poll) is told at once, not at its next poll
+        self.committed: list[Callable[[], None]] = []
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 25 ms and turns contention between threads into latency.
         self._writer = threading.Lock()
@@ -344,12 +347,15 @@ class Store:
                 commit = not tx.discarded
             finally:
                 conn.end(commit=commit)
-            if commit and tx.changed:
-                if known:
-                    self.known_writes.add(tx.rv())
-                # this process's followers hear of its own commits at once, as other processes'
-                # hear of them through PostgreSQL's NOTIFY (SQLite has nothing that tells them)
-                self._wakeups.announce(foreign=not known)
+            if commit and tx.changed and known:
+                self.known_writes.add(tx.rv())
+        if commit and tx.changed:
+            # this process's followers of the change feed hear of its own commits at once, as
+            # other processes' hear of them through PostgreSQL's NOTIFY (on SQLite nothing
+            # else tells them)
+            self._wakeups.announce(foreign=not known)
+            for listener in self.committed:
+                listener()
 
     def wakeups(self) -> Wakeups:
         """What the change feed's followers wait on between polls: on PostgreSQL announced by

@@ -39,13 +39,24 @@ class Change:
 
 
 class ChangeFeed:
-    def __init__(self, store: Store, *, skip_known: bool = False, since: int | None = None, listen: bool = False):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        skip_known: bool = False,
+        since: int | None = None,
+        listen: bool = False,
+        reports: bool = False,
+    ):
         """`skip_known`: leave out the writes made with `store.write(known=True)` (the
         controller's own steps, which act on what they write). `since`: the change sequence
         to follow from (a list's resourceVersion), instead of now. `listen`: the follower
-        calls `wait` between polls, to be woken by the store's notifications."""
+        calls `wait` between polls, to be woken by the store's notifications. `reports`: a
+        remote agent's report on a job's admission counts as a change of that job (the
+        controller acts on them; the job object itself is not written by a report)."""
         self.store = store
         self.skip_known = skip_known
+        self.reports = reports
         # before the first look, so that no notification falls between
         self._seen = store.wakeups().seen(foreign=skip_known) if listen else 0
         self.seq = store.change_seq() if since is None else since
@@ -64,6 +75,8 @@ class ChangeFeed:
             return []
         with self.store.read() as session:
             rows = sched.changed_since(session, self.seq)
+            if self.reports:
+                rows += [("Job", name, rv) for name, rv in sched.reported_since(session, self.seq)]
         changes = [Change(kind, name, rv) for kind, name, rv in rows]
         self.seq = max([current, *(c.resource_version for c in changes)])
         if self.skip_known:

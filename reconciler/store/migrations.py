@@ -82,7 +82,16 @@ def _v6(conn: Connection) -> None:
         conn.run(f"ALTER TABLE {table} ADD COLUMN memory BIGINT")
 
 
-UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5, _v6]
+def _v7(conn: Connection) -> None:
+    """Admissions carry an epoch (fencing remote agents' reports) and the agent's last report
+    of their run. An admission from before has no epoch: no agent can report on it (a
+    local run is watched by its controller), which is what it always was."""
+    conn.run("ALTER TABLE admissions ADD COLUMN epoch INTEGER")
+    conn.run("ALTER TABLE admissions ADD COLUMN report TEXT")
+    conn.run("ALTER TABLE admissions ADD COLUMN reported_rv INTEGER")
+
+
+UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5, _v6, _v7]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

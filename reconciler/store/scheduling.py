@@ -41,16 +41,19 @@ _NODES = Statement(
     " FROM admissions GROUP BY node) AS a ON a.node = o.name WHERE o.kind = 'Node'"
 )
 _ADMIT = Statement(
-    "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at, owner, port, cpu, memory)"
-    " VALUES (:job_uid, :job_name, :pool, :slots, :node, :run_number, :admitted_at, :owner, :port, :cpu, :memory)"
+    "INSERT INTO admissions (job_uid, job_name, pool, slots, node, run_number, admitted_at, owner, port, cpu, memory,"
+    " epoch) VALUES (:job_uid, :job_name, :pool, :slots, :node, :run_number, :admitted_at, :owner, :port, :cpu,"
+    " :memory, :epoch)"
 )
 _PORTS = Statement("SELECT node, port, job_name FROM admissions WHERE port IS NOT NULL")
-_ADMISSION = Statement("SELECT node, run_number, owner FROM admissions WHERE job_uid = :uid")
+_ADMISSION = Statement("SELECT node, run_number, owner, epoch, report FROM admissions WHERE job_uid = :uid")
 _RELEASE = Statement("DELETE FROM admissions WHERE job_uid = :uid RETURNING pool, slots")
 _COUNT_BYPASS = Statement("UPDATE queue SET bypass_count = bypass_count + 1 WHERE job_uid = :uid")
 _CLAIM = Statement("UPDATE admissions SET owner = :owner WHERE job_uid = :uid AND owner IS NULL")
 _TAKE_OVER = Statement("UPDATE admissions SET owner = :owner WHERE job_uid = :uid AND owner = :previous")
-_RESTART_RUN = Statement("UPDATE admissions SET run_number = :run_number, owner = :owner WHERE job_uid = :uid")
+_RESTART_RUN = Statement(
+    "UPDATE admissions SET run_number = :run_number, owner = :owner, epoch = :epoch, report = NULL WHERE job_uid = :uid"
+)
 _ROUND_ROBIN_START = Statement("INSERT INTO meta (key, value) VALUES ('rr', 0)")
 _WRITTEN_SINCE = Statement("SELECT kind, name, resource_version FROM objects WHERE resource_version > :rv")
 _DELETED_SINCE = Statement(
@@ -288,6 +291,7 @@ def admit(
             "port": port,
             "cpu": cpu,
             "memory": memory,
+            "epoch": tx.rv(),
         },
     )
     dequeue(tx, uid)
@@ -304,16 +308,22 @@ def ports_taken(session: Connection) -> dict[str, dict[int, str]]:
 
 @dataclass(frozen=True)
 class Admission:
-    """What starting a run needs of an admission row."""
+    """What starting a run needs of an admission row; `report` is what a remote agent last
+    reported of its run (None: nothing yet, or the run is local)."""
 
     node: str | None
     run_number: int
     owner: str | None
+    epoch: int | None = None
+    report: dict[str, Any] | None = None
 
 
 def admission(session: Connection, uid: str) -> Admission | None:
     row = _ADMISSION.execute(session, {"uid": uid}).first()
-    return None if row is None else Admission(row.node, row.run_number, row.owner)
+    if row is None:
+        return None
+    report = json.loads(row.report) if row.report else None
+    return Admission(row.node, row.run_number, row.owner, row.epoch, report)
 
 
 def claim_spawn(tx: Tx, uid: str, owner: str, *, take_over_from: str | None = None) -> bool:
@@ -323,10 +333,10 @@ def claim_spawn(tx: Tx, uid: str, owner: str, *, take_over_from: str | None = No
     return _TAKE_OVER.execute(tx.session, {"uid": uid, "owner": owner, "previous": take_over_from}).rowcount == 1
 
 
-def restart_run(tx: Tx, uid: str, run_number: int, owner: str) -> None:
+def restart_run(tx: Tx, uid: str, run_number: int, owner: str | None) -> None:
     """A service's next run under the admission it holds, claimed by the agent that
-    restarts it (the one on its node)."""
-    _RESTART_RUN.execute(tx.session, {"uid": uid, "run_number": run_number, "owner": owner})
+    restarts it (the one on its node; None: a remote agent, which the new epoch tells)."""
+    _RESTART_RUN.execute(tx.session, {"uid": uid, "run_number": run_number, "owner": owner, "epoch": tx.rv()})
 
 
 def release(tx: Tx, uid: str) -> tuple[str | None, int] | None:
@@ -405,3 +415,69 @@ def admissions_on(session: Connection, node: str) -> list[NodeAdmission]:
         NodeAdmission(row.job_uid, row.job_name, row.run_number, row.slots)
         for row in _ON_NODE.execute(session, {"node": node}).all()
     ]
+
+
+# -- remote agents: what is placed on a node, and what its agent reports -------------------
+
+_PLACED_ON = Statement(
+    "SELECT a.job_uid, a.job_name, a.run_number, a.epoch, a.report, o.spec, o.phase, o.status FROM admissions AS a"
+    " JOIN objects AS o ON o.kind = 'Job' AND o.uid = a.job_uid WHERE a.node = :node ORDER BY a.job_name"
+)
+_REPORT = Statement(
+    "UPDATE admissions SET report = :report, reported_rv = :rv"
+    " WHERE job_uid = :uid AND node = :node AND run_number = :run AND epoch = :epoch"
+)
+_PLACED_KEYS = Statement(
+    "SELECT a.job_uid, a.run_number, a.epoch, a.reported_rv, o.phase FROM admissions AS a"
+    " JOIN objects AS o ON o.kind = 'Job' AND o.uid = a.job_uid WHERE a.node = :node ORDER BY a.job_uid"
+)
+_REPORTED_SINCE = Statement("SELECT job_name, reported_rv FROM admissions WHERE reported_rv > :rv")
+
+
+@dataclass(frozen=True)
+class Placed:
+    """An admission on a node, with its job's stored spec and status (JSON text) and phase:
+    what the node's agent is to run, or stop."""
+
+    uid: str
+    name: str
+    run_number: int
+    epoch: int | None
+    report: dict[str, Any] | None
+    spec: str
+    phase: str | None
+    status: str | None
+
+
+def placed_on(session: Connection, node: str) -> list[Placed]:
+    return [
+        Placed(
+            r.job_uid,
+            r.job_name,
+            r.run_number,
+            r.epoch,
+            json.loads(r.report) if r.report else None,
+            r.spec,
+            r.phase,
+            r.status,
+        )
+        for r in _PLACED_ON.execute(session, {"node": node}).all()
+    ]
+
+
+def placed_keys(session: Connection, node: str) -> list[tuple[Any, ...]]:
+    """What changes when anything an agent acts on changes (an admission, its report, its
+    job's phase), without the specs: the cheap look a long poll takes after each write."""
+    return [tuple(row) for row in _PLACED_KEYS.execute(session, {"node": node}).all()]
+
+
+def record_report(tx: Tx, *, uid: str, node: str, run: int, epoch: int, report: dict[str, Any]) -> bool:
+    """Keep an agent's report on the admission it names; False when that admission is no
+    longer current (released, another run, another epoch): the report is stale."""
+    params = {"uid": uid, "node": node, "run": run, "epoch": epoch, "report": json.dumps(report, sort_keys=True)}
+    return _REPORT.execute(tx.session, {**params, "rv": tx.rv()}).rowcount == 1
+
+
+def reported_since(session: Connection, rv: int) -> list[tuple[str, int]]:
+    """(job name, resourceVersion) of the reports written after `rv`: the jobs to look at."""
+    return [(r.job_name, r.reported_rv) for r in _REPORTED_SINCE.execute(session, {"rv": rv}).all()]

@@ -84,6 +84,13 @@ class AdmissionRow(SQLModel, table=True):
     # memory capacity (schema 6; NULL in admissions made before, counted as nothing)
     cpu: float | None = Field(default=None, sa_column=Column(Float))
     memory: int | None = Field(default=None, sa_column=Column(BigInteger))
+    # schema 7: the admission's epoch (the resourceVersion that admitted it, or restarted its
+    # service's run): a remote agent's report names it, and one for an epoch no longer
+    # current is refused; the agent's last report of the run (JSON), and the change
+    # sequence number of its write, which the controller's change feed follows
+    epoch: int | None = None
+    report: str | None = Field(default=None, sa_column=Column(Text))
+    reported_rv: int | None = None
 
 
 class QueueRow(SQLModel, table=True):

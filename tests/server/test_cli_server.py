@@ -168,6 +168,34 @@ def test_get_watch_of_pools_through_the_server_prints_usage_as_it_changes(server
         watcher.communicate(timeout=30)
 
 
+def test_cordon_uncordon_and_drain_through_the_server(server, tmp_path):
+    """Node maintenance acts through the API like every verb: on the server's store, not on
+    a local one (the CLI's environment names a store that the server does not use)."""
+    from reconciler.controller.nodes import local_node_name
+
+    node = local_node_name()
+    gate = tmp_path / "gate"
+    elsewhere = {"RECONCILER_STORE": f"sqlite:///{tmp_path / 'elsewhere.db'}"}  # what a wrong path would act on
+
+    def cli(*args: str):
+        return server.cli(*args, env=elsewhere)
+
+    cordoned = cli("cordon", f"node/{node}")
+    assert cordoned.code == 0 and cordoned.stdout == f"node.reconciler.dev/{node} cordoned\n", cordoned
+    script = f"while [ ! -e {gate} ]; do sleep 0.05; done"
+    assert server.cli("run", "--name", "held", "--", "sh", "-c", script).code == 0
+    wait_until(lambda: server.job("held")["status"].get("reason") == "Unschedulable", timeout=30)
+    assert cli("uncordon", f"node/{node}").stdout == f"node.reconciler.dev/{node} uncordoned\n"
+    wait_until(lambda: _phase(server, "held") == "Running", timeout=30)
+    drained = cli("drain", "--force", f"node/{node}", "--timeout", "60s")
+    assert drained.code == 0, drained
+    assert drained.stdout == f"node.reconciler.dev/{node} cordoned\nnode.reconciler.dev/{node} drained\n"
+    assert f"job/held run 1 on node/{node}: declared lost" in drained.stderr
+    status = server.job("held")["status"]
+    assert status["runs"][-1]["outcome"] == "Lost" and status["runs"][-1]["reason"] == "NodeLost", status
+    assert cli("uncordon", f"node/{node}").code == 0
+
+
 def test_several_objects_at_once_through_the_server(server, tmp_path):
     pipeline = _write(
         tmp_path / "p.yaml",

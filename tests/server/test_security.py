@@ -50,7 +50,7 @@ def test_tokens_and_roles(serve, sqlite_url, tokens_file):
     assert anonymous.get("/metrics").status_code == 401, "metrics need a token"
     assert "reconciler_jobs" in viewer.get("/metrics").text
 
-    # an agent token: only its own node, read (the agent endpoints come later)
+    # an agent token: its own node, read; under nodes/worker-1/ the agent routes (test_agent_loopback.py)
     node = {"apiVersion": "reconciler.dev/v1alpha1", "kind": "Node", "metadata": {"name": "worker-1"}, "spec": {}}
     admin.post(f"{PREFIX}/nodes", json=node)
     agent = server.http(token=AGENT)
@@ -60,6 +60,9 @@ def test_tokens_and_roles(serve, sqlite_url, tokens_file):
     for path in [f"{PREFIX}/jobs", f"{PREFIX}/nodes"] + [f"{PREFIX}/nodes/{n}" for n in others]:
         assert agent.get(path).status_code == 403, path
     assert agent.put(f"{PREFIX}/nodes/worker-1", json=node).status_code == 403
+    for action in ("cordon", "uncordon", "drain"):  # an operator's, not its agent's
+        assert agent.post(f"{PREFIX}/nodes/worker-1/{action}").status_code == 403, action
+    assert admin.post(f"{PREFIX}/nodes/worker-1/cordon").json()["message"] == "cordoned"
 
     # the CLI: 401 is exit 2 (fix the invocation), 403 exit 1 (understood and refused)
     no_token = run_cli("get", "jobs", store=sqlite_url, env={"RECONCILER_SERVER": server.url})

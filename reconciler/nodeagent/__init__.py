@@ -1,0 +1,1 @@
+"""`reconciler agent`: a node agent on another machine, dialing out to `reconciler serve`."""

@@ -1,0 +1,504 @@
+"""`reconciler agent`: a node on another machine. It dials out to the server: posts its
+Node's heartbeat, follows the runs placed on its node (a long poll answered as soon as they
+change), starts each under the crash-safe wrapper the controller's own agent uses, and
+reports start and end; it stops what the server asks to stop, and what the server no longer
+counts (a report refused with 409). It keeps no store: what it must remember across a
+restart is in each run's folder (records.py)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..agent.local import LocalAgent, StartFailed, process_owner
+from ..agent.probe import Probes
+from ..api.job import JobSpec, WaitCondition
+from ..api.meta import from_epoch
+from .api import Api, Stale, Unreachable
+from .logserver import LogServer
+from .records import Record, load, load_all
+
+log = logging.getLogger("reconciler.agent")
+
+HEARTBEAT_INTERVAL = float(os.environ.get("RECONCILER_HEARTBEAT_INTERVAL", "10"))
+LONG_POLL = 30.0  # seconds the server may hold a runs request
+BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0  # reconnecting to a server that does not answer
+TICK = 0.1  # stops in progress (SIGKILL after the grace period) are looked at this often
+WRAPPER_GRACE = 2.0  # after SIGKILL of the group, how long the wrapper gets to record
+
+
+@dataclass
+class Options:
+    server: str
+    node: str
+    state_dir: Path
+    token: str | None = None
+    labels: dict[str, str] = field(default_factory=dict)
+    slots: int | None = None
+    cpu: str | None = None
+    memory: str | None = None
+    log_port: int | None = None
+    log_host: str = "0.0.0.0"
+    address: str | None = None
+    verify: bool | str = True
+
+
+class NodeAgent:
+    def __init__(self, options: Options):
+        self.options = options
+        self.api = Api(options.server, options.node, options.token, options.verify)
+        self.local = LocalAgent(options.node, options.state_dir, on_exit=self._exited)
+        self.owner = process_owner()
+        self.address = options.address or _route_to(options.server)
+        self._lock = threading.Lock()
+        self._records: dict[str, Record] = {}  # job -> its run on this node still to settle
+        self._by_folder: dict[str, Record] = {}
+        self._preparing: dict[str, dict[str, Any]] = {}  # job -> its item, while its artifact is fetched
+        self._readiness: dict[str, tuple[str, WaitCondition, str | None]] = {}  # job -> (uid, probe, cwd)
+        self.probes = Probes(wake=lambda _job: None)  # looked at on each tick: nothing to wake
+        self._specified: set[str] = set()  # run folders whose spec this process has acted on
+        self._pending = threading.Event()  # reports to send
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.logs: LogServer | None = None
+        self.failed: str | None = None  # why the agent gave up (its node is another agent's)
+
+    # -- life ------------------------------------------------------------------------------
+    def start(self) -> NodeAgent:
+        for record in load_all(self.options.state_dir / "runs"):
+            self._adopt(record)
+        if self.options.log_port is not None:
+            self.logs = LogServer(
+                self.options.log_host,
+                self.options.log_port,
+                self.options.state_dir / "runs",
+                self.options.token,
+                self._finished,
+            ).start()
+        for name, target in (
+            ("heartbeat", self._beat),
+            ("runs", self._follow),
+            ("reports", self._report),
+            ("stops", self._tick),
+        ):
+            thread = threading.Thread(target=self._guarded, args=(name, target), name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+        return self
+
+    def _guarded(self, name: str, loop: Callable[[], None]) -> None:
+        """A loop of the agent that must not end: an unexpected error is logged, and the loop
+        starts again a moment later (each loop keeps its state in the records, not the stack)."""
+        while not self._stop.is_set():
+            try:
+                loop()
+            except Exception:
+                log.exception("the agent's %s loop failed; starting it again", name)
+                self._pending.set()
+                self._stop.wait(1.0)
+
+    def stop(self) -> None:
+        """The agent stops; its runs go on (a restarted agent adopts them)."""
+        self._stop.set()
+        self._pending.set()
+        if self.logs is not None:
+            self.logs.stop()
+        for thread in self._threads:
+            thread.join(2)
+        self.probes.close()
+        self.local.close()
+        self.api.close()
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def _adopt(self, record: Record) -> None:
+        """A run found in the state dir at start: watched if alive, its end read if not."""
+        self._keep(record)
+        identity = record.identity
+        if record.finished:
+            self._pending.set()
+            return
+        if identity is not None and self.local.wrapper_alive(identity):
+            self.local.watch(record.job, identity)  # its end is recorded when the watcher calls
+            log.info("adopted run %d of job %s (pid %d)", record.run, record.job, identity.pid)
+        else:
+            self._record_end(record)
+        self._pending.set()
+
+    def _keep(self, record: Record) -> None:
+        with self._lock:
+            self._records[record.job] = record
+            self._by_folder[Path(record.dir).name] = record
+
+    # -- heartbeat -------------------------------------------------------------------------
+    def _beat(self) -> None:
+        delay = BACKOFF_FIRST
+        while not self._stop.is_set():
+            try:
+                self.api.heartbeat(self._beat_body())
+                delay = BACKOFF_FIRST
+                self._pending.set()  # back after an outage: what waited is sent now
+                self._stop.wait(HEARTBEAT_INTERVAL)
+            except Stale as exc:  # refused: another agent serves this node
+                self.failed = str(exc)
+                self._stop.set()
+                return
+            except Unreachable as exc:
+                log.warning("heartbeat failed: %s (again in %.1fs)", exc, delay)
+                self._stop.wait(_jitter(delay))
+                delay = min(delay * 2, BACKOFF_MAX)
+
+    def _beat_body(self) -> dict[str, Any]:
+        capacity = {
+            k: v
+            for k, v in (("slots", self.options.slots), ("cpu", self.options.cpu), ("memory", self.options.memory))
+            if v is not None
+        }
+        body: dict[str, Any] = {
+            "agent": self.owner,
+            "labels": self.options.labels,
+            "capacity": capacity,
+            "cpuCount": os.cpu_count() or 1,
+            "address": self.address,
+        }
+        if self.logs is not None:
+            body["logPort"] = self.logs.port
+        return body
+
+    # -- runs placed here ------------------------------------------------------------------
+    def _follow(self) -> None:
+        known, delay = "", BACKOFF_FIRST
+        while not self._stop.is_set():
+            try:
+                answer = self.api.runs(known, LONG_POLL)
+            except (Unreachable, Stale) as exc:
+                log.warning("cannot follow the runs of node %s: %s (again in %.1fs)", self.options.node, exc, delay)
+                self._stop.wait(_jitter(delay))
+                delay = min(delay * 2, BACKOFF_MAX)
+                continue
+            delay = BACKOFF_FIRST
+            known = answer.get("digest", "")
+            try:
+                self.reconcile(answer.get("items", []))
+            except Exception:  # one bad item must not end the agent's only way to learn of runs
+                log.exception("acting on the runs placed on node %s failed", self.options.node)
+
+    def reconcile(self, items: list[dict[str, Any]]) -> None:
+        placed: set[tuple[str, int, int]] = set()
+        for item in items:
+            placed.add((item["uid"], item["run"], item["epoch"]))
+            with self._lock:
+                record = self._records.get(item["job"])
+            if record is not None and (record.uid, record.run, record.epoch) == (
+                item["uid"],
+                item["run"],
+                item["epoch"],
+            ):
+                self._adopted_spec(record, item)
+                if item.get("stop"):
+                    self._begin_stop(record, item["stop"].get("reason"))
+                continue
+            if record is not None and not record.settled and record.identity is not None:
+                continue  # an older run of the job still ends here: the next waits for it (never two alive)
+            if item.get("stop"):
+                continue  # a stop of a run this node has no record of: nothing runs to stop
+            if not item.get("started"):
+                self._start(item)
+            elif not item.get("finished"):
+                self._forgotten(item)
+        with self._lock:
+            unplaced = [r for r in self._records.values() if (r.uid, r.run, r.epoch) not in placed]
+            for job, item in list(self._preparing.items()):
+                if (item["uid"], item["run"], item["epoch"]) not in placed:
+                    del self._preparing[job]
+                    self.local.discard_work(self.local.run_dir(job, item["uid"], item["run"]))
+        for record in unplaced:
+            if record.settled:
+                with self._lock:
+                    self._records.pop(record.job, None)
+                    self._by_folder.pop(Path(record.dir).name, None)
+            elif not record.finished:
+                # alive, and no longer placed here as far as the server says: report it, so
+                # the server confirms it (200) or refuses it (409: then it is stopped)
+                record.start_reported = False
+                self._pending.set()
+
+    def _start(self, item: dict[str, Any]) -> None:
+        job, uid, number, epoch = item["job"], item["uid"], item["run"], item["epoch"]
+        spec = JobSpec.model_validate(item["spec"])
+        run_dir = self.local.run_dir(job, uid, number)
+        earlier = load(run_dir)
+        if earlier is not None and earlier.epoch != epoch:
+            # the same run number admitted again (its first admission was given up before it
+            # was known to start): the earlier process must be gone first, then its folder is
+            # reused with no record of it
+            if earlier.identity is not None and self.local.alive(earlier.identity):
+                return  # being stopped (its report was refused); the next answer looks again
+            (run_dir / "exit").unlink(missing_ok=True)
+        if spec.working_dir and spec.artifact is None and not os.path.isdir(spec.working_dir):
+            # the manifest's folder on the machine it was applied from, which this one lacks:
+            # the run works in its own folder here
+            run_dir.mkdir(parents=True, exist_ok=True)
+            spec = spec.model_copy(update={"working_dir": str(run_dir)})
+        record = Record(job, uid, number, epoch, str(run_dir), grace=spec.stop_grace_period)
+        if spec.artifact is not None and self.local.find(run_dir) is None and self.local.exit_of(run_dir) is None:
+            # fetched and unpacked by the agent's own threads; `_exited(job)` is called when
+            # it is ready (or cannot be), and the start is taken again then
+            prep = self.local.prepare(job, run_dir, spec.artifact)
+            if prep.state in ("started", "pending"):
+                with self._lock:
+                    self._preparing[job] = item
+                return
+            with self._lock:
+                self._preparing.pop(job, None)
+            if prep.state == "failed":
+                record.start_failed, record.finished_at = prep.message, from_epoch(time.time())
+                record.start_reason, record.retryable = prep.reason, prep.retryable
+                run_dir.mkdir(parents=True, exist_ok=True)
+                record.save()
+                self._keep(record)
+                self._pending.set()
+                return
+        # under the lock until the record is kept: the exit watcher's call for a run that
+        # ends at once waits for it, and finds it
+        with self._lock:
+            identity = self.local.find(run_dir)  # started before a crash, its record not yet written
+            if identity is not None:  # its cgroup, if one was made, is found by name
+                record.cgroup = self.local.existing_cgroup(job, uid, number)
+            ended_before = identity is None and self.local.exit_of(run_dir) is not None
+            if identity is None and not ended_before:
+                try:
+                    started = self.local.start(job, uid, number, spec, int(item.get("revision") or 1))
+                    identity = started.identity
+                    record.cgroup, record.limits, record.degraded = started.cgroup, started.limits, started.degraded
+                except StartFailed as exc:
+                    run_dir.mkdir(parents=True, exist_ok=True)
+                    record.start_failed, record.finished_at = str(exc), from_epoch(time.time())
+                    identity = None
+            if identity is not None:
+                record.pid, record.process_start_time = identity.pid, identity.start_time
+                record.started_at = from_epoch(self.local.started_at(identity))
+                self.local.trim_logs(run_dir, spec.kept_log_bytes)
+                self.local.watch(job, identity)  # calls back (soon, if it has already ended)
+            elif ended_before:  # it ran and ended while this agent was down, before its record was written
+                record.started_at = from_epoch(time.time())
+            record.save()
+            self._records[job] = record
+            self._by_folder[run_dir.name] = record
+        if ended_before:
+            self._record_end(record)
+        self._specified.add(record.dir)
+        self._probe_readiness(item)
+        self._pending.set()
+        log.info("run %d of job %s started (pid %s)", number, job, record.pid)
+
+    def _adopted_spec(self, record: Record, item: dict[str, Any]) -> None:
+        """Once per run this process did not start (adopted after a restart): what its spec
+        asks of the node, its log limit and its readiness probe."""
+        if record.dir in self._specified:
+            return
+        self._specified.add(record.dir)
+        if not record.finished:
+            self.local.trim_logs(Path(record.dir), JobSpec.model_validate(item["spec"]).kept_log_bytes)
+        self._probe_readiness(item)
+
+    def _probe_readiness(self, item: dict[str, Any]) -> None:
+        spec = item["spec"]
+        if spec.get("type") != "service" or not spec.get("readiness"):
+            return
+        parsed = JobSpec.model_validate(spec)
+        assert parsed.readiness is not None
+        with self._lock:
+            self._readiness[item["job"]] = (item["uid"], parsed.readiness.as_wait_probe(), parsed.host_dir)
+
+    def _forgotten(self, item: dict[str, Any]) -> None:
+        """The server holds a start of this run, and this node has no record of it (its state
+        dir was lost): the process is gone without a record, as far as anyone can prove."""
+        run_dir = self.local.run_dir(item["job"], item["uid"], item["run"])
+        if self.local.find(run_dir) is not None:
+            return  # alive after all (a record lost, not the run): leave it be
+        run_dir.mkdir(parents=True, exist_ok=True)
+        record = Record(item["job"], item["uid"], item["run"], item["epoch"], str(run_dir), start_reported=True)
+        record.gone, record.finished_at = True, from_epoch(time.time())
+        record.save()
+        self._keep(record)
+        self._pending.set()
+
+    # -- ends ------------------------------------------------------------------------------
+    def _exited(self, job: str) -> None:
+        with self._lock:
+            record = self._records.get(job)
+            preparing = self._preparing.get(job)
+        if preparing is not None and (
+            record is None or record.uid != preparing["uid"] or record.run != preparing["run"]
+        ):
+            self._start(preparing)  # its artifact is ready, or cannot be
+            return
+        if record is None or record.finished:
+            return
+        if record.identity is not None and self.local.wrapper_alive(record.identity):
+            return  # the call was for an older run of the job; this one lives
+        if not record.finished:
+            self._record_end(record)
+            self._pending.set()
+
+    def _record_end(self, record: Record) -> None:
+        """The wrapper is gone: its exit record, or none (the run is gone without one)."""
+        run_dir = Path(record.dir)
+        exited = self.local.exit_of(run_dir)
+        identity = record.identity
+        if identity is not None and _group_exists(identity.pid) and self.local.leftovers(identity, record.cgroup):
+            self.local.kill(identity, record.cgroup, wrapper_too=True)  # the command ended and left processes behind
+        if exited is None:
+            record.gone = True
+            record.finished_at = from_epoch(time.time())
+        else:
+            record.exit_code, record.signal = exited.exit_code, exited.signal
+            try:
+                record.finished_at = from_epoch((run_dir / "exit").stat().st_mtime)
+            except OSError:
+                record.finished_at = from_epoch(time.time())
+        if record.cgroup is not None:
+            usage = self.local.usage(record.cgroup)
+            if usage is not None:
+                record.peak_memory, record.cpu_seconds = usage.peak_memory, usage.cpu_seconds
+                record.oom_kills = usage.oom_kills
+            if not self.local.remove_cgroup(record.cgroup):  # cannot be: its processes are gone
+                log.warning(
+                    "the cgroup %s of run %d of job %s could not be removed", record.cgroup, record.run, record.job
+                )
+        self.local.stop_trimming(run_dir)
+        if (run_dir / "work").exists():
+            self.local.discard_work(run_dir)  # an artifact's unpacked folder goes with the run
+        record.save()
+
+    def _finished(self, folder: str) -> bool:
+        with self._lock:
+            record = self._by_folder.get(folder)
+        return record is None or record.finished
+
+    # -- stops -----------------------------------------------------------------------------
+    def _begin_stop(self, record: Record, reason: str | None) -> None:
+        identity = record.identity
+        if record.stop_at is not None or record.finished or identity is None:
+            return
+        record.stop_at = time.monotonic()
+        if reason in ("RunTimeout", "DeadlineExceeded"):
+            self.local.note_stderr(Path(record.dir), "job timed out")
+        log.info("stopping run %d of job %s (%s)", record.run, record.job, reason or "asked")
+        self.local.terminate(identity, record.cgroup)
+
+    def _tick(self) -> None:
+        while not self._stop.wait(TICK):
+            self._look_at_probes()
+            with self._lock:
+                stopping = [r for r in self._records.values() if r.stop_at is not None and not r.finished]
+            now = time.monotonic()
+            for record in stopping:
+                identity = record.identity
+                assert record.stop_at is not None and identity is not None
+                if not self.local.alive(identity):
+                    self._exited(record.job)
+                elif now >= record.stop_at + record.grace:
+                    self.local.kill(
+                        identity, record.cgroup, wrapper_too=now >= record.stop_at + record.grace + WRAPPER_GRACE
+                    )
+
+    def _look_at_probes(self) -> None:
+        """Each live service's readiness probe, run here at its interval (Probes); a verdict
+        that changed is reported."""
+        with self._lock:
+            probed = [(r, self._readiness.get(r.job)) for r in self._records.values() if r.job in self._readiness]
+        for record, readiness in probed:
+            assert readiness is not None
+            uid, cond, cwd = readiness
+            if record.finished or uid != record.uid:
+                with self._lock:
+                    self._readiness.pop(record.job, None)
+                self.probes.forget(record.job)
+                continue
+            verdict = self.probes.verdict(record.job, uid, cond, cwd)
+            if verdict is not None and verdict[0] != record.ready:
+                record.ready, record.ready_message = verdict[0], verdict[1]
+                record.start_reported = False  # reported again, with the verdict
+                self._pending.set()
+
+    # -- reports ---------------------------------------------------------------------------
+    def _report(self) -> None:
+        delay = BACKOFF_FIRST
+        while not self._stop.is_set():
+            self._pending.wait()
+            self._pending.clear()
+            with self._lock:
+                due = [
+                    r
+                    for r in self._records.values()
+                    if not r.stale and (not r.start_reported or (r.finished and not r.end_reported))
+                ]
+            due.sort(key=lambda r: not r.finished)  # ends first: each frees a slot for the next run
+            for record in due:
+                finished = record.finished  # what the report says, whatever the watcher adds meanwhile
+                try:
+                    self.api.report(record.job, record.report())
+                    delay = BACKOFF_FIRST
+                    record.start_reported = True
+                    record.end_reported = finished
+                except Stale as exc:
+                    log.warning("run %d of job %s: %s", record.run, record.job, exc)
+                    record.stale = True
+                    self._begin_stop(record, "Stale")
+                except Unreachable as exc:
+                    log.warning(
+                        "report of run %d of job %s failed: %s (again in %.1fs)", record.run, record.job, exc, delay
+                    )
+                    self._stop.wait(_jitter(delay))
+                    delay = min(delay * 2, BACKOFF_MAX)
+                    self._pending.set()
+                    break
+                if record.settled:  # a start reported again after a restart costs nothing: not saved for
+                    record.save()
+
+
+def _group_exists(pgid: int) -> bool:
+    """Any process left in the group (one syscall; the scan of the process table that tells
+    the wrapper's own from strangers' is taken only when there is)."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def default_state_dir(node: str) -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "reconciler" / f"agent-{node}"
+
+
+def _jitter(delay: float) -> float:
+    return delay * (0.8 + 0.4 * random.random())
+
+
+def _route_to(server: str) -> str:
+    """The address of this machine on the way to the server: where the server reaches its
+    log port and the registry sends clients of its services."""
+    url = urlsplit(server)
+    host, port = url.hostname or "127.0.0.1", url.port or (443 if url.scheme == "https" else 80)
+    try:
+        family = socket.getaddrinfo(host, port)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((host, port))  # a UDP connect sends nothing: the kernel picks the route
+            return str(probe.getsockname()[0])
+    except OSError:
+        return "127.0.0.1"

@@ -1,0 +1,141 @@
+"""verb: what a remote node agent (`reconciler agent`) tells the store and asks of it: its
+heartbeat (which registers its Node), the runs placed on its node, and its reports of their
+start and end, each fenced by the epoch of the admission it names (API.md section 2)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from .api.meta import ObjectMeta, from_epoch
+from .api.node import Capacity, heartbeat_fresh
+from .errors import Conflict, InvalidInput
+from .store import Store
+from .store import repository as repo
+from .store import scheduling as sched
+
+MANAGED_BY = "reconciler.dev/managed-by"
+REMOTE_AGENT = "remote-agent"  # a Node an agent registered: its labels and capacity follow the agent's flags
+
+
+@dataclass(frozen=True)
+class Beat:
+    agent: str
+    address: str
+    labels: dict[str, str] = field(default_factory=dict)
+    capacity: dict[str, Any] = field(default_factory=dict)
+    cpu_count: int = 1
+    log_port: int | None = None
+
+
+def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
+    """Register the node if it is new (as its agent describes it), then record it Ready.
+    True when it just became Ready. A node another live agent serves is refused (409): two
+    agents must not run one node's admissions."""
+    try:
+        ObjectMeta(name=node, labels=beat.labels)
+        capacity = Capacity.model_validate(beat.capacity).model_dump(by_alias=True, exclude_none=True)
+    except ValueError as exc:
+        raise InvalidInput(f"heartbeat of node {node}: {exc}") from None
+    labels = {**beat.labels, "reconciler.dev/hostname": beat.agent.partition(":")[0][:63]}
+    with store.write() as tx:  # not `known`: the controller's change feed wakes the jobs that wait for a node
+        obj = repo.get(tx.session, kind="Node", name=node)
+        if obj is None:
+            obj = repo.create(
+                tx,
+                kind="Node",
+                name=node,
+                spec={"capacity": capacity, "unschedulable": False},
+                labels=labels,
+                annotations={MANAGED_BY: REMOTE_AGENT},
+            )
+            repo.record_events(tx, repo.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
+        previous = obj.status or {}
+        serving = previous.get("agent")
+        if serving not in (None, beat.agent) and heartbeat_fresh(previous, now):
+            if not previous.get("remote"):
+                raise Conflict(f"node {node} is served by the controller {serving}; give this agent another --node")
+            if str(serving).partition(":")[0] != beat.agent.partition(":")[0]:
+                # an agent on another machine posts heartbeats for it: two machines must not
+                # run one node's admissions (the same host's is a restarted agent taking over)
+                raise Conflict(f"node {node} is served by the agent {serving}; give this agent another --node")
+        if obj.annotations.get(MANAGED_BY) == REMOTE_AGENT:
+            spec = {**obj.spec, "capacity": capacity}
+            if spec != obj.spec or labels != obj.labels:
+                obj = repo.update_object(tx, obj, spec=spec, labels=labels)
+        mine = next((f for f in sched.node_facts(tx.session, now) if f.name == node), None)
+        allocated = mine.allocated_status() if mine else {"slots": 0}
+        stamp = from_epoch(now)
+        became_ready = not heartbeat_fresh(previous, now)
+        ready: dict[str, Any] = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
+        since = ready.get("lastTransitionTime") if ready.get("status") == "True" and not became_ready else stamp
+        status: dict[str, Any] = {
+            "conditions": [
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "AgentHeartbeat",
+                    "message": "the node's agent is posting heartbeats",
+                    "lastTransitionTime": since,
+                }
+            ],
+            "heartbeatAt": stamp,
+            "allocated": allocated,
+            "cpuCount": beat.cpu_count,
+            "agent": beat.agent,
+            "address": beat.address,
+            "remote": True,
+        }
+        if beat.log_port is not None:
+            status["logPort"] = beat.log_port
+        repo.update_object(tx, obj, status=status)
+        if became_ready and previous:
+            repo.record_events(tx, repo.ObjectEvent(obj, "NodeReady", f"node {node} posts heartbeats again"))
+    return became_ready
+
+
+def placed(store: Store, node: str) -> list[dict[str, Any]]:
+    """The admissions on `node`, as its agent acts on them: start the run unless the server
+    holds a report of it (`started`, `finished`), or stop it (`stop`: the job is Stopping
+    that run), each with its epoch and the job's spec. Only what the agent acts on is in
+    an item, so its long poll is answered when that changes, not on every status write."""
+    with store.read() as session:
+        rows = sched.placed_on(session, node)
+    items = []
+    for row in rows:
+        reported = row.report or {}
+        status = json.loads(row.status or "{}")
+        item: dict[str, Any] = {
+            "job": row.name,
+            "uid": row.uid,
+            "run": row.run_number,
+            "epoch": row.epoch,
+            "spec": json.loads(row.spec),
+            "started": bool(reported.get("startedAt") or reported.get("startFailed")),
+            "finished": bool(reported.get("finishedAt")),
+            "revision": status.get("revision", 1),
+        }
+        if row.phase == "Stopping":
+            runs, stop = status.get("runs") or [], status.get("stop") or {}
+            if runs and not runs[-1].get("finishedAt") and runs[-1]["number"] == row.run_number:
+                item["stop"] = {"reason": stop.get("reason"), "message": stop.get("message")}
+        items.append(item)
+    return items
+
+
+def placed_key(store: Store, node: str) -> list[tuple[Any, ...]]:
+    """Changes whenever `placed(store, node)` may have changed; cheaper to take."""
+    with store.read() as session:
+        return sched.placed_keys(session, node)
+
+
+def report(store: Store, node: str, job: str, *, uid: str, run: int, epoch: int, facts: dict[str, Any]) -> None:
+    """Keep the agent's report on the admission it names; Conflict (409) when that admission
+    is no longer current: the run was declared lost, retried elsewhere, or stopped."""
+    with store.write() as tx:
+        if not sched.record_report(tx, uid=uid, node=node, run=run, epoch=epoch, report=facts):
+            raise Conflict(
+                f"run {run} of job {job} on node {node} (epoch {epoch}) is no longer current: "
+                "its admission was released or replaced; stop the process"
+            )

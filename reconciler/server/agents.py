@@ -1,0 +1,187 @@
+"""The routes node agents use (`reconciler agent`): heartbeat, the runs placed on a node (a
+long poll answered as soon as they differ from what the agent has), and reports of a run's
+start and end; and the log of a remote run, fetched from its node's agent."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import anyio
+import httpx
+from fastapi import FastAPI, Query
+
+from .. import noderuns, reads
+from ..errors import NotFound, ReconcilerError
+from ..store import Store
+from ..wire import PREFIX, HeartbeatRequest, RunReport, status
+from .auth import Tokens
+
+LONG_POLL = 30.0  # the longest a runs request waits for a change (the agent asks again)
+OTHER_WRITERS_POLL = 0.05  # writes of other processes (another server) are looked for this often
+POLLS = anyio.CapacityLimiter(1024)  # waiting agents hold a thread each, apart from the routes' pool
+LOG_CONNECT = 5.0  # seconds to reach a node's log port
+
+Wake = Callable[[str], None]
+
+
+class Placements:
+    """Answers each agent's long poll as soon as its node's admissions differ from the digest
+    it holds: woken at once by this process's writes (`Store.committed`), on PostgreSQL by
+    every server's (NOTIFY), and every 50 ms by a small look for the rest."""
+
+    def __init__(self, store: Store):
+        self.store = store
+        self._cond = threading.Condition()
+        self._generation = 0
+        store.committed.append(self._committed)
+        if not store.is_sqlite:  # another server's writes (the leader's admissions), announced by NOTIFY
+            threading.Thread(target=self._announced, name="placements-listen", daemon=True).start()
+
+    def _announced(self) -> None:
+        wakeups = self.store.wakeups()
+        seen = wakeups.seen(foreign=False)
+        while True:
+            now = wakeups.wait(seen, 1.0, foreign=False)
+            if now != seen:
+                seen = now
+                self._committed()
+
+    def _committed(self) -> None:
+        with self._cond:
+            self._generation += 1
+            self._cond.notify_all()
+
+    def wait(self, node: str, known: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        seen: list[tuple[Any, ...]] | None = None
+        answer: dict[str, Any] = {}
+        while True:
+            with self._cond:
+                generation = self._generation
+            key = noderuns.placed_key(self.store, node)  # one small query; the specs only when it moved
+            if key != seen:
+                seen = key
+                items = noderuns.placed(self.store, node)
+                answer = {"digest": _digest(items), "items": items}
+                if answer["digest"] != known:
+                    return answer
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return answer
+            with self._cond:
+                if self._generation == generation:
+                    self._cond.wait(min(left, OTHER_WRITERS_POLL))
+
+
+def _digest(items: list[dict[str, Any]]) -> str:
+    """What the agent holds of its node's runs. Whether the server holds a run's start or
+    end is left out: the agent reported it itself (it needs those only on its first look
+    after a start, to tell a run it lost from one to start), so a report does not send
+    every agent of the node a new answer."""
+    kept = [{k: v for k, v in item.items() if k not in ("started", "finished")} for item in items]
+    text = json.dumps(kept, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
+    placements = Placements(store)
+
+    @app.post(PREFIX + "/nodes/{name}/heartbeat", tags=["agents"])
+    def heartbeat(name: str, request: HeartbeatRequest) -> dict[str, Any]:
+        """A node agent's heartbeat: registers the Node on the first, keeps it Ready."""
+        beat = noderuns.Beat(
+            agent=request.agent,
+            address=request.address,
+            labels=request.labels,
+            capacity=request.capacity.model_dump(exclude_none=True),
+            cpu_count=request.cpu_count,
+            log_port=request.log_port,
+        )
+        became_ready = noderuns.heartbeat(store, name, beat, time.time())
+        return {**status(200, f"node {name} is Ready"), "becameReady": became_ready}
+
+    @app.get(PREFIX + "/nodes/{name}/runs", tags=["agents"])
+    async def placed(
+        name: str,
+        known: str = Query("", description="The digest of the last answer: wait until the runs differ from it."),
+        timeout_seconds: float = Query(LONG_POLL, alias="timeoutSeconds", ge=0, le=300),
+    ) -> dict[str, Any]:
+        """The runs placed on the node (each with its epoch, job spec, and a stop when the job
+        is stopping it), answered when they differ from `known` or after timeoutSeconds."""
+        return await anyio.to_thread.run_sync(placements.wait, name, known, timeout_seconds, limiter=POLLS)
+
+    @app.post(PREFIX + "/nodes/{name}/runs/{job}/report", tags=["agents"])
+    def report(name: str, job: str, request: RunReport) -> dict[str, Any]:
+        """A run's start (pid, process start time) or end (exit code, times; or gone without
+        a record). 409 when the admission it names is no longer current: stop the process."""
+        noderuns.report(store, name, job, uid=request.uid, run=request.run, epoch=request.epoch, facts=request.facts())
+        if wake is not None:
+            wake(job)  # the controller in this process looks at once, not at its next feed poll
+        return status(200, f"run {request.run} of job {job}: report kept")
+
+
+def remote_log(
+    store: Store,
+    tokens: Tokens | None,
+    found: reads.RunLogs,
+    *,
+    stream: str | None,
+    tail: int | None,
+    follow: bool,
+    stop: threading.Event,
+) -> Iterator[str] | None:
+    """The run's log as its node's agent serves it (None: the run is this machine's). The
+    agent is reached before this returns, so a refusal is this request's error."""
+    node = found.run.get("node")
+    if not node:
+        return None
+    try:
+        obj = reads.objects(store, "nodes", [node], None).objects[0]
+    except NotFound:
+        return None
+    node_status = obj.status or {}
+    if not node_status.get("remote"):
+        return None
+    port, address = node_status.get("logPort"), node_status.get("address")
+    if not port or not address:
+        raise ReconcilerError(f"node {node} serves no logs (its agent runs without --log-port)")
+    token = tokens.agent_token(node) if tokens is not None else None
+    params: dict[str, str] = {"follow": "true" if follow else "false"}
+    if stream:
+        params["stream"] = stream
+    if tail is not None:
+        params["tailLines"] = str(tail)
+    host = f"[{address}]" if ":" in address else address
+    url = f"http://{host}:{port}/logs/{found.dir.name}"
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    client = httpx.Client(timeout=httpx.Timeout(LOG_CONNECT, read=None))
+    try:
+        answer = client.send(client.build_request("GET", url, params=params, headers=headers), stream=True)
+    except httpx.HTTPError as exc:
+        client.close()
+        raise ReconcilerError(f"the agent of node {node} cannot be reached for this log ({url}): {exc}") from None
+    if answer.status_code != 200:
+        answer.read()
+        client.close()
+        if answer.status_code == 404:
+            raise NotFound(answer.text.strip() or f"node {node} has no logs of this run")
+        raise ReconcilerError(f"the agent of node {node} answered {answer.status_code}: {answer.text.strip()}")
+    return _pieces(client, answer, stop)
+
+
+def _pieces(client: httpx.Client, answer: httpx.Response, stop: threading.Event) -> Iterator[str]:
+    try:
+        for piece in answer.iter_text():
+            if stop.is_set():
+                return
+            yield piece
+    except httpx.HTTPError:
+        return  # the agent went away mid-log: what came is what there is
+    finally:
+        answer.close()
+        client.close()

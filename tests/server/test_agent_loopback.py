@@ -1,0 +1,220 @@
+"""A node agent on loopback (no namespaces needed): what the agent does with what it is
+given: a command that cannot start, a workingDir this machine lacks, a cancel while the run
+lives, a run timeout, a stale report."""
+
+from __future__ import annotations
+
+import os
+import signal
+import ssl
+import subprocess
+import sys
+from collections.abc import Iterator
+
+import psutil
+import pytest
+
+from tests.helpers import wait_until
+from tests.server.conftest import PREFIX, Server, free_port, job_manifest, settled
+
+
+@pytest.fixture
+def agent(serve, sqlite_url, tmp_path) -> Iterator[tuple[Server, subprocess.Popen]]:
+    server = serve(sqlite_url, "--no-local-node")
+    log = (tmp_path / "agent.log").open("w")
+    argv = ["--server", server.url, "agent", "--node", "far", "--slots", "2", "--log-port", str(free_port())]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", *argv, "--state-dir", str(tmp_path / "agent")],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env={**os.environ, "RECONCILER_HEARTBEAT_INTERVAL": "0.5"},
+    )
+    wait_until(lambda: server.http().get(f"{PREFIX}/nodes/far").status_code == 200, timeout=30, interval=0.1)
+    yield server, proc
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=20)
+
+
+def _apply(server: Server, *docs: dict) -> None:
+    answer = server.http().post(f"{PREFIX}/apply", json={"items": list(docs)})
+    assert answer.status_code == 200, answer.text
+
+
+def test_a_command_that_cannot_start_on_the_agent_ends_start_failed(agent):
+    server, _ = agent
+    _apply(server, job_manifest("nothing", ["/no/such/program"]))
+    status = settled(server, "nothing")["nothing"]["status"]
+    (run,) = status["runs"]
+    assert (run["outcome"], run["node"]) == ("StartFailed", "far")
+    assert "/no/such/program" in status["message"]
+
+
+def test_a_working_dir_the_node_lacks_is_replaced_by_the_runs_own_folder(agent, tmp_path):
+    server, _ = agent
+    _apply(server, job_manifest("where", ["pwd"], workingDir="/no/such/folder/on/this/node"))
+    status = settled(server, "where")["where"]["status"]
+    assert status["outcome"] == "Succeeded"
+    (run,) = status["runs"]  # held as a local run is: in a cgroup of its own where one can be made
+    assert run["limits"] in ("cgroup v1", "cgroup v2", "rlimit")
+    assert run["limits"] == "rlimit" or "cpuSeconds" in run  # its cgroup's count, reported at its end
+    printed = server.cli("logs", "job/where").stdout.strip()
+    assert printed.startswith(str(tmp_path / "agent" / "runs" / "where."))
+
+
+def test_cancel_and_run_timeout_stop_a_remote_run(agent):
+    server, _ = agent
+    _apply(
+        server,
+        job_manifest("held", ["sleep", "600"]),
+        job_manifest("slow", ["sleep", "600"], runTimeout="1s", stopGracePeriod="1s"),
+    )
+    wait_until(lambda: server.job("held")["status"].get("phase") == "Running", timeout=30)
+    pid = server.job("held")["status"]["runs"][0]["pid"]
+    assert server.cli("cancel", "job/held").code == 0
+    done = settled(server, "held", "slow")
+    assert done["held"]["status"]["outcome"] == "Cancelled"
+    assert done["held"]["status"]["runs"][0]["signal"] == signal.SIGTERM
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    slow = done["slow"]["status"]
+    assert (slow["outcome"], slow["runs"][0]["outcome"], slow["runs"][0]["exitCode"]) == ("TimedOut", "TimedOut", -1)
+    assert "job timed out" in server.cli("logs", "job/slow", "--stream", "stderr").stdout
+
+
+def test_a_report_for_an_admission_that_is_not_current_is_refused_with_409(agent):
+    server, _ = agent
+    answer = server.http().post(f"{PREFIX}/nodes/far/runs/ghost/report", json={"uid": "u", "run": 1, "epoch": 3})
+    assert answer.status_code == 409
+    assert answer.json()["kind"] == "Status" and answer.json()["reason"] == "Conflict"
+
+
+def test_an_agent_over_tls_with_its_token_runs_and_serves_logs(serve, sqlite_url, tmp_path):
+    from tests.server.test_security import _self_signed
+
+    cert, key = _self_signed(tmp_path)
+    admin, token = "admin-" + "a" * 26, "agent-" + "b" * 26
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{admin} admin\n{token} agent secure\n")
+    server = serve(
+        sqlite_url,
+        "--tls-cert",
+        cert,
+        "--tls-key",
+        key,
+        "--tokens",
+        str(tokens),
+        "--no-local-node",
+        token=admin,
+        scheme="https",
+        verify=ssl.create_default_context(cafile=cert),
+    )
+    (tmp_path / "agent-token").write_text(token + "\n")
+    argv = ["--server", server.url, "agent", "--node", "secure", "--token-file", str(tmp_path / "agent-token")]
+    argv += ["--tls-ca", cert, "--log-port", str(free_port()), "--state-dir", str(tmp_path / "agent")]
+    log = (tmp_path / "agent.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "reconciler", *argv], stdout=log, stderr=log, start_new_session=True)
+    try:
+        _apply(server, job_manifest("private", ["echo", "over tls"]))
+        status = settled(server, "private")["private"]["status"]
+        assert (status["outcome"], status["runs"][0]["node"]) == ("Succeeded", "secure")
+        printed = server.cli("logs", "job/private", env={"SSL_CERT_FILE": cert})
+        assert printed.stdout == "over tls\n", printed.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+
+
+def test_a_remote_run_gets_its_artifact_fetched_and_unpacked_by_the_agent(agent, http_server, tmp_path):
+    from tests.artifacts import Member, zip_bytes
+
+    server, _ = agent
+    data = zip_bytes(Member.script("run.sh", "#!/bin/sh\necho ran in $(pwd)\n"))
+    url = http_server.put("/app.zip", data)
+    bad = {"url": url, "sha256": "0" * 64}
+    _apply(
+        server,
+        job_manifest("packed", ["./run.sh"], artifact={"url": url}),
+        job_manifest("tampered", ["./run.sh"], artifact=bad),
+    )
+    done = settled(server, "packed", "tampered")
+    assert done["packed"]["status"]["outcome"] == "Succeeded"
+    printed = server.cli("logs", "job/packed").stdout
+    assert printed.startswith(f"ran in {tmp_path / 'agent' / 'runs' / 'packed.'}") and printed.endswith("/work\n")
+    tampered = done["tampered"]["status"]
+    assert (tampered["outcome"], tampered["runs"][0]["outcome"], tampered["reason"]) == (
+        "Failed",
+        "StartFailed",
+        "ArtifactInvalid",
+    ), tampered
+
+
+def test_an_agent_on_a_follower_server_of_postgresql_keeps_working_when_the_leader_dies(pg_url, serve, tmp_path):
+    """Two servers on PostgreSQL, both --no-local-node; the agent talks to the follower: its
+    reports reach the leader's controller through the store (the change feed and its
+    notifications), and when the leader is killed the follower leads and records the end of
+    the run the agent kept running."""
+    import httpx
+
+    env = {"XDG_STATE_HOME": str(tmp_path / "xdg")}
+    leader = serve(pg_url, "--lease", "3s", "--no-local-node", env=env)
+    follower = serve(pg_url, "--lease", "3s", "--no-local-node", env=env)
+    assert httpx.get(f"{leader.url}/leader", timeout=5).json()["leader"]
+    gate = tmp_path / "gate"
+    argv = ["--server", follower.url, "agent", "--node", "far", "--log-port", "0", "--state-dir", str(tmp_path / "a")]
+    log = (tmp_path / "agent.log").open("w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", *argv],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        env={**os.environ, "RECONCILER_HEARTBEAT_INTERVAL": "0.5"},
+    )
+    try:
+        _apply(follower, job_manifest("first", ["true"]))
+        assert settled(follower, "first")["first"]["status"]["runs"][0]["node"] == "far"
+        _apply(follower, job_manifest("outlives", ["sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; exit 4"]))
+        wait_until(lambda: follower.job("outlives")["status"].get("phase") == "Running", timeout=30)
+        os.kill(leader.proc.pid, signal.SIGKILL)
+        leader.proc.wait()
+        gate.touch()
+        done = settled(follower, "outlives")["outlives"]["status"]
+        assert httpx.get(f"{follower.url}/leader", timeout=5).json()["leader"]
+        (run,) = done["runs"]
+        assert (run["exitCode"], run["node"]) == (4, "far")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+
+
+def test_a_second_machine_claiming_a_served_node_is_refused_and_its_agent_exits(agent, tmp_path):
+    """Another host (a UTS namespace with its own host name) starting an agent for a node an
+    agent serves: its heartbeat is refused (409) and it exits 1 naming the node."""
+    if os.geteuid() != 0:
+        pytest.skip("a second host name needs unshare --uts (root)")
+    server, _ = agent
+    argv = ["--server", server.url, "agent", "--node", "far", "--log-port", "0", "--state-dir", str(tmp_path / "b")]
+    script = 'hostname other-machine && exec "$@"'
+    second = subprocess.run(
+        ["unshare", "--uts", "sh", "-c", script, "sh", sys.executable, "-m", "reconciler", *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert second.returncode == 1, second.stderr
+    assert "node far is served by the agent" in second.stderr
+
+
+def test_a_remote_run_past_its_memory_limit_ends_oom_killed_and_its_cgroup_goes(agent):
+    from tests.resources.conftest import hierarchy, run_cgroup_dirs
+
+    found = hierarchy()
+    if found is None:
+        pytest.skip("needs a cgroup hierarchy (the CI machine has v1)")
+    server, _ = agent
+    hog = f"{sys.executable} -c 'b = bytearray(300 * 1024 * 1024); b[::4096] = b\"x\" * len(b[::4096])'"
+    _apply(server, {**job_manifest("hog", ["sh", "-c", hog]), "spec": {"shell": hog, "resources": {"memory": "64Mi"}}})
+    status = settled(server, "hog")["hog"]["status"]
+    (run,) = status["runs"]
+    assert (status["outcome"], status["reason"], run["exitCode"]) == ("Failed", "OOMKilled", 137), status
+    assert run["limits"] == f"cgroup {found.version}" and 0 < run["peakMemory"] <= 64 * 1024 * 1024
+    assert not run_cgroup_dirs(found, server.job("hog")["metadata"]["uid"]), "the run's cgroup outlived it"
