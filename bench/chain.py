@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PYTHON, Row, child_env, log, median, print_table, scratch
+from bench.common import PYTHON, Row, byte_compile, child_env, log, median, print_table, scratch
 from bench.latency import chain_manifests
 
 AIM = 1.0  # issue 15: no slower than doit per link
@@ -75,6 +75,7 @@ def make_wall(n: int, folder: Path) -> float:
 
 
 def measure(n: int, rounds: int, store_kind: str) -> dict:
+    byte_compile()  # the commands measured import compiled code, as after `pip install`
     tools = {
         "reconciler": lambda k, folder: reconciler_wall(k, store_kind),
         "doit": doit_wall,

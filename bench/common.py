@@ -33,6 +33,20 @@ def log(message: str) -> None:
     print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
+def byte_compile() -> None:
+    """Compile the product's modules to .pyc, as `pip install` of a wheel does, so that the
+    whole commands measured (`up`, `apply`, `get`) pay for importing the code and not for
+    compiling it: an editable install (this repository's venv) under PYTHONDONTWRITEBYTECODE=1
+    never writes them, and every command then compiled ~130 modules from source (about 0.1 s
+    of `up`'s fixed cost). What is already compiled is only looked at."""
+    import compileall
+    import importlib.util
+
+    spec = importlib.util.find_spec("reconciler")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        compileall.compile_dir(folder, quiet=1)
+
+
 # --------------------------------------------------------------------------- the table row
 
 

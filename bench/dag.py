@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench.common import (
     PYTHON,
     Row,
+    byte_compile,
     child_env,
     log,
     make_available,
@@ -209,6 +210,7 @@ def store_writes(url: str) -> int:
 
 
 def measure(jobs: int, width: int, slots: int, store_kind: str, make_repeat: int = 3) -> dict:
+    byte_compile()  # the commands measured import compiled code, as after `pip install`
     with scratch(store_kind) as (url, folder):
         text = manifests(jobs, width, slots)
         if slots > (os.cpu_count() or 1):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import PG_URL, Row, failed_row, log, mark_start, pg_available, print_table
+from bench.common import PG_URL, Row, byte_compile, failed_row, log, mark_start, pg_available, print_table
 
 FULL = {
     "dag": dict(jobs=2000, width=50),
@@ -305,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     if "pg" in names and not pg:
         log("PostgreSQL figures skipped: " + ("--no-pg" if args.pg is False else f"no server at {PG_URL}"))
     rows: list[Row] = []
+    byte_compile()
     mark_start()
     started = time.perf_counter()
     for name in NAMES:

@@ -28,7 +28,12 @@ if TYPE_CHECKING:
     from .controller.leader import Leadership
     from .controller.manager import Controller
 
-LOOK_INTERVAL = 0.05  # how often `up` looks at the change feed
+LOOK_INTERVAL = 0.05  # how often `up` looks at the change feed when nothing announces a change
+# looks woken by announced changes: a few at once (a job's admission, start and end, each seen
+# as written), then no more often than the poll, however fast the controller writes (a DAG of
+# thousands): each look takes the interpreter's lock and the store from the reconcile loop
+LOOK_GAP = LOOK_INTERVAL
+LOOK_BURST = 4
 
 
 @dataclass(frozen=True)
@@ -59,7 +64,8 @@ class JobWatch:
         self.names = set(names)
         self.jobs: dict[str, Watched] = {}
         self._unsettled: set[str] = set()  # kept up to date per change: a look costs the changes, not the jobs
-        self._feed = ChangeFeed(store)
+        # woken by this process's commits (the controller's) and PostgreSQL's notifications
+        self._feed = ChangeFeed(store, listen=True)
         self._load(self.names)
 
     def _load(self, names: set[str]) -> None:
@@ -84,6 +90,10 @@ class JobWatch:
         if changed:
             self._load(changed)
         return changed
+
+    def wait(self, timeout: float) -> None:
+        """Until the store announces a change or `timeout` passes (then `poll`)."""
+        self._feed.wait(timeout)
 
     def all_settled(self) -> bool:
         """Every job settled, and no completion is about an older version of its job (a spec
@@ -148,6 +158,7 @@ class Follower(Protocol):
     jobs: dict[str, Watched]
 
     def poll(self) -> set[str]: ...  # names of followed jobs that changed since the last poll
+    def wait(self, timeout: float) -> None: ...  # until a change may have arrived, or timeout
     def all_settled(self) -> bool: ...
     def failures(self) -> list[str]: ...  # ended other than Succeeded at their current version
 
@@ -212,7 +223,10 @@ def _follow(watch: Follower, until: Until) -> Converged:
         return Converged(watch.jobs, "failed fast", failed=failed[0])
     deadline = None if until.timeout is None else time.monotonic() + until.timeout
     look = True  # whether to check for convergence: at first and after every change
+    paced = time.monotonic()  # looks are paced as if one had been due every LOOK_GAP until here
     while not until.stop.is_set():
+        looked_at = time.monotonic()
+        paced = max(paced, looked_at) + LOOK_GAP
         if changed := watch.poll():
             until.on_change(watch.jobs, changed)
             look = True
@@ -225,7 +239,13 @@ def _follow(watch: Follower, until: Until) -> Converged:
                 return Converged(watch.jobs)
         if deadline is not None and time.monotonic() >= deadline:
             return Converged(watch.jobs, "timed out")
-        until.stop.wait(LOOK_INTERVAL)
+        # the next look: once a change is announced (the job's end is seen as it is written,
+        # not up to a poll later), within the pace (LOOK_BURST, LOOK_GAP), and at the latest
+        # after LOOK_INTERVAL (the poll, where nothing announces: another process's writes
+        # to a SQLite store)
+        if until.stop.wait(max(0.0, paced - LOOK_BURST * LOOK_GAP - time.monotonic())):
+            break
+        watch.wait(max(0.0, looked_at + LOOK_INTERVAL - time.monotonic()))
     return Converged(watch.jobs, "interrupted" if until.interrupt.is_set() else "stopped")
 
 

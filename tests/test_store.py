@@ -76,6 +76,142 @@ def test_migration_creates_tables_and_records_the_schema_version(store):
     assert store.change_seq() == 0
 
 
+def test_the_precompiled_ddl_is_what_tables_py_compiles_to():
+    """A new store runs ddl.py's text, not SQLModel: the text must be exactly what SQLModel's
+    create_all sends for tables.py on each dialect, so the two cannot drift."""
+    from reconciler.store.ddl import DDL
+    from reconciler.store.ddlgen import compile_ddl
+
+    assert compile_ddl() == DDL, (
+        "reconciler/store/ddl.py is stale: run `.venv/bin/python -m reconciler.store.ddlgen "
+        "&& .venv/bin/ruff format reconciler/store/ddl.py`"
+    )
+
+
+def _options(options: dict) -> list[tuple[str, str]]:
+    """An index's dialect options (a partial index's WHERE) as text."""
+    return sorted((key, str(value)) for key, value in options.items())
+
+
+def _schema(url: str) -> dict[str, dict]:
+    """Each table's columns, primary key, unique constraints and indexes, as SQLAlchemy's
+    inspector reads them from the database."""
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.pool import NullPool
+
+    if url.startswith(("postgresql://", "postgres://")):
+        url = "postgresql+psycopg://" + url.split("://", 1)[1]
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            seen = inspect(conn)
+            return {
+                table: {
+                    "columns": [
+                        (c["name"], str(c["type"]), c["nullable"], str(c.get("default")))
+                        for c in seen.get_columns(table)
+                    ],
+                    "primary key": seen.get_pk_constraint(table)["constrained_columns"],
+                    "unique": sorted(tuple(u["column_names"]) for u in seen.get_unique_constraints(table)),
+                    "indexes": sorted(
+                        (i["name"], tuple(i["column_names"]), bool(i["unique"]), _options(i.get("dialect_options", {})))
+                        for i in seen.get_indexes(table)
+                    ),
+                }
+                for table in sorted(seen.get_table_names())
+            }
+    finally:
+        engine.dispose()
+
+
+def test_a_new_store_has_the_schema_sqlmodel_creates(store_url):
+    """The same database given its tables by SQLModel's create_all and then by a new Store
+    (ddl.py) reads back the same: columns, types, keys, indexes (partial ones included)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+    from sqlmodel import SQLModel
+
+    from reconciler.store import tables  # noqa: F401  (registers the tables)
+
+    url = store_url
+    if url.startswith("sqlite:///"):
+        Path(url.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    engine = create_engine(url.replace("postgresql://", "postgresql+psycopg://", 1), poolclass=NullPool)
+    try:
+        SQLModel.metadata.create_all(engine)
+        by_sqlmodel = _schema(url)
+        SQLModel.metadata.drop_all(engine)
+    finally:
+        engine.dispose()
+    assert set(by_sqlmodel) == set(SQLModel.metadata.tables)
+
+    s = Store(store_url)
+    try:
+        by_store = _schema(url)
+    finally:
+        s.dispose()
+    assert by_store == by_sqlmodel
+
+
+_CREATE_IN_A_FRESH_INTERPRETER = """
+import sys
+from reconciler.store import Store
+
+Store(sys.argv[1]).dispose()
+print(sorted(m for m in sys.modules if m.partition(".")[0] in ("sqlalchemy", "sqlmodel")))
+"""
+
+
+def test_creating_a_store_does_not_import_sqlalchemy(store_url):
+    """A new store's tables come from ddl.py's text: `up` on a fresh store does not pay for
+    importing SQLAlchemy and SQLModel."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", _CREATE_IN_A_FRESH_INTERPRETER, store_url], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    s = Store(store_url)
+    try:
+        assert _meta(s) == {"schema": SCHEMA_VERSION, "seq": 0}
+    finally:
+        s.dispose()
+
+
+def test_a_commit_wakes_the_change_feeds_of_its_own_process(store_url, tmp_path):
+    """A write's commit is announced to this process's followers at once (`up` sees its
+    job's end as the controller writes it, not a poll later): on SQLite nothing else would
+    tell them. The controller's own writes (known) do not wake its change watcher."""
+    from reconciler.store.feed import ChangeFeed
+
+    store = Store(store_url)
+    try:
+        every = ChangeFeed(store, listen=True)
+        foreign = ChangeFeed(store, skip_known=True, listen=True)
+        _create(store, "written")
+        assert every.wait(60), "a commit in this process wakes its followers"
+        assert foreign.wait(60), "a write that is not the controller's wakes its change watcher"
+        assert [c.name for c in every.poll()] == ["written"]
+    finally:
+        store.dispose()
+
+    sqlite = Store(f"sqlite:///{tmp_path / 'known' / 'state.db'}")  # no notifications that could move it
+    try:
+        watcher = ChangeFeed(sqlite, skip_known=True, listen=True)
+        follower = ChangeFeed(sqlite, listen=True)
+        with sqlite.write(known=True) as tx:
+            repo.create(tx, kind="Job", name="own", spec=SPEC, labels={}, annotations={}, status=None)
+        assert follower.wait(60)
+        assert not watcher.wait(0.0), "the controller's own writes are not announced to its watcher"
+        with sqlite.write() as tx:  # a write that changes nothing announces nothing
+            tx.discard()
+        assert not follower.wait(0.0)
+    finally:
+        sqlite.dispose()
+
+
 def test_opening_an_existing_store_again_is_a_no_op(store_url):
     first = Store(store_url)
     obj = _create(first, "keep")

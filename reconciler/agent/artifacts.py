@@ -46,12 +46,12 @@ from typing import BinaryIO, Literal
 
 from ..files import make_private_dirs
 from ..threads import critical
+from .logs import WORK
 from .unzip import TEMP_PREFIX, ArtifactError, UnpackLimits, remove_tree, unpack
 
 log = logging.getLogger(__name__)
 
 CACHE = "artifacts"  # the cache's folder under the state dir, beside runs/
-WORK = "work"  # a run's unpacked folder, inside its run dir
 FETCH_THREADS = 4  # downloads at once; more wait their turn
 DISK_THREADS = 2  # unpacking and removing run folders
 CLOSE_TIMEOUT = 5.0  # how long close() carries out the removals still queued

@@ -21,7 +21,6 @@ import logging
 import os
 import signal
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,6 +325,7 @@ class Spares:
         self._ready: list[RunCgroup] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
+        self._closing = threading.Event()  # ends the refill's pause: close() waits for no fixed sleep
         self._closed = False
         self._thread: threading.Thread | None = None
         self._prefix = f"{SPARE}{os.getpid()}-"
@@ -367,7 +367,7 @@ class Spares:
                 self._wake.clear()
                 # after the spawn that took a spare: making one at once would contend with it
                 # (for the interpreter's lock, and in the kernel for the cgroup lock its join takes)
-                time.sleep(REFILL_DELAY)
+                self._closing.wait(REFILL_DELAY)
         except CgroupUnavailable as exc:  # runs get none either: the agent says so per cause
             log.info("no spare cgroups are made ahead: %s", exc)
         except Exception:  # a spare is a saving, not a need: take makes cgroups itself from now on
@@ -391,6 +391,7 @@ class Spares:
         with self._lock:
             self._closed = True
             thread = self._thread
+        self._closing.set()
         self._wake.set()
         if thread is not None:
             thread.join(timeout=5)

@@ -8,18 +8,19 @@ import logging
 import os
 import signal
 import socket
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psutil
 
 from ..api.job import Artifact, JobSpec
 from ..files import make_private_dirs
-from .artifacts import WORK, Artifacts, Preparation
 from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgroup, Spares, Usage, detect
 from .identity import ProcessIdentity, is_alive, wall_clock_start
-from .logs import has_legacy_runs, run_dir
+from .logs import WORK, has_legacy_runs, run_dir
 from .logtrim import LogTrimmer
 from .ports import port_free
 from .process import (
@@ -35,12 +36,14 @@ from .process import (
 from .watcher import ExitWatcher
 from .wrapper import WRAPPER_NAME
 
+if TYPE_CHECKING:
+    from .artifacts import Artifacts, Preparation
+
 log = logging.getLogger(__name__)
 
 __all__ = [
     "ExitRecord",
     "LocalAgent",
-    "Preparation",
     "ProcessIdentity",
     "StartFailed",
     "Started",
@@ -98,7 +101,8 @@ class LocalAgent:
         self._watcher = ExitWatcher()
         self._watched: set[ProcessIdentity] = set()
         self._logs = LogTrimmer()
-        self._artifacts = Artifacts(self.state_dir, wake=on_exit)
+        self._artifacts: Artifacts | None = None  # made by the first run with an artifact
+        self._artifacts_lock = threading.Lock()
         root = cgroup_root or Path(os.environ.get(CGROUP_ROOT_ENV) or DEFAULT_ROOT)
         self._hierarchy: Hierarchy | None = None
         self._spares: Spares | None = None
@@ -221,12 +225,24 @@ class LocalAgent:
         it into the run's folder, in the agent's own threads: answers at once, and calls
         `on_exit(job)` when the folder is ready or cannot be. Call again until the answer is
         ready (then `start`) or failed."""
-        return self._artifacts.prepare(job, run_dir, artifact.url, artifact.sha256)
+        return self._artifacts_made().prepare(job, run_dir, artifact.url, artifact.sha256)
 
     def discard_work(self, run_dir: Path) -> None:
         """The run is over, or will never start: its unpacked folder, if any, is removed (in
         the background)."""
-        self._artifacts.discard(run_dir)
+        if self._artifacts is None and not os.path.lexists(run_dir / WORK):
+            return  # the common case, a run without an artifact: one stat
+        self._artifacts_made().discard(run_dir)
+
+    def _artifacts_made(self) -> Artifacts:
+        """The artifact cache and its threads, made on first use: importing and starting them
+        is a cost of `up` that runs without artifacts need not pay."""
+        with self._artifacts_lock:
+            if self._artifacts is None:
+                from .artifacts import Artifacts
+
+                self._artifacts = Artifacts(self.state_dir, wake=self._on_exit)
+            return self._artifacts
 
     def watch(self, job: str, identity: ProcessIdentity) -> None:
         if identity not in self._watched:
@@ -255,7 +271,7 @@ class LocalAgent:
         carry its argv until they exec the command or `sync`)."""
         if not run_dir.exists():
             return None  # spawn creates the run dir first: no dir, no process
-        if self._artifacts.preparing(run_dir):
+        if self._artifacts is not None and self._artifacts.preparing(run_dir):
             # its artifact is unpacked into it, and this process, which holds its spawn, has
             # not spawned it yet (it does once prepare answers ready): no look at every process
             return None
@@ -341,7 +357,10 @@ class LocalAgent:
             self._spares.close()
         self._watcher.close()
         self._logs.close()
-        self._artifacts.close()
+        with self._artifacts_lock:
+            artifacts = self._artifacts
+        if artifacts is not None:
+            artifacts.close()
 
 
 def _signal_outside(pid: int, pgid: int, sig: int) -> None:

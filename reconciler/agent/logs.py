@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
+WORK = "work"  # a run's unpacked artifact, inside its run dir (artifacts.py)
+
 _BLOCK = 64 * 1024  # one read: what a reader holds of a log at a time
 _LONG_LINE = 1024 * 1024  # a follower yields a line this long before its end arrives
 ROTATED_SUFFIX = ".1"  # the older part of a log whose filesystem refused holes

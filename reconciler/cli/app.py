@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import copy
 import gc
 import sys
 
@@ -57,12 +58,19 @@ for verb in (resources.apply, resources.diff, resources.get, resources.describe,
     app.command()(verb)
 
 
+_registered = False
+
+
 def _register_optional() -> None:
-    """Verb groups that live in their own modules."""
+    """Verb groups that live in their own modules (once per process)."""
+    global _registered
+    if _registered:
+        return
     from . import control, explain, graph, nodeagent, nodes, runner, serve
 
     for module in (explain, control, runner, graph, nodes, serve, nodeagent):
         module.register(app)
+    _registered = True
 
 
 GLOBAL_OPTIONS = ("--store", "--server", "--token")
@@ -95,10 +103,31 @@ def hoist_global_options(argv: list[str]) -> list[str]:
 atexit.register(gc.freeze)
 
 
+def only_the_verb_given(app: typer.Typer, argv: list[str]) -> typer.Typer:
+    """The app with only the command `argv` names (after the global options, which come
+    first once hoisted), so that typer builds one command rather than every verb (about
+    10 ms of each invocation). Anything else (`--help`, no verb, a verb that does not exist)
+    keeps them all, for the listing and the error that name them."""
+    rest = argv
+    while rest and rest[0].split("=", 1)[0] in GLOBAL_OPTIONS:
+        rest = rest[1:] if "=" in rest[0] else rest[2:]
+    named = [c for c in app.registered_commands if rest and _command_name(c) == rest[0]]
+    if not named:
+        return app
+    one = copy.copy(app)
+    one.registered_commands = named
+    return one
+
+
+def _command_name(command: typer.models.CommandInfo) -> str:
+    return command.name or typer.main.get_command_name(command.callback.__name__ if command.callback else "")
+
+
 def main() -> None:
     try:
         _register_optional()
-        app(args=hoist_global_options(sys.argv[1:]), prog_name="reconciler", standalone_mode=True)
+        argv = hoist_global_options(sys.argv[1:])
+        only_the_verb_given(app, argv)(args=argv, prog_name="reconciler", standalone_mode=True)
     except ReconcilerError as exc:
         for line in getattr(exc, "problems", None) or [str(exc)]:
             print(f"error: {line}" if not line.startswith("error") else line, file=sys.stderr)

@@ -60,12 +60,19 @@ class Informer:
         self.objects: dict[str, StoredObject] = {o.name: o for o in found}
         self._since = seq
         self._received: queue.Queue[tuple[str, Any]] = queue.Queue()
+        self._arrived = threading.Event()  # set by each put: `wait` returns for the next poll
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name=f"watch-{plural}", daemon=True)
         self._thread.start()
 
     def close(self) -> None:
         self._stop.set()
+
+    def wait(self, timeout: float) -> None:
+        """Until something arrived since the last poll, or `timeout` passes."""
+        if self._received.empty():
+            self._arrived.wait(timeout)
+        self._arrived.clear()  # what arrives from now on sets it again; the poll takes what came
 
     def poll(self) -> set[str]:
         """Names of the objects that changed (or went away) since the last poll."""
@@ -90,6 +97,10 @@ class Informer:
                     self.objects[obj.name] = obj
                     changed.add(obj.name)
 
+    def _put(self, item: tuple[str, Any]) -> None:
+        self._received.put(item)
+        self._arrived.set()
+
     def _follow(self) -> None:
         attempt, warned = 0, False
         while not self._stop.is_set():
@@ -101,13 +112,13 @@ class Informer:
                     if kind == "BOOKMARK":
                         self._since = obj
                     else:
-                        self._received.put((kind, obj))
+                        self._put((kind, obj))
             except Relist:
                 try:
                     self._since, found = list_objects(self.http, self.plural)
                 except ReconcilerError:
                     continue
-                self._received.put(("LIST", found))
+                self._put(("LIST", found))
             except ReconcilerError as exc:
                 if self._stop.is_set():  # closed: the connection went with it
                     return

@@ -323,6 +323,9 @@ class _JobWatch:
                 else Watched(cast("JobStatusDict", o.status or {}), service=o.spec.get("type") == "service")
             )
 
+    def wait(self, timeout: float) -> None:
+        self._jobs.wait(timeout)
+
     def poll(self) -> set[str]:
         changed = self._jobs.poll() & self.names
         self._load(changed)

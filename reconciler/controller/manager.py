@@ -7,6 +7,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from .. import telemetry
 from ..agent.local import LocalAgent
@@ -17,12 +18,14 @@ from ..store.engine import Fenced
 from ..store.feed import ChangeFeed, poll_interval
 from ..threads import critical, fatal
 from . import faults
-from .ingest import Ingester
 from .job import JobReconciler
 from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_name
 from .notify import Deliverer
 from .owners import controller_owner
 from .runtime import Runner, WorkQueue
+
+if TYPE_CHECKING:
+    from .ingest import Ingester
 
 log = logging.getLogger("reconciler.controller")
 
@@ -58,7 +61,11 @@ class Controller:
         self.owner = controller_owner(term)
         self.queue = WorkQueue()
         self.notifier = Deliverer(store, clock=self.clock, owner=self.owner)
-        self.sources = Ingester(store) if sources else None
+        self.sources: Ingester | None = None
+        if sources:  # not imported by `up`, which consumes no Source
+            from .ingest import Ingester
+
+            self.sources = Ingester(store)
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
         self.jobs = JobReconciler(
             store,

@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 import random
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..agent.local import (
     ExitRecord,
     LocalAgent,
-    Preparation,
     ProcessIdentity,
     Started,
     StartFailed,
@@ -37,6 +37,9 @@ from .remote import RemoteSteps
 from .retry import RunEnd, after_run, restart_delay
 from .runtime import AGAIN, DONE, Result, requeue_after
 from .transitions import set_condition
+
+if TYPE_CHECKING:
+    from ..agent.artifacts import Preparation
 
 STOP_POLL = 0.05  # while stopping, look this often (a stop lasts at most the grace period)
 ORPHAN_POLL = 1.0  # a run whose wrapper was killed while its group lives on: look this often

@@ -350,6 +350,10 @@ class Store:
             if commit and tx.changed and known:
                 self.known_writes.add(tx.rv())
         if commit and tx.changed:
+            # this process's followers of the change feed hear of its own commits at once, as
+            # other processes' hear of them through PostgreSQL's NOTIFY (on SQLite nothing
+            # else tells them)
+            self._wakeups.announce(foreign=not known)
             for listener in self.committed:
                 listener()
 

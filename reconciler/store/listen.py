@@ -37,18 +37,24 @@ def listening() -> bool:
 
 class Wakeups:
     """Two counters of announced changes, `every` and `foreign` (not the controller's own
-    writes of this store): a follower waits until the one it follows moves past what it saw."""
+    writes of this store): a follower waits until the one it follows moves past what it saw.
+    Each counter has its own condition (on one lock), so that the controller's own writes,
+    which are announced to every follower, do not wake its change watcher at each commit."""
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        lock = threading.Lock()
+        self._conds = {False: threading.Condition(lock), True: threading.Condition(lock)}  # by `foreign`
+        self._lock = lock
         self.every = 0
         self.foreign = 0
 
     def announce(self, *, foreign: bool) -> None:
-        with self._cond:
+        with self._lock:
             self.every += 1
-            self.foreign += foreign
-            self._cond.notify_all()
+            self._conds[False].notify_all()
+            if foreign:
+                self.foreign += 1
+                self._conds[True].notify_all()
 
     def poke(self) -> None:
         """Wake every waiter (a follower stopping, a reconnection that may have missed changes)."""
@@ -59,8 +65,8 @@ class Wakeups:
 
     def wait(self, seen: int, timeout: float, *, foreign: bool) -> int:
         """Until the counter moves past `seen` or `timeout` passes; the counter now."""
-        with self._cond:
-            self._cond.wait_for(lambda: self.seen(foreign=foreign) != seen, timeout)
+        with self._lock:
+            self._conds[foreign].wait_for(lambda: self.seen(foreign=foreign) != seen, timeout)
             return self.seen(foreign=foreign)
 
 

@@ -136,3 +136,34 @@ def test_junit_report_has_a_testcase_per_job_and_failures_with_their_why(env):
     assert "the reason it failed" in (failure.text or "")
     (aborted,) = [r for r in cases["after-bad"].result if isinstance(r, Failure)]
     assert aborted.type == "Aborted" and "DependencyUnsatisfied" in aborted.message
+
+
+_UP_IN_A_FRESH_INTERPRETER = """
+import sys
+sys.argv = ["reconciler", "up", "-f", sys.argv[1], "--timeout", "60s"]
+from reconciler.cli.app import main
+try:
+    main()
+except SystemExit as exc:
+    assert not exc.code, exc.code
+heavy = ("sqlalchemy", "sqlmodel", "reconciler.agent.artifacts", "reconciler.controller.ingest")
+print(sorted(m for m in sys.modules if m in heavy or m.partition(".")[0] in heavy))
+"""
+
+
+def test_up_of_a_plain_job_on_a_new_store_imports_only_what_it_uses(env):
+    """`up`'s fixed cost: a new store's tables come from precompiled DDL (no SQLAlchemy or
+    SQLModel), and a job without an artifact, in a controller that consumes no Source,
+    loads neither the artifact cache nor the Source ingestion."""
+    path = env.write("jobs.yaml", job_yaml("plain", "command: ['true']"))
+    done = subprocess.run(
+        [sys.executable, "-c", _UP_IN_A_FRESH_INTERPRETER, str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "RECONCILER_STORE": env.url, "XDG_STATE_HOME": str(env.xdg)},
+        cwd=env.root,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]", done.stdout
+    assert env.status("plain")["outcome"] == "Succeeded"
