@@ -8,8 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api.meta import ObjectMeta, from_epoch
-from .api.node import Capacity, heartbeat_fresh
+from .api.meta import ObjectMeta
+from .api.node import Capacity, heartbeat_fresh, heartbeat_status
 from .errors import Conflict, InvalidInput
 from .store import Store
 from .store import repository as repo
@@ -66,27 +66,11 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
                 obj = repo.update_object(tx, obj, spec=spec, labels=labels)
         mine = next((f for f in sched.node_facts(tx.session, now) if f.name == node), None)
         allocated = mine.allocated_status() if mine else {"slots": 0}
-        stamp = from_epoch(now)
         became_ready = not heartbeat_fresh(previous, now)
-        ready: dict[str, Any] = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
-        since = ready.get("lastTransitionTime") if ready.get("status") == "True" and not became_ready else stamp
-        status: dict[str, Any] = {
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "AgentHeartbeat",
-                    "message": "the node's agent is posting heartbeats",
-                    "lastTransitionTime": since,
-                }
-            ],
-            "heartbeatAt": stamp,
-            "allocated": allocated,
-            "cpuCount": beat.cpu_count,
-            "agent": beat.agent,
-            "address": beat.address,
-            "remote": True,
-        }
+        status = heartbeat_status(
+            previous, now, allocated=allocated, cpu_count=beat.cpu_count, agent=beat.agent, address=beat.address
+        )
+        status["remote"] = True
         if beat.log_port is not None:
             status["logPort"] = beat.log_port
         repo.update_object(tx, obj, status=status)

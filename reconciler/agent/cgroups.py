@@ -22,6 +22,7 @@ import os
 import signal
 import threading
 import uuid
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +87,7 @@ def _keyed(text: str | None, key: str) -> int | None:
     return None
 
 
-class RunCgroup:
+class RunCgroup(ABC):
     """One run's cgroup: a folder per hierarchy (one on v2). Every method tolerates a cgroup
     that is already gone."""
 
@@ -128,8 +129,8 @@ class RunCgroup:
         """SIGKILL to everything in it, the wrapper too."""
         self.signal(signal.SIGKILL)
 
-    def usage(self) -> Usage:
-        raise NotImplementedError
+    @abstractmethod
+    def usage(self) -> Usage: ...
 
     def remove(self) -> bool:
         """rmdir in each hierarchy; True once none is left. The kernel refuses while a
@@ -198,7 +199,7 @@ def _made(path: Path) -> bool:
     return True
 
 
-class Hierarchy:
+class Hierarchy(ABC):
     """Where runs' cgroups are made: `create` one with limits, `open` one made before (by
     this process or one that died)."""
 
@@ -249,11 +250,11 @@ class Hierarchy:
     def parents(self) -> list[Path]:
         return [d.parent for d in self.open("x").dirs]
 
-    def open(self, name: str) -> RunCgroup:
-        raise NotImplementedError
+    @abstractmethod
+    def open(self, name: str) -> RunCgroup: ...
 
-    def _limit(self, group: RunCgroup, limits: Limits) -> None:
-        raise NotImplementedError
+    @abstractmethod
+    def _limit(self, group: RunCgroup, limits: Limits) -> None: ...
 
 
 class V1Hierarchy(Hierarchy):

@@ -87,6 +87,31 @@ def heartbeat_fresh(status: dict[str, Any] | None, now: float) -> bool:
     return beat is not None and now - to_epoch(beat) < READY_WINDOW
 
 
+def heartbeat_status(
+    previous: dict[str, Any], now: float, *, allocated: dict[str, Any], cpu_count: int, agent: str, address: str
+) -> dict[str, Any]:
+    """A node's status as a heartbeat at `now` leaves it, local or remote: Ready True since
+    the last transition (now, when it had not been Ready or its last heartbeat had gone stale)."""
+    stamp = from_epoch(now)
+    ready: dict[str, Any] = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
+    kept = ready.get("status") == "True" and heartbeat_fresh(previous, now)
+    condition = {
+        "type": "Ready",
+        "status": "True",
+        "reason": "AgentHeartbeat",
+        "message": "the node's agent is posting heartbeats",
+        "lastTransitionTime": ready.get("lastTransitionTime") if kept else stamp,
+    }
+    return {
+        "conditions": [condition],
+        "heartbeatAt": stamp,
+        "allocated": allocated,
+        "cpuCount": cpu_count,
+        "agent": agent,
+        "address": address,
+    }
+
+
 def observed_status(status: dict[str, Any] | None, now: float) -> dict[str, Any]:
     """The node's status as it stands at `now`: what its agent last wrote, with the Ready
     condition Unknown once the heartbeat is older than READY_WINDOW (as Kubernetes shows a

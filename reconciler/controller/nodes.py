@@ -5,10 +5,9 @@ from __future__ import annotations
 import os
 import re
 import socket
-from typing import Any
 
 from ..api.meta import from_epoch
-from ..api.node import heartbeat_fresh
+from ..api.node import heartbeat_fresh, heartbeat_status
 from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
@@ -54,27 +53,11 @@ def heartbeat(
             repo.record_events(tx, repo.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
         mine = next((f for f in sched.node_facts(tx.session, now) if f.name == node), None)
         allocated = mine.allocated_status() if mine else {"slots": 0}
-        stamp = from_epoch(now)
         previous = obj.status or {}
         became_ready = not heartbeat_fresh(previous, now)
-        ready: dict[str, Any] = next((c for c in previous.get("conditions", []) if c.get("type") == "Ready"), {})
-        since = ready.get("lastTransitionTime") if ready.get("status") == "True" else stamp
-        status = {
-            "conditions": [
-                {
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "AgentHeartbeat",
-                    "message": "the node's agent is posting heartbeats",
-                    "lastTransitionTime": since,
-                }
-            ],
-            "heartbeatAt": stamp,
-            "allocated": allocated,
-            "cpuCount": os.cpu_count() or 1,
-            "agent": owner,
-            "address": address,
-        }
+        status = heartbeat_status(
+            previous, now, allocated=allocated, cpu_count=os.cpu_count() or 1, agent=owner, address=address
+        )
         if paths_swept_at is not None:  # readers show it as the last check of paths still watched
             status["pathsCheckedAt"] = from_epoch(paths_swept_at)
         repo.update_object(tx, obj, status=status)
