@@ -135,13 +135,14 @@ def _count(before: dict[str, Any], after: JobStatusDict) -> None:
 
 
 def commit(tx: Tx, ctx: Ctx) -> StoredObject:
-    """Apply the step's scheduling operations, write status once (compare-and-swap), and
-    append its events, all in the caller's one transaction."""
-    for op in ctx.ops:
-        op(tx)
+    """Write status once (compare-and-swap), apply the step's scheduling operations and
+    append its events, all in the caller's one transaction. The compare-and-swap goes first:
+    a `Conflict` then leaves nothing written (a batch of steps goes on without this one)."""
     ctx.status["observedGeneration"] = ctx.obj.generation
     ctx.status["specHash"] = revisions.spec_hash(ctx.obj.spec_text)
     obj = repo.update_object(tx, ctx.obj, status=cast(dict[str, Any], ctx.status), annotations=ctx.annotations)
+    for op in ctx.ops:
+        op(tx)
     _count(ctx.obj.status or {}, ctx.status)
     repo.record_events(tx, *(repo.ObjectEvent(obj, e.reason, e.message, e.warning) for e in ctx.events))
     if ctx.notices:

@@ -36,6 +36,12 @@ class Endings:
         self.admitted: dict[str, sched.Admission] = {}  # admissions this process just made, by uid, until Starting
         self._completed_here: set[str] = set()  # completions of this process, not yet looked at again
 
+    def forget(self) -> None:
+        """Writes of this process were lost: the admissions and completions remembered from
+        them may never have been stored (both are only shortcuts; the store says the truth)."""
+        self.admitted.clear()
+        self._completed_here.clear()
+
     def write(self, ctx: Ctx) -> None:
         with self.store.write(known=True) as tx:
             commit(tx, ctx)
@@ -64,7 +70,7 @@ class Endings:
         ctx.move(Phase.COMPLETED, reason, message, outcome=outcome)
         ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
         self.write(ctx)
-        faults.point("after-completion")  # completed, its notifications in the outbox, none delivered
+        faults.point("after-completion", self.store.flush)  # completed, its notifications in the outbox, none delivered
         self.wake_dependents(ctx.name)
         return DONE
 
@@ -72,10 +78,10 @@ class Endings:
         self.stop_watching(ctx.name)
         self.admitted.pop(ctx.uid, None)
         with self.store.write(known=True) as tx:
+            repo.remove(tx, ctx.obj)  # first: a Conflict leaves nothing written
             sched.dequeue(tx, ctx.uid)
             if sched.release(tx, ctx.uid) is not None:
                 ctx.released(ctx.spec.pool, ctx.spec.slots)
-            repo.remove(tx, ctx.obj)
             repo.record_events(tx, repo.ObjectEvent(ctx.obj, "Deleted", "job deleted"))
         self.wake_dependents(ctx.name)
         return DONE

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 KILLS = ("after-admission", "after-spawn", "before-exit-record", "during-backoff", "after-completion")
 INGEST_KILLS = ("after-ingest",)  # a Source's batch stored, its messages not yet acknowledged
@@ -19,9 +20,13 @@ class InjectedFault(RuntimeError):
     pass
 
 
-def point(name: str) -> None:
+def point(name: str, flush: Callable[[], None] | None = None) -> None:
+    """`flush`: commit what the step wrote before the kill (a batch's open transaction), so
+    that the crash comes where the point says, after those writes."""
     if name != _ARMED:
         return
     if name in RAISES:
         raise InjectedFault(f"fault injected at {name}")
+    if flush is not None:
+        flush()
     os.kill(os.getpid(), signal.SIGKILL)

@@ -70,6 +70,10 @@ class JobReconciler:
         self.endings = Endings(store, paths=self.paths, probes=self.probes, wake=wake)
         self.runs = RunSteps(store, agent, self.endings, self.probes, owner=owner, rand=self.rand)
 
+    def forget(self) -> None:
+        """A batch's writes were lost (its commit failed): drop what was remembered of them."""
+        self.endings.forget()
+
     @property
     def dependents(self) -> defaultdict[str, set[str]]:
         """job -> the jobs that depend on it, as far as this process has seen."""

@@ -72,10 +72,10 @@ class Controller:
             self.agent,
             clock=self.clock,
             owner=self.owner,
-            wake=self.queue.add,
-            notified=self.notifier.wake,
+            wake=self._wake_after_commit,
+            notified=lambda: store.after_commit(self.notifier.wake),
         )
-        self.runner = Runner(self.queue, self.jobs, workers=workers)
+        self.runner = Runner(self.queue, self.jobs, workers=workers, batching=store, forget=self.jobs.forget)
         self._stop = threading.Event()
         self._watcher = critical("change-watcher", self._watch)
         self._feed: ChangeFeed | None = None
@@ -117,6 +117,11 @@ class Controller:
         self.jobs.probes.close()
         self._watcher.join(2)
         self.agent.close()
+
+    def _wake_after_commit(self, job: str, urgent: bool = False) -> None:
+        """A step's wake-up of a job: once what the step wrote is committed (a batch commits
+        later), for the job's next step must read it."""
+        self.store.after_commit(lambda: self.queue.add(job, urgent))
 
     def wake(self, job: str) -> None:
         """Something about the job's run happened elsewhere (a remote agent's report): look

@@ -44,7 +44,10 @@ def _spec(name: str, text: str) -> NotifierSpec | None:
 def record(tx: Tx, job: StoredObject, events: list[str], *, reason: str | None, run: int | None, at: float) -> bool:
     """Write an outbox row for every notifier that hears of one of `events` about `job`, in
     the caller's transaction; True when there is one."""
-    specs = [(name, spec) for name, text in outbox.notifiers(tx.session) if (spec := _spec(name, text)) is not None]
+    specs: list[tuple[str, NotifierSpec]] | None = tx.memo.get("notifiers")
+    if specs is None:  # once per transaction: a batch of steps shares it, and no step writes a notifier
+        found = outbox.notifiers(tx.session)
+        specs = tx.memo["notifiers"] = [(name, spec) for name, text in found if (spec := _spec(name, text)) is not None]
     pending: list[outbox.Pending] = []
     for event in events:
         listeners = [name for name, spec in specs if spec.hears(event, job.labels)]

@@ -140,6 +140,9 @@ class RunSteps:
                 return self.unstarted(ctx, lost)
             if ctx.spec.artifact is not None and (not_yet := self._artifact(ctx, number, run_dir)) is not None:
                 return not_yet
+            # the admission (and whatever this batch wrote before it) is committed before a
+            # process exists: a crash after the spawn must find the admission it runs under
+            self.store.flush()
             faults.point("after-admission")
             self._leading()
             try:
@@ -315,7 +318,7 @@ class RunSteps:
         return requeue_after(due)
 
     def _ended(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result:
-        faults.point("before-exit-record")
+        faults.point("before-exit-record", self.store.flush)
         if (exited is None or exited.exit_code != 0) and (oom := self._oom_killed(ctx, run, exited)) is not None:
             return oom
         if exited is None:
@@ -621,7 +624,7 @@ class RunSteps:
         ctx.status["nextRunAt"] = from_epoch(ctx.now + decision.delay)
         ctx.move(Phase.BACKOFF, RETRY_SCHEDULED, decision.message)
         self.endings.write(ctx)
-        faults.point("during-backoff")
+        faults.point("during-backoff", self.store.flush)
         return AGAIN if decision.delay <= 0 else requeue_after(decision.delay)
 
 

@@ -15,7 +15,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 from .. import telemetry
 from ..threads import critical
@@ -54,6 +56,10 @@ ERROR_BASE, ERROR_MAX = 0.005, 30.0
 # again. Keeps every wait far below threading.TIMEOUT_MAX, whatever a manifest asks for.
 MAX_TIMER = 86400.0
 URGENT_STREAK = 4  # urgent keys in a row before one normal key goes (the normal lane gets >= 1/5)
+# A batch ends when this many keys were reconciled, or once its transaction (the store's write
+# lock) is this old: other writers (a node agent's reports, apply) wait no longer than that.
+MAX_BATCH = 64
+MAX_BATCH_AGE = 0.010
 
 
 class WorkQueue:
@@ -169,12 +175,45 @@ class WorkQueue:
             return len(self._queued)
 
 
-class Runner:
-    """Workers pulling keys from one queue and handing them to the reconciler."""
+class Batching(Protocol):
+    """Group commit (the store's `batch`): the steps of keys ready together share one write
+    transaction. `lost` tells after the block whether a commit failed (the writes since the
+    one before are gone)."""
 
-    def __init__(self, queue: WorkQueue, reconcile: Reconcile, workers: int = 1):
+    def batch(self) -> AbstractContextManager[Lost]: ...
+    def batch_age(self) -> float: ...
+
+
+class Lost(Protocol):
+    @property
+    def lost(self) -> bool: ...
+
+
+Outcome = Result | Exception  # what one reconcile of a key came to
+
+
+class Runner:
+    """Workers pulling keys from one queue and handing them to the reconciler.
+
+    With `batching`, a worker takes every key ready now (up to MAX_BATCH, while the batch's
+    transaction is younger than MAX_BATCH_AGE) and reconciles them in one batch: their writes
+    commit together, and only then are the keys marked done and requeued. If a commit of the
+    batch failed, every key of it is retried as after an error, and `forget` drops what the
+    reconciler remembered of the lost writes."""
+
+    def __init__(
+        self,
+        queue: WorkQueue,
+        reconcile: Reconcile,
+        workers: int = 1,
+        *,
+        batching: Batching | None = None,
+        forget: Callable[[], None] | None = None,
+    ):
         self.queue = queue
         self._reconcile = reconcile
+        self._batching = batching
+        self._forget = forget
         self._failures: dict[Key, int] = {}
         self._threads = [critical(f"reconcile-{i}", self._work) for i in range(workers)]
 
@@ -189,36 +228,73 @@ class Runner:
 
     def _work(self) -> None:
         while (key := self.queue.get()) is not None:
-            faults.point("worker-dies")
-            began = time.perf_counter()
-            try:
-                result = self._reconcile(key)
-            except TerminalError as exc:
-                log.error("reconcile %s failed for good: %s", key, exc)
-                self._failures.pop(key, None)
-                self.queue.done(key)
-                continue
-            except Exception as exc:  # the runner, not reconcilers, owns retrying on errors
-                failures = self._failures.get(key, 0) + 1
-                self._failures[key] = failures
-                delay = min(ERROR_MAX, ERROR_BASE * 2**failures) * (0.5 + random.random())
-                level = logging.WARNING if failures > 3 else logging.DEBUG
-                log.log(
-                    level,
-                    "reconcile %s failed (%s: %s); retrying in %.3fs",
-                    key,
-                    type(exc).__name__,
-                    exc,
-                    delay,
-                    exc_info=failures > 3,
-                )
-                self.queue.done(key)
-                self.queue.add_after(key, delay)
-                continue
-            telemetry.RECONCILE.observe(time.perf_counter() - began)
+            if self._batching is None:
+                self._finish(key, self._run(key))
+            else:
+                self._batch(key, self._batching)
+
+    def _batch(self, key: Key, batching: Batching) -> None:
+        outcomes: list[tuple[Key, Outcome]] = []
+        lost: Exception | None = None
+        try:
+            with batching.batch() as batch:
+                while True:
+                    outcomes.append((key, self._run(key)))
+                    if batch.lost or len(outcomes) >= MAX_BATCH or batching.batch_age() >= MAX_BATCH_AGE:
+                        break
+                    if (ready := self.queue.get_nowait()) is None:
+                        break
+                    key = ready
+            if batch.lost:
+                lost = RuntimeError("a commit of the batch failed")
+        except faults.InjectedFault:
+            raise
+        except Exception as exc:  # the batch's commit failed: its writes are gone
+            lost = exc
+        if lost is not None:
+            if self._forget is not None:
+                self._forget()
+            outcomes = [(k, lost) for k, _ in outcomes]
+        for done, outcome in outcomes:
+            self._finish(done, outcome)
+
+    def _run(self, key: Key) -> Outcome:
+        faults.point("worker-dies")
+        began = time.perf_counter()
+        try:
+            result = self._reconcile(key)
+        except Exception as exc:  # the runner, not reconcilers, owns retrying on errors
+            return exc
+        telemetry.RECONCILE.observe(time.perf_counter() - began)
+        return result
+
+    def _finish(self, key: Key, outcome: Outcome) -> None:
+        """Mark the key done and requeue it as its outcome asks."""
+        if isinstance(outcome, TerminalError):
+            log.error("reconcile %s failed for good: %s", key, outcome)
             self._failures.pop(key, None)
             self.queue.done(key)
-            if result.again:
-                self.queue.add(key)
-            elif result.requeue_after is not None:
-                self.queue.add_after(key, result.requeue_after)
+            return
+        if isinstance(outcome, Exception):
+            failures = self._failures.get(key, 0) + 1
+            self._failures[key] = failures
+            delay = min(ERROR_MAX, ERROR_BASE * 2**failures) * (0.5 + random.random())
+            level = logging.WARNING if failures > 3 else logging.DEBUG
+            log.log(
+                level,
+                "reconcile %s failed (%s: %s); retrying in %.3fs",
+                key,
+                type(outcome).__name__,
+                outcome,
+                delay,
+                exc_info=outcome if failures > 3 else None,
+            )
+            self.queue.done(key)
+            self.queue.add_after(key, delay)
+            return
+        self._failures.pop(key, None)
+        self.queue.done(key)
+        if outcome.again:
+            self.queue.add(key)
+        elif outcome.requeue_after is not None:
+            self.queue.add_after(key, outcome.requeue_after)

@@ -15,10 +15,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
+from typing import Any
 
-from ..errors import InvalidInput
+from ..errors import Conflict, InvalidInput
 from ..files import make_private_dirs
 from .dbapi import Connection, Statement, StoreError
 from .listen import Listener, Wakeups, listening
@@ -157,6 +158,9 @@ class Tx:
         self.store = store
         self._rv: int | None = None
         self.discarded = False
+        # what is read once per transaction: it holds the store-wide write lock, so what only
+        # other writers change (the notifiers) stays as read until it ends
+        self.memo: dict[str, Any] = {}
 
     def discard(self) -> None:
         """Roll back instead of committing (dry runs)."""
@@ -170,6 +174,23 @@ class Tx:
     @property
     def changed(self) -> bool:
         return self._rv is not None
+
+
+class Batch:
+    """A thread's batch (`Store.batch`): its reads and controller writes share one write
+    transaction, opened by the first of them and committed by `flush` (at the batch's end, or
+    before something outside the store must see them: a spawn). `lost` is set when a
+    transaction of the batch was rolled back or could not be committed: the writes since the
+    previous flush are gone."""
+
+    __slots__ = ("after", "conn", "lost", "opened", "tx")
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None  # the writer's connection, while a transaction is open
+        self.tx: Tx | None = None
+        self.opened = 0.0  # time.monotonic() when it was opened
+        self.after: list[Callable[[], None]] = []  # what waits for the commit (wake-ups)
+        self.lost = False
 
 
 @contextmanager
@@ -296,7 +317,14 @@ class Store:
         """A read-only transaction: one consistent snapshot for all its statements (SQLite's
         WAL read transaction; PostgreSQL's REPEATABLE READ, READ ONLY on this thread's kept
         connection, where the default READ COMMITTED would give each statement its own).
-        A write inside fails: SQLite's read connections are `query_only`."""
+        A write inside fails: SQLite's read connections are `query_only`. In a batch, this
+        thread reads through the batch's transaction: its own writes, not yet committed, are
+        what its next steps must see (and on PostgreSQL a read costs no BEGIN and COMMIT)."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        if batch is not None:
+            with self._batched(batch, reading=True) as tx:
+                yield tx.session
+            return
         nested = getattr(self._local, "reading", False)
         if nested:  # a read inside a read on this thread: a connection of its own
             conn = self._connect(write=False)
@@ -323,22 +351,25 @@ class Store:
         controller's reconcile steps), so this process's change feed need not tell it: its
         resourceVersion goes into `known_writes`. Every other write, by whatever part of
         this process (a verb, a folder's applies), is seen by the change feed. While a
-        `fence` is set, the controller's writes (`known`) check its term first (`Fenced`)."""
+        `fence` is set, the controller's writes (`known`) check its term first (`Fenced`).
+        In a batch (`batch`), a `known` write joins the batch's transaction. A `Conflict`
+        raised inside leaves the batch as it was: the controller's writes make their
+        compare-and-swap before they write anything else. Any other exception rolls back the
+        batch's uncommitted writes (`Batch.lost`): they were all or nothing together."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        if batch is not None:
+            if known:
+                with self._batched(batch) as tx:
+                    yield tx
+                return
+            self.flush()  # any other write is a transaction of its own, after the batch's
         fence = self.fence if known else None
         with self._writer:
             conn = self._writer_connection()
             conn.begin("BEGIN IMMEDIATE")
             commit = False
             try:
-                if fence is not None:
-                    if fence.broken.is_set():
-                        raise Fenced("this server does not lead (it holds no controller lease): the write is refused")
-                    term = (_TERM if self.is_sqlite else _LOCK_SEQ_TERM).execute(conn).scalar()
-                    if term != fence.term:
-                        fence.broken.set()
-                        raise Fenced(f"the controller lease is in term {term}, not {fence.term}: another server leads")
-                elif not self.is_sqlite:
-                    _LOCK_SEQ.execute(conn)
+                self._lock(conn, fence)
                 tx = Tx(conn, self)
                 yield tx
                 if tx.changed and not tx.discarded and not self.is_sqlite:
@@ -350,12 +381,148 @@ class Store:
             if commit and tx.changed and known:
                 self.known_writes.add(tx.rv())
         if commit and tx.changed:
-            # this process's followers of the change feed hear of its own commits at once, as
-            # other processes' hear of them through PostgreSQL's NOTIFY (on SQLite nothing
-            # else tells them)
-            self._wakeups.announce(foreign=not known)
-            for listener in self.committed:
-                listener()
+            self._announce(known=known)
+
+    def _lock(self, conn: Connection, fence: Fence | None) -> None:
+        """The store-wide write lock (SQLite's BEGIN IMMEDIATE took it; PostgreSQL's row lock on
+        the change sequence), and a leader's term checked under it."""
+        if fence is not None:
+            if fence.broken.is_set():
+                raise Fenced("this server does not lead (it holds no controller lease): the write is refused")
+            term = (_TERM if self.is_sqlite else _LOCK_SEQ_TERM).execute(conn).scalar()
+            if term != fence.term:
+                fence.broken.set()
+                raise Fenced(f"the controller lease is in term {term}, not {fence.term}: another server leads")
+        elif not self.is_sqlite:
+            _LOCK_SEQ.execute(conn)
+
+    def _announce(self, *, known: bool) -> None:
+        """After a committed change: this process's followers of the change feed hear of its
+        own commits at once, as other processes' hear of them through PostgreSQL's NOTIFY (on
+        SQLite nothing else tells them), and so do the `committed` listeners."""
+        self._wakeups.announce(foreign=not known)
+        for listener in self.committed:
+            listener()
+
+    # -- batches: group commit of the controller's steps -----------------------------------
+    @contextmanager
+    def batch(self) -> Iterator[Batch]:
+        """Group commit for this thread: its reads and the controller's writes
+        (`write(known=True)`) share one write transaction, opened by the first of them and
+        committed when the block ends or at `flush`. Whatever acts on a write outside the
+        store waits for its commit: `after_commit` (wake-ups), `flush` (a spawn). An exception
+        out of the block rolls back what is not committed."""
+        if getattr(self._local, "batch", None) is not None:
+            raise RuntimeError("a batch inside a batch")
+        batch = self._local.batch = Batch()
+        try:
+            yield batch
+            self.flush()
+        except BaseException:
+            self._abandon(batch)
+            raise
+        finally:
+            self._local.batch = None
+
+    def in_batch(self) -> bool:
+        """Whether this thread has writes not yet committed (a batch's open transaction)."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        return batch is not None and batch.conn is not None
+
+    def batch_age(self) -> float:
+        """Seconds since this thread's batch opened its transaction (0 when none is open):
+        the write lock has been held that long."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        return 0.0 if batch is None or batch.conn is None else time.monotonic() - batch.opened
+
+    def after_commit(self, action: Callable[[], None]) -> None:
+        """Run `action` once this thread's uncommitted writes are committed: at once when
+        there are none (outside a batch, or between its transactions)."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        if batch is not None and batch.conn is not None:
+            batch.after.append(action)
+        else:
+            action()
+
+    def flush(self) -> None:
+        """Commit this thread's batch transaction, if one is open, and run what waited for it.
+        A failure marks the batch `lost` and raises."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        if batch is None or batch.conn is None or batch.tx is None:
+            return
+        conn, tx = batch.conn, batch.tx
+        batch.conn = batch.tx = None
+        committed = False
+        try:
+            if tx.changed and not self.is_sqlite:
+                _NOTIFY.execute(conn, {"payload": f"{tx.rv()} {self.origin}"})
+            conn.end(commit=True)
+            committed = True
+        except BaseException:
+            batch.lost = True
+            with suppress(StoreError):
+                conn.end(commit=False)
+            raise
+        finally:
+            if committed and tx.changed:
+                self.known_writes.add(tx.rv())
+            self._writer.release()
+            after, batch.after = batch.after, []
+            if committed and tx.changed:
+                self._announce(known=True)
+            for action in after:  # also after a failure: a wake-up too many costs a look
+                action()
+
+    @contextmanager
+    def _batched(self, batch: Batch, *, reading: bool = False) -> Iterator[Tx]:
+        """The batch's transaction, opened if need be. No savepoint per block (two round trips
+        each on PostgreSQL): a `Conflict` comes before the block wrote anything (a
+        compare-and-swap is a block's first write, or a version check comes first), and any
+        other exception rolls the whole batch back (in a read, only a database error: on
+        PostgreSQL it ends the transaction)."""
+        if batch.conn is None:
+            self._open(batch)
+        tx = batch.tx
+        assert tx is not None
+        try:
+            yield tx
+        except Conflict:
+            raise
+        except StoreError:
+            self._abandon(batch)
+            raise
+        except BaseException:
+            if not reading:
+                self._abandon(batch)
+            raise
+
+    def _open(self, batch: Batch) -> None:
+        self._writer.acquire()
+        try:
+            conn = self._writer_connection()
+            conn.begin("BEGIN IMMEDIATE")
+            try:
+                self._lock(conn, self.fence)
+            except BaseException:
+                conn.end(commit=False)
+                raise
+        except BaseException:
+            self._writer.release()
+            raise
+        batch.conn, batch.tx, batch.opened = conn, Tx(conn, self), time.monotonic()
+
+    def _abandon(self, batch: Batch) -> None:
+        """Roll back the batch's open transaction (its writes are lost) and free the lock."""
+        conn = batch.conn
+        if conn is None:
+            return
+        batch.conn = batch.tx = None
+        batch.lost = True
+        try:
+            with suppress(StoreError):
+                conn.end(commit=False)
+        finally:
+            self._writer.release()
 
     def wakeups(self) -> Wakeups:
         """What the change feed's followers wait on between polls: on PostgreSQL announced by

@@ -4,6 +4,7 @@ deadline, and no assertion is about how fast anything ran."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import threading
 import time
@@ -491,3 +492,90 @@ def test_a_timer_past_any_wait_does_not_break_the_queue():
     worker.join(DEADLINE)
     assert got == ["near"]
     assert q._due["far"] - time.monotonic() <= runtime.MAX_TIMER
+
+
+# --- Runner with group commit (a real store) ---------------------------------------------
+
+
+def test_keys_ready_together_are_reconciled_in_one_batch_and_done_after_its_commit(tmp_path, monkeypatch):
+    from reconciler.store import Store
+    from reconciler.store import repository as repo
+
+    monkeypatch.setattr(runtime, "MAX_BATCH_AGE", DEADLINE)  # a slow machine must not end the batch early
+    store = Store(f"sqlite:///{tmp_path / 'state.db'}")
+    names = ["a", "b", "c"]
+    with store.write() as tx:
+        for name in names:
+            repo.create(tx, kind="Job", name=name, spec={"command": ["true"]}, labels={}, annotations={})
+    seen_elsewhere: dict[str, int] = {}
+
+    def committed_phases() -> int:
+        box: list[int] = []
+
+        def look() -> None:
+            with store.read() as conn:
+                box.append(sum(1 for n in names if (repo.get(conn, kind="Job", name=n).status or {}).get("phase")))
+
+        thread = threading.Thread(target=look)
+        thread.start()
+        thread.join(DEADLINE)
+        return box[0]
+
+    def reconcile(key):
+        with store.read() as conn:
+            obj = repo.get(conn, kind="Job", name=key)
+        with store.write(known=True) as tx:
+            repo.update_object(tx, obj, status={"phase": "Done"})
+        seen_elsewhere[key] = committed_phases()
+        return runtime.DONE
+
+    q = WorkQueue()
+    for name in names:
+        q.add(name)
+    runner = Runner(q, reconcile, workers=1, batching=store)
+    runner.start()
+    try:
+        wait_until(lambda: len(seen_elsewhere) == 3 and q.idle(), timeout=DEADLINE)
+    finally:
+        runner.stop()
+    # each write was invisible to others until the batch's one commit, after the last key
+    assert seen_elsewhere == {"a": 0, "b": 0, "c": 0}
+    assert committed_phases() == 3
+    store.dispose()
+
+
+class LostBatch:
+    """A store whose batches all fail to commit (the Batching protocol)."""
+
+    def __init__(self) -> None:
+        self.batches = 0
+
+    @contextlib.contextmanager
+    def batch(self):
+        self.batches += 1
+        yield types.SimpleNamespace(lost=True)
+
+    def batch_age(self) -> float:
+        return 0.0
+
+
+def test_every_key_of_a_lost_batch_is_retried_and_the_reconciler_forgets(steady_random):
+    q = RecordingQueue()
+    for key in ("a", "b"):
+        q.add(key)
+    calls: list[str] = []
+    forgotten: list[bool] = []
+    lost = LostBatch()
+
+    def reconcile(key):
+        calls.append(key)
+        return runtime.DONE
+
+    runner = Runner(q, reconcile, workers=1, batching=lost, forget=lambda: forgotten.append(True))
+    runner.start()
+    try:
+        wait_until(lambda: len(calls) >= 4, timeout=DEADLINE, message="both keys reconciled again")
+    finally:
+        runner.stop()
+    assert calls[:2] == ["a", "b"] and sorted(calls[2:4]) == ["a", "b"]
+    assert forgotten and {k for k, _ in q.delays} == {"a", "b"}  # retried as after an error

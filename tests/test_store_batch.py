@@ -1,0 +1,166 @@
+"""Group commit (`Store.batch`): the controller's writes of one batch share a transaction,
+each still all or nothing; its thread reads them before they commit; what acts on them waits
+for the commit. On SQLite and PostgreSQL (`store_url`)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from reconciler.errors import Conflict
+from reconciler.store import Store
+from reconciler.store import repository as repo
+from reconciler.store.dbapi import Statement, StoreError
+
+SPEC = {"command": ["true"]}
+
+
+class BoomError(Exception):
+    pass
+
+
+@pytest.fixture
+def store(store_url):
+    s = Store(store_url)
+    yield s
+    s.dispose()
+
+
+def _create(store: Store, name: str):
+    with store.write() as tx:
+        return repo.create(tx, kind="Job", name=name, spec=SPEC, labels={}, annotations={}, status={"phase": "Waiting"})
+
+
+def _phase_elsewhere(store: Store, name: str) -> str | None:
+    """The job's phase as another thread (its own connection) sees it: what is committed."""
+    found: list[str | None] = []
+
+    def look() -> None:
+        with store.read() as conn:
+            obj = repo.get(conn, kind="Job", name=name)
+            found.append(None if obj is None else obj.status.get("phase"))
+
+    thread = threading.Thread(target=look)
+    thread.start()
+    thread.join(10)
+    return found[0]
+
+
+def _set_phase(store: Store, obj, phase: str):
+    with store.write(known=True) as tx:
+        return repo.update_object(tx, obj, status={"phase": phase})
+
+
+def test_the_writes_of_a_batch_commit_together_and_its_thread_reads_them_first(store):
+    a, b = _create(store, "a"), _create(store, "b")
+    seq = store.change_seq()
+    with store.batch() as batch:
+        _set_phase(store, a, "Queued")
+        with store.read() as conn:  # this thread sees its own write at once
+            assert repo.get(conn, kind="Job", name="a").status["phase"] == "Queued"
+        assert _phase_elsewhere(store, "a") == "Waiting"  # nobody else does before the commit
+        _set_phase(store, b, "Queued")
+        assert store.in_batch()
+    assert not batch.lost and not store.in_batch()
+    assert _phase_elsewhere(store, "a") == _phase_elsewhere(store, "b") == "Queued"
+    assert store.change_seq() == seq + 1  # one transaction: one resourceVersion
+    assert store.known_writes >= {seq + 1}
+
+
+def test_a_conflict_in_a_batch_leaves_the_batch_as_it_was(store):
+    a, b = _create(store, "a"), _create(store, "b")
+    with store.batch() as batch:
+        fresh = _set_phase(store, a, "Queued")
+        with pytest.raises(Conflict):  # a stale write: its compare-and-swap wrote nothing
+            _set_phase(store, a, "Running")
+        _set_phase(store, fresh, "Starting")  # the batch goes on
+        _set_phase(store, b, "Queued")
+    assert not batch.lost
+    assert _phase_elsewhere(store, "a") == "Starting"
+    assert _phase_elsewhere(store, "b") == "Queued"
+
+
+def test_any_other_exception_in_a_write_rolls_back_the_batch_since_its_last_flush(store):
+    a, b, c = _create(store, "a"), _create(store, "b"), _create(store, "c")
+    with store.batch() as batch:
+        _set_phase(store, a, "Queued")
+        store.flush()
+        _set_phase(store, b, "Queued")
+        with pytest.raises(BoomError), store.write(known=True) as tx:
+            repo.update_object(tx, c, status={"phase": "Running"})
+            raise BoomError
+        assert batch.lost and not store.in_batch()
+    assert _phase_elsewhere(store, "a") == "Queued"  # committed before
+    assert _phase_elsewhere(store, "b") == _phase_elsewhere(store, "c") == "Waiting"
+
+
+def test_an_exception_in_a_read_of_a_batch_does_not_lose_it(store):
+    a = _create(store, "a")
+    with store.batch() as batch:
+        _set_phase(store, a, "Queued")
+        with pytest.raises(BoomError), store.read():
+            raise BoomError  # say, a stored spec that no longer validates: nothing was written
+    assert not batch.lost
+    assert _phase_elsewhere(store, "a") == "Queued"
+
+
+def test_what_waits_for_a_commit_runs_after_it_and_flush_commits_midway(store):
+    a, b = _create(store, "a"), _create(store, "b")
+    seen: list[str | None] = []
+    with store.batch():
+        store.after_commit(lambda: seen.append("no write yet: at once"))
+        assert seen == ["no write yet: at once"]
+        _set_phase(store, a, "Queued")
+        store.after_commit(lambda: seen.append(_phase_elsewhere(store, "a")))
+        assert seen == ["no write yet: at once"]
+        store.flush()  # what a spawn asks for: the admission committed before the process exists
+        assert seen == ["no write yet: at once", "Queued"]
+        assert not store.in_batch()
+        _set_phase(store, b, "Queued")
+        assert _phase_elsewhere(store, "b") == "Waiting"
+    assert _phase_elsewhere(store, "b") == "Queued"
+
+
+def test_an_exception_out_of_a_batch_rolls_back_what_it_had_not_committed(store):
+    a, b = _create(store, "a"), _create(store, "b")
+    with pytest.raises(BoomError), store.batch() as batch:
+        _set_phase(store, a, "Queued")
+        store.flush()
+        _set_phase(store, b, "Queued")
+        raise BoomError
+    assert batch.lost
+    assert _phase_elsewhere(store, "a") == "Queued"
+    assert _phase_elsewhere(store, "b") == "Waiting"
+    _set_phase(store, b, "Running")  # the write lock was given back
+    assert _phase_elsewhere(store, "b") == "Running"
+
+
+def test_a_write_of_another_kind_in_a_batch_commits_the_batch_first(store):
+    a = _create(store, "a")
+    with store.batch():
+        _set_phase(store, a, "Queued")
+        _create(store, "b")  # not a controller write (known=False): a transaction of its own
+        assert _phase_elsewhere(store, "a") == "Queued"
+        assert _phase_elsewhere(store, "b") == "Waiting"
+
+
+def test_a_commit_that_fails_marks_the_batch_lost_and_gives_the_lock_back(pg_url):
+    """PostgreSQL: a deferred constraint fails only at COMMIT (SQLite has no such check)."""
+    store = Store(pg_url)
+    try:
+        a = _create(store, "a")
+        with pytest.raises(StoreError), store.batch() as batch:
+            with store.write(known=True) as tx:
+                repo.update_object(tx, a, status={"phase": "Queued"})
+                Statement("CREATE TEMP TABLE t (x int UNIQUE DEFERRABLE INITIALLY DEFERRED) ON COMMIT DROP").execute(
+                    tx.session
+                )
+                Statement("INSERT INTO t VALUES (1), (1)").execute(tx.session)
+            store.flush()
+        assert batch.lost
+        assert _phase_elsewhere(store, "a") == "Waiting"
+        _set_phase(store, a, "Running")
+        assert _phase_elsewhere(store, "a") == "Running"
+    finally:
+        store.dispose()
