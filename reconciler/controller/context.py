@@ -141,6 +141,7 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     ctx.status["observedGeneration"] = ctx.obj.generation
     ctx.status["specHash"] = revisions.spec_hash(ctx.obj.spec_text)
     obj = repo.update_object(tx, ctx.obj, status=cast(dict[str, Any], ctx.status), annotations=ctx.annotations)
+    tx.store.mark(ctx.uid)  # in a batch: written, not yet committed (a spawn waits for it)
     for op in ctx.ops:
         op(tx)
     _count(ctx.obj.status or {}, ctx.status)

@@ -67,12 +67,13 @@ class Controller:
 
             self.sources = Ingester(store)
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
+        self._workers = workers
         self.jobs = JobReconciler(
             store,
             self.agent,
             clock=self.clock,
             owner=self.owner,
-            wake=self._wake_after_commit,
+            wake=self._wake_step,
             notified=lambda: store.after_commit(self.notifier.wake),
         )
         self.runner = Runner(self.queue, self.jobs, workers=workers, batching=store, forget=self.jobs.forget)
@@ -118,10 +119,17 @@ class Controller:
         self._watcher.join(2)
         self.agent.close()
 
-    def _wake_after_commit(self, job: str, urgent: bool = False) -> None:
-        """A step's wake-up of a job: once what the step wrote is committed (a batch commits
-        later), for the job's next step must read it."""
-        self.store.after_commit(lambda: self.queue.add(job, urgent))
+    def _wake_step(self, job: str, urgent: bool = False) -> None:
+        """A step's wake-up of a job: the woken job's step must read what this step wrote.
+        With one worker, the only thread that takes keys is this one, and it reads through
+        its batch's transaction: the job is queued at once, and the same batch may take it
+        (a chain's next job is admitted in the transaction that completes the one before,
+        one commit a link fewer). With more workers, another one could read the state before
+        this batch commits: the wake-up waits for the commit."""
+        if self._workers == 1:
+            self.queue.add(job, urgent)
+        else:
+            self.store.after_commit(lambda: self.queue.add(job, urgent))
 
     def wake(self, job: str) -> None:
         """Something about the job's run happened elsewhere (a remote agent's report): look

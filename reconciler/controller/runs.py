@@ -140,9 +140,12 @@ class RunSteps:
                 return self.unstarted(ctx, lost)
             if ctx.spec.artifact is not None and (not_yet := self._artifact(ctx, number, run_dir)) is not None:
                 return not_yet
-            # the admission (and whatever this batch wrote before it) is committed before a
-            # process exists: a crash after the spawn must find the admission it runs under
-            self.store.flush()
+            if self.store.uncommitted(ctx.uid):
+                # a process exists only under a committed admission (and claim): a crash after
+                # the spawn must find them. (Coming back after the batch's commit instead would
+                # share one commit among a burst of admissions, but costs a reconcile a job,
+                # more than a commit on SQLite.)
+                self.store.flush()
             faults.point("after-admission")
             self._leading()
             try:
@@ -209,6 +212,7 @@ class RunSteps:
         if held.owner is not None and not released(held.owner, self.owner):
             return False
         with self.store.write(known=True) as tx:
+            tx.store.mark(ctx.uid)
             return sched.claim_spawn(tx, ctx.uid, self.owner, take_over_from=held.owner)
 
     def _leading(self) -> None:

@@ -183,13 +183,14 @@ class Batch:
     transaction of the batch was rolled back or could not be committed: the writes since the
     previous flush are gone."""
 
-    __slots__ = ("after", "conn", "lost", "opened", "tx")
+    __slots__ = ("after", "conn", "lost", "opened", "pending", "tx")
 
     def __init__(self) -> None:
         self.conn: Connection | None = None  # the writer's connection, while a transaction is open
         self.tx: Tx | None = None
         self.opened = 0.0  # time.monotonic() when it was opened
         self.after: list[Callable[[], None]] = []  # what waits for the commit (wake-ups)
+        self.pending: set[str] = set()  # what the open transaction wrote, as its writers named it (`mark`)
         self.lost = False
 
 
@@ -444,6 +445,18 @@ class Store:
         else:
             action()
 
+    def mark(self, name: str) -> None:
+        """Name what this thread's open batch transaction just wrote (a job's uid), so that
+        `uncommitted(name)` can tell until it commits. Outside a batch, a no-op."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        if batch is not None and batch.conn is not None:
+            batch.pending.add(name)
+
+    def uncommitted(self, name: str) -> bool:
+        """Whether this thread wrote something named `name` that is not committed yet."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        return batch is not None and batch.conn is not None and name in batch.pending
+
     def flush(self) -> None:
         """Commit this thread's batch transaction, if one is open, and run what waited for it.
         A failure marks the batch `lost` and raises."""
@@ -452,6 +465,7 @@ class Store:
             return
         conn, tx = batch.conn, batch.tx
         batch.conn = batch.tx = None
+        batch.pending.clear()
         committed = False
         try:
             if tx.changed and not self.is_sqlite:
@@ -517,6 +531,7 @@ class Store:
         if conn is None:
             return
         batch.conn = batch.tx = None
+        batch.pending.clear()
         batch.lost = True
         try:
             with suppress(StoreError):
