@@ -34,6 +34,7 @@ class Cursor(Protocol):
     def fetchone(self) -> Sequence[Any] | None: ...
     def fetchall(self) -> Sequence[Sequence[Any]]: ...
     def executemany(self, sql: str, rows: Iterable[Mapping[str, Any]], /) -> object: ...
+    def nextset(self) -> bool | None: ...
 
 
 class Result:
@@ -98,17 +99,39 @@ class Connection:
         except self._errors as exc:
             raise self._failed(exc) from exc
 
+    @property
+    def explicit(self) -> bool:
+        """Whether BEGIN and COMMIT are ours: sqlite3 in autocommit mode (isolation_level
+        None), and the PostgreSQL writer's connection (autocommit at the driver); psycopg
+        begins a reader's transactions with their first statement."""
+        return not self.is_postgresql or bool(self.dbapi.autocommit)
+
     def begin(self, sqlite_begin: str) -> None:
-        """psycopg begins a transaction with the first statement; sqlite3 runs in autocommit
-        mode (isolation_level None), so its BEGIN, or BEGIN IMMEDIATE, is ours."""
         if not self.is_postgresql:
             self.run(sqlite_begin)
+        elif self.explicit:
+            self.run("BEGIN")
 
-    def end(self, *, commit: bool) -> None:
+    def script(self, sql: str) -> Cursor:
+        """Statements without parameters, `;`-separated, in one round trip (PostgreSQL's simple
+        query protocol); the cursor holds the last one's rows."""
+        cursor = self.run(sql)
+        while cursor.nextset():
+            pass
+        return cursor
+
+    def end(self, *, commit: bool, before: str | None = None) -> None:
+        """Commit or roll back. `before`: a statement without parameters sent with the COMMIT
+        in one round trip (an explicit PostgreSQL transaction only)."""
         if self.lost:
             return  # its transaction went with it
         try:
-            self.dbapi.commit() if commit else self.dbapi.rollback()
+            if self.is_postgresql and self.explicit:
+                end = "COMMIT" if commit else "ROLLBACK"
+                self.dbapi.execute(f"{before}; {end}" if before and commit else end)
+            else:
+                assert before is None, "a statement sent with COMMIT needs an explicit transaction"
+                self.dbapi.commit() if commit else self.dbapi.rollback()
         except self._errors as exc:
             self.close()  # a transaction that could not be ended must not stay open on it
             raise self._failed(exc) from exc

@@ -107,8 +107,10 @@ def _postgresql(conninfo: str, *, write: bool) -> Connection:
 
     try:
         # No server-side prepared statements: a plan cached while the queue was short (a
-        # sort of the whole table) outlives its growth.
-        raw = psycopg.connect(conninfo, prepare_threshold=None)
+        # sort of the whole table) outlives its growth. The writer's connection begins and
+        # ends its transactions itself (autocommit at the driver), so that BEGIN goes with the
+        # lock and COMMIT with the NOTIFY, each pair in one round trip.
+        raw = psycopg.connect(conninfo, prepare_threshold=None, autocommit=write)
     except psycopg.Error as exc:
         raise StoreError(str(exc)) from exc
     if not write:  # psycopg opens each transaction with these: no extra round trip
@@ -124,7 +126,6 @@ _LOCK_SEQ_TERM = Statement(
     "SELECT (SELECT term FROM leases WHERE name = 'controller') AS term FROM meta WHERE key = 'seq' FOR UPDATE"
 )
 _TERM = Statement("SELECT term FROM leases WHERE name = 'controller'")  # SQLite: BEGIN IMMEDIATE is the lock
-_NOTIFY = Statement("SELECT pg_notify('reconciler', :payload)")  # listen.py reads it
 
 
 class Fenced(StoreError):
@@ -364,38 +365,55 @@ class Store:
                     yield tx
                 return
             self.flush()  # any other write is a transaction of its own, after the batch's
-        fence = self.fence if known else None
         with self._writer:
             conn = self._writer_connection()
-            conn.begin("BEGIN IMMEDIATE")
+            self._begin(conn, self.fence if known else None)
             commit = False
             try:
-                self._lock(conn, fence)
                 tx = Tx(conn, self)
                 yield tx
-                if tx.changed and not tx.discarded and not self.is_sqlite:
-                    payload = f"{tx.rv()} {self.origin}" if known else str(tx.rv())
-                    _NOTIFY.execute(conn, {"payload": payload})
                 commit = not tx.discarded
             finally:
-                conn.end(commit=commit)
+                if commit:
+                    self._commit(conn, tx, known=known)
+                else:
+                    conn.end(commit=False)
             if commit and tx.changed and known:
                 self.known_writes.add(tx.rv())
         if commit and tx.changed:
             self._announce(known=known)
 
-    def _lock(self, conn: Connection, fence: Fence | None) -> None:
-        """The store-wide write lock (SQLite's BEGIN IMMEDIATE took it; PostgreSQL's row lock on
-        the change sequence), and a leader's term checked under it."""
-        if fence is not None:
-            if fence.broken.is_set():
-                raise Fenced("this server does not lead (it holds no controller lease): the write is refused")
-            term = (_TERM if self.is_sqlite else _LOCK_SEQ_TERM).execute(conn).scalar()
-            if term != fence.term:
+    def _begin(self, conn: Connection, fence: Fence | None) -> None:
+        """Begin a write transaction holding the store-wide write lock (SQLite's BEGIN
+        IMMEDIATE; PostgreSQL's row lock on the change sequence, BEGIN and the lock in one round
+        trip), and check a leader's term under it. On failure nothing stays open."""
+        if fence is not None and fence.broken.is_set():
+            raise Fenced("this server does not lead (it holds no controller lease): the write is refused")
+        try:
+            if self.is_sqlite:
+                conn.begin("BEGIN IMMEDIATE")
+                term = _TERM.execute(conn).scalar() if fence is not None else None
+            else:
+                lock = _LOCK_SEQ_TERM if fence is not None else _LOCK_SEQ
+                row = conn.script(f"BEGIN; {lock.sqlite}").fetchone()
+                term = row[0] if fence is not None and row is not None else None
+            if fence is not None and term != fence.term:
                 fence.broken.set()
                 raise Fenced(f"the controller lease is in term {term}, not {fence.term}: another server leads")
-        elif not self.is_sqlite:
-            _LOCK_SEQ.execute(conn)
+        except BaseException:
+            with suppress(StoreError):
+                conn.end(commit=False)
+            raise
+
+    def _commit(self, conn: Connection, tx: Tx, *, known: bool) -> None:
+        """Commit; on PostgreSQL a change is announced (NOTIFY, which listen.py hears) in the
+        same round trip. The payload is the resourceVersion and, for the controller's own
+        writes, this store's origin: digits and hex, safe in the statement's text."""
+        if self.is_sqlite or not tx.changed:
+            conn.end(commit=True)
+            return
+        payload = f"{tx.rv()} {self.origin}" if known else str(tx.rv())
+        conn.end(commit=True, before=f"SELECT pg_notify('reconciler', '{payload}')")
 
     def _announce(self, *, known: bool) -> None:
         """After a committed change: this process's followers of the change feed hear of its
@@ -468,9 +486,7 @@ class Store:
         batch.pending.clear()
         committed = False
         try:
-            if tx.changed and not self.is_sqlite:
-                _NOTIFY.execute(conn, {"payload": f"{tx.rv()} {self.origin}"})
-            conn.end(commit=True)
+            self._commit(conn, tx, known=True)
             committed = True
         except BaseException:
             batch.lost = True
@@ -514,12 +530,7 @@ class Store:
         self._writer.acquire()
         try:
             conn = self._writer_connection()
-            conn.begin("BEGIN IMMEDIATE")
-            try:
-                self._lock(conn, self.fence)
-            except BaseException:
-                conn.end(commit=False)
-                raise
+            self._begin(conn, self.fence)
         except BaseException:
             self._writer.release()
             raise
