@@ -3,6 +3,7 @@ resourceVersion; every change can append its event in the same transaction."""
 
 from __future__ import annotations
 
+import _json
 import functools
 import json
 import os
@@ -23,19 +24,11 @@ _CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
 # time of a spec's few hundred bytes. Made once here, with the same settings (and no check
 # for circular references: a document read from JSON or a model's dump has none), it spells
 # every value exactly as json.dumps(sort_keys=True, separators=(",", ":")) does.
-_ENCODE = (
-    json.encoder.c_make_encoder(
-        None, _CANONICAL.default, json.encoder.encode_basestring_ascii, None, ":", ",", True, False, True
-    )
-    if json.encoder.c_make_encoder is not None
-    else None
-)
+_ENCODE = _json.make_encoder(None, _CANONICAL.default, _json.encode_basestring_ascii, None, ":", ",", True, False, True)
 
 
 def canonical(document: Any) -> str:
     """One spelling per value, so equal specs compare equal as text."""
-    if _ENCODE is None:
-        return _CANONICAL.encode(document)
     return "".join(_ENCODE(document, 0))
 
 
