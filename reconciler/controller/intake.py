@@ -69,6 +69,7 @@ class _Batch:
     def __init__(self, tx: Tx, source: str, batch: list[tuple[Message, Draft]], next_number: int, now: float):
         self.tx = tx
         self.source = source
+        self.created_by = f"source/{source}"
         self.accepted_at = from_epoch(now)
         self.known = ingested.jobs_of(tx.session, source, (m.id for m, _ in batch))
         self.view = repo.SpecView(tx.session)
@@ -122,7 +123,7 @@ class _Batch:
         self.view.remember("Job", name, spec)
         self.taken.add(name)
         self.known[message.id] = name
-        annotations = {**job.metadata.annotations, CREATED_BY: f"source/{self.source}", MESSAGE_ID: message.id}
+        annotations = {**job.metadata.annotations, CREATED_BY: self.created_by, MESSAGE_ID: message.id}
         self.rows.append(
             {
                 "kind": "Job",

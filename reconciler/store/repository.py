@@ -279,11 +279,12 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
     have it spelled once."""
     rows: list[dict[str, Any]] = []
     created: list[StoredObject] = []
-    spelled: tuple[Any, str | None] = (None, None)  # the last status and its text (held: no id reuse)
+    # the last status, its text and its columns (the dict is held: its id is not reused)
+    spelled: tuple[Any, str | None, dict[str, Any]] = (None, None, _status_copies(None))
     for o in objects:
         status = o.get("status")
         if status is not spelled[0]:
-            spelled = (status, canonical(status) if status is not None else None)
+            spelled = (status, canonical(status) if status is not None else None, _status_copies(status))
         now = time.time()
         row = {
             "kind": o["kind"],
@@ -296,7 +297,7 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
             "spec": canonical(o["spec"]),
             "status": spelled[1],
             "created_at": now,
-            **_status_copies(status),
+            **spelled[2],
             "pool": o["spec"].get("pool") if o["kind"] == "Job" else None,
             "deleted_at": None,
         }
