@@ -831,7 +831,7 @@ def test_canonical_spells_every_value_as_json_dumps_does():
     import json
 
     values = [
-        {"b": [1, 2.5, -0.0, 1e300, 10**30, None, True], "a": {"z": "é\u2028\"\\", "y": float("nan")}},
+        {"b": [1, 2.5, -0.0, 1e300, 10**30, None, True], "a": {"z": 'é\u2028"\\', "y": float("nan")}},
         {"inf": float("inf"), "nested": [{}, [], {"k": {"j": []}}]},
         {2: "int keys", 1: "as text"},
         {},
