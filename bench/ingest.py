@@ -14,7 +14,9 @@ into stored jobs, against a plain pika consumer that only acknowledges, in the s
 
 Three rounds, each reference beside its reconciler run; the medians, and the figure is the
 median of the rounds' ratios (this machine's speed moves within a minute). The aim: at least
-half the plain consumer's rate.
+half the plain consumer's rate. Beside the rates, each side's CPU time a message over the same
+span (the controller's whole process, from the first batch stored to the last): on a machine
+other work loads, the wall-clock rates move with the load, the CPU a message much less.
 
     .venv/bin/python bench/ingest.py [--messages 5000]
 """
@@ -28,6 +30,7 @@ import subprocess
 import sys
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -77,9 +80,13 @@ def plain(count: int) -> float:
     connection, channel = _channel()
     stamps: list[float] = []
 
+    cpu: list[float] = []
+
     def on_message(ch, method, _properties, _body) -> None:
         ch.basic_ack(method.delivery_tag)
         stamps.append(time.perf_counter())
+        if len(stamps) in (1, count):
+            cpu.append(time.process_time())
         if len(stamps) == count:
             ch.stop_consuming()
 
@@ -90,10 +97,16 @@ def plain(count: int) -> float:
     finally:
         connection.close()
         _drop(queue)
-    return (count - 1) / (stamps[-1] - stamps[0])
+    return Rate((count - 1) / (stamps[-1] - stamps[0]), (cpu[-1] - cpu[0]) / (count - 1))
 
 
-def reconciler(count: int) -> float:
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU time a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def reconciler(count: int) -> Rate:
     """Messages/s from a queue into stored jobs, by a controller process."""
     from reconciler.store import Store
     from reconciler.store.dbapi import Statement
@@ -126,10 +139,14 @@ def reconciler(count: int) -> float:
             )
             try:
                 deadline = time.monotonic() + max(60.0, count / 50)
+                first: tuple[int, float] | None = None  # (stored, controller CPU seconds) once one batch is
                 while True:
                     with store.read() as session:
                         stored = counted.execute(session).scalar()
+                    if first is None and stored:
+                        first = (stored, _cpu_seconds(controller.pid))
                     if stored >= count:
+                        cpu = _cpu_seconds(controller.pid)
                         with store.read() as session:
                             stamps = batches.execute(session).all()
                         break
@@ -151,17 +168,32 @@ def reconciler(count: int) -> float:
                 raise AssertionError(f"ingest: {stored} jobs for {count} messages, in {len(stamps)} batches")
             # each batch's rows carry the time its transaction began: the messages after the
             # first batch, over the time from its start to the last one's
-            return (count - stamps[0].n) / (stamps[-1].created_at - stamps[0].created_at)
+            assert first is not None
+            per_message = (cpu - first[1]) / (count - first[0]) if count > first[0] else float("nan")
+            return Rate((count - stamps[0].n) / (stamps[-1].created_at - stamps[0].created_at), per_message)
     finally:
         _drop(queue)
 
 
+@dataclass(frozen=True)
+class Rate:
+    """Messages/s, and the consumer's CPU seconds a message (its whole process: every thread),
+    which a machine loaded by others changes less than it changes the wall-clock rate."""
+
+    per_second: float
+    cpu: float
+
+
 def row(count: int, rounds: int = 3) -> Row:
     ours, theirs = [], []
+    ours_cpu, theirs_cpu = [], []
     for i in range(rounds):  # interleaved: this machine's speed drifts within a minute
         log(f"ingest: round {i + 1} of {rounds}: {count} messages by a plain pika consumer, then by a Source")
-        theirs.append(plain(count))
-        ours.append(reconciler(count))
+        reference, measured = plain(count), reconciler(count)
+        theirs.append(reference.per_second)
+        ours.append(measured.per_second)
+        theirs_cpu.append(reference.cpu)
+        ours_cpu.append(measured.cpu)
     from reconciler.controller.amqp import BATCH
 
     rate, plain_rate = median(ours), median(theirs)
@@ -174,7 +206,9 @@ def row(count: int, rounds: int = 3) -> Row:
         f"interleaved with the reference ({', '.join(f'{r:.0f}' for r in ours)}): {rate:.0f} messages/s against "
         f"a plain pika consumer's {plain_rate:.0f}/s acknowledging each ({', '.join(f'{r:.0f}' for r in theirs)}); "
         f"per round, ours/plain {', '.join(f'{o / p:.0%}' for o, p in zip(ours, theirs, strict=True))}: "
-        f"median {1 / ratio:.0%} of its rate (aim: at least half)"
+        f"median {1 / ratio:.0%} of its rate (aim: at least half); CPU a message, the controller process "
+        f"{median(ours_cpu) * 1e6:.0f} us ({', '.join(f'{c * 1e6:.0f}' for c in ours_cpu)}) against the plain "
+        f"consumer's {median(theirs_cpu) * 1e6:.0f} us ({', '.join(f'{c * 1e6:.0f}' for c in theirs_cpu)})"
     )
     return Row(
         label,

@@ -268,3 +268,42 @@ def test_message_ids_are_forgotten_after_a_week(stored):
     with store.read() as session:
         assert ingested.job_of(session, "inbox", "old") is None
         assert repo.get(session, kind="Job", name="job-1") is not None  # the job stays
+
+
+def test_a_batch_is_checked_as_its_messages_would_be_one_by_one(stored):
+    """The jobs that name no other job are checked together (one validate_apply call); a job
+    that names another sees only the jobs of earlier messages, and a failing job of the
+    first kind still gets its own field-naming problem while the rest are stored."""
+    store, uid = stored
+    with store.write() as tx:
+        repo.create(tx, kind="Pool", name="small", spec={"slots": 2}, labels={}, annotations={})
+
+    def job(name: str | None, **spec) -> str:
+        metadata = {"name": name} if name else {}
+        return json.dumps({"apiVersion": API, "kind": "Job", "metadata": metadata, "spec": {"shell": "x", **spec}})
+
+    intake = Intake(store, "inbox", uid)
+    verdicts = intake.store_batch(
+        _batch(
+            ("m1", job("first", pool="small")),
+            ("m2", job("second", dependsOn=["first"])),
+            ("m3", job("third", dependsOn=["fourth"])),  # a later message's job: not there yet
+            ("m4", job("fourth")),
+            ("m5", job(None, pool="small", slots=3)),
+            ("m6", '{"command": "echo 6"}'),
+        )
+    )
+    assert [(v.outcome, v.job, v.problem) for v in verdicts] == [
+        ("created", "first", None),
+        ("created", "second", None),
+        ("rejected", None, "spec.dependsOn[0].job: job 'fourth' does not exist (neither stored nor in this apply)"),
+        ("created", "fourth", None),
+        ("rejected", None, "spec.slots: 3 slots can never fit pool 'small' (2 slots)"),
+        ("created", "job-2", None),  # job-1 went to m5, which was refused: names are not reused
+    ]
+    # every job of this one passes: checked in one call, stored all
+    again = intake.store_batch(_batch(("m7", job(None, pool="small")), ("m8", job("eighth", dependsOn=["fourth"]))))
+    assert [(v.outcome, v.job) for v in again] == [("created", "job-3"), ("created", "eighth")]
+    with store.read() as session:
+        names = [o.name for o in repo.list_objects(session, kind="Job")]
+    assert sorted(names) == ["eighth", "first", "fourth", "job-2", "job-3", "second"]

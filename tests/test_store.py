@@ -823,3 +823,36 @@ def test_a_store_that_cannot_be_reached_raises_store_error():
 
     with pytest.raises(StoreError):
         Store("postgresql://postgres@127.0.0.1:1/nowhere")
+
+
+def test_canonical_spells_every_value_as_json_dumps_does():
+    """canonical() uses one prebuilt C encoder instead of json.dumps: the text (what specs
+    are compared by) and the errors must be the same."""
+    import json
+
+    values = [
+        {"b": [1, 2.5, -0.0, 1e300, 10**30, None, True], "a": {"z": 'é\u2028"\\', "y": float("nan")}},
+        {"inf": float("inf"), "nested": [{}, [], {"k": {"j": []}}]},
+        {2: "int keys", 1: "as text"},
+        {},
+        [],
+        "text",
+        0.1,
+    ]
+    for value in values:
+        assert repo.canonical(value) == json.dumps(value, sort_keys=True, separators=(",", ":"))
+    for bad in ({"a": object()}, {1: "x", "b": "y"}):
+        with pytest.raises(TypeError):
+            json.dumps(bad, sort_keys=True)
+        with pytest.raises(TypeError):
+            repo.canonical(bad)
+
+
+def test_new_uids_are_version_4_uuids():
+    import uuid
+
+    uids = {repo.new_uid() for _ in range(2000)}
+    assert len(uids) == 2000
+    for text in uids:
+        parsed = uuid.UUID(text)
+        assert str(parsed) == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122

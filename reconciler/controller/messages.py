@@ -152,5 +152,7 @@ def _validated(document: dict[str, Any], named: bool, base_dir: Path | None) -> 
         return Draft(problem="; ".join(field_problems(exc)))
     if (problem := resolve_working_dir(job.spec, base_dir or Path.cwd())) is not None:
         return Draft(problem=f"spec.workingDir: {problem}")
-    job.metadata.annotations = user_annotations(job.metadata.annotations)  # the system's are the system's
+    kept = user_annotations(job.metadata.annotations)  # the system's are the system's
+    if len(kept) != len(job.metadata.annotations):  # (a model's attribute set costs more than this)
+        job.metadata.annotations = kept
     return Draft(job=job, named=named)
