@@ -108,14 +108,14 @@ class Api:
     def report(self, job: str, body: dict[str, Any]) -> None:
         self.call("POST", f"/runs/{quote(job)}/report", body)
 
-    def reports(self, items: list[dict[str, Any]]) -> list[bool]:
+    def reports(self, items: list[dict[str, Any]]) -> list[str | None]:
         """Several runs' reports in one request (each item a report with its `job`): per item,
-        whether it was kept (False: stale, as a single report's 409)."""
+        None when it was kept, else why it was refused (stale, as a single report's 409)."""
         answer = self.call("POST", "/runs/reports", {"items": items})
-        codes = [item.get("code") for item in answer.get("items", [])]
-        if len(codes) != len(items):
-            raise Unreachable(f"the server answered {len(codes)} of {len(items)} reports")
-        return [code == 200 for code in codes]
+        judged = answer.get("items", [])
+        if len(judged) != len(items):
+            raise Unreachable(f"the server answered {len(judged)} of {len(items)} reports")
+        return [None if item.get("code") == 200 else str(item.get("message") or "stale") for item in judged]
 
     def close(self) -> None:
         with self._lock:

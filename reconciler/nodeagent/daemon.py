@@ -470,21 +470,22 @@ class NodeAgent:
                     self._pending.set()
                     break
                 delay = BACKOFF_FIRST
-                for record, ended, ok in zip(batch, finished, kept, strict=True):
+                for record, ended, refused in zip(batch, finished, kept, strict=True):
                     self._quiet_until.pop(record.dir, None)
-                    if ok:
+                    if refused is None:
                         record.start_reported = True
                         record.end_reported = ended
                     else:
-                        log.warning("run %d of job %s: refused as stale by the server", record.run, record.job)
+                        log.warning("run %d of job %s: %s", record.run, record.job, refused)
                         record.stale = True
                         self._begin_stop(record, "Stale")
                     if record.settled:  # a start reported again after a restart costs nothing: not saved for
                         record.save()
 
-    def _send(self, batch: list[Record]) -> list[bool]:
+    def _send(self, batch: list[Record]) -> list[str | None]:
         """The reports of `batch` in one request (the server keeps them in one transaction),
-        or one request each to a server without the batch route; per record, kept or stale."""
+        or one request each to a server without the batch route; per record, None when it
+        was kept, else why it was refused as stale."""
         if self._batches:
             try:
                 return self.api.reports([{"job": r.job, **r.report()} for r in batch])
@@ -492,13 +493,13 @@ class NodeAgent:
                 if exc.status not in (404, 405):
                     raise
                 self._batches = False  # an older server: a report per request from now on
-        kept = []
+        kept: list[str | None] = []
         for record in batch:
             try:
                 self.api.report(record.job, record.report())
-                kept.append(True)
-            except Stale:
-                kept.append(False)
+                kept.append(None)
+            except Stale as exc:
+                kept.append(str(exc))
         return kept
 
 
