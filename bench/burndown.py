@@ -64,7 +64,7 @@ def _burn(url: str, folder: Path, jobs: int, side: str, env: dict[str, str]) -> 
             with store.read() as conn:
                 if int(count.execute(conn).scalar()) >= jobs:
                     break
-            if time.monotonic() - t0 > max(600.0, jobs / 10):
+            if time.monotonic() - t0 > max(600.0, jobs / 2):
                 raise RuntimeError(f"{side}: {jobs} jobs did not complete in time")
             time.sleep(POLL)
         took = time.monotonic() - t0
