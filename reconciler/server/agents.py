@@ -37,7 +37,8 @@ class Placements:
     every server's (NOTIFY), and every 50 ms by a small look for the rest. The look
     (`noderuns.placement_keys`: every node's admissions, epochs and stops, one query) is
     shared by every waiting agent: taken once per wake-up (at most every 5 ms), not once per
-    agent, and a node's runs with their specs are read only when its key moved."""
+    agent, and a node's runs with their specs are read only when its key moved (an agent
+    asking again with the digest it was just answered waits without reading them)."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -47,15 +48,19 @@ class Placements:
         self._keys: Keys = {}
         self._looked_generation = -1  # the generation the shared look was taken at (or after)
         self._looked_at = 0.0  # time.monotonic() of that look
+        # node -> (its key, the digest of its runs read at or after it): a request whose digest
+        # is that one, while the key holds, waits without reading the runs again
+        self._last: dict[str, tuple[list[tuple[Any, ...]], str]] = {}
         store.committed.append(self._committed)
         if not store.is_sqlite:  # another server's writes (the leader's admissions), announced by NOTIFY
             threading.Thread(target=self._announced, name="placements-listen", daemon=True).start()
 
     def _announced(self) -> None:
+        # other processes' writes (this process's own call `_committed` after their commit)
         wakeups = self.store.wakeups()
-        seen = wakeups.seen(foreign=False)
+        seen = wakeups.seen(foreign=True)
         while True:
-            now = wakeups.wait(seen, 1.0, foreign=False)
+            now = wakeups.wait(seen, 1.0, foreign=True)
             if now != seen:
                 seen = now
                 self._committed()
@@ -81,19 +86,26 @@ class Placements:
             self._looked_generation, self._looked_at = taken, time.monotonic()
             return self._keys
 
+    def _fetch(self, node: str, key: list[tuple[Any, ...]]) -> dict[str, Any]:
+        """The node's runs with their specs, read now; remembered as what `key` answers."""
+        items = noderuns.placed(self.store, node)
+        digest = _digest(items)
+        self._last[node] = (key, digest)
+        return {"digest": digest, "items": items}
+
     def wait(self, node: str, known: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         with self._cond:
             generation = self._generation
         seen = self._look(generation).get(node, [])
-        items = noderuns.placed(self.store, node)
-        answer = {"digest": _digest(items), "items": items}
-        while answer["digest"] == known:
+        if self._last.get(node) != (seen, known):  # else nothing moved since the answer the agent holds
+            answer = self._fetch(node, seen)
+            if answer["digest"] != known:
+                return answer
+        while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                # what is reported may have moved meanwhile: the answer says it as it is now
-                items = noderuns.placed(self.store, node)
-                return {"digest": _digest(items), "items": items}
+                return self._fetch(node, seen)  # what is reported may have moved: said as it is now
             with self._cond:
                 if self._generation == generation:
                     self._cond.wait(min(left, OTHER_WRITERS_POLL))
@@ -101,9 +113,9 @@ class Placements:
             key = self._look(generation).get(node, [])
             if key != seen:
                 seen = key
-                items = noderuns.placed(self.store, node)  # the specs only when the key moved
-                answer = {"digest": _digest(items), "items": items}
-        return answer
+                answer = self._fetch(node, key)  # the specs only when the key moved
+                if answer["digest"] != known:
+                    return answer
 
 
 def _digest(items: list[dict[str, Any]]) -> str:
