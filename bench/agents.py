@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -47,32 +48,42 @@ def _ip(*args: str) -> bool:
 
 
 class Cluster:
-    """A server and three agents: in namespaces when possible, else on loopback."""
+    """A server and three agents: in namespaces when possible, else on loopback. The server
+    has a namespace of its own, or (`host_server`: it must reach a PostgreSQL on this
+    machine's loopback) stays in this one, each agent's veth pair ending here."""
 
-    def __init__(self, url: str, folder: Path):
-        self.url, self.folder = url, folder
+    def __init__(self, url: str, folder: Path, slots: int = SLOTS, host_server: bool = False):
+        self.url, self.folder, self.slots, self.host_server = url, folder, slots, host_server
         self.tag = f"rb{os.getpid() % 100000}"
         self.namespaces: list[str] = []
+        self.links: list[str] = []  # veth ends in this namespace (host_server), deleted at close
         self.procs: list[subprocess.Popen] = []
-        self.isolated = os.geteuid() == 0 and _ip("netns", "add", f"{self.tag}s")
+        self.server: subprocess.Popen | None = None
+        self.agents: list[subprocess.Popen] = []
+        self.net = _free_subnet() if host_server else 77
+        server_ns = None if host_server else f"{self.tag}s"
+        self.isolated = os.geteuid() == 0 and (server_ns is None or _ip("netns", "add", server_ns))
         if self.isolated:
-            self.namespaces.append(f"{self.tag}s")
-            _ip("-n", f"{self.tag}s", "link", "set", "lo", "up")
+            at = ["-n", server_ns] if server_ns else []
+            if server_ns:
+                self.namespaces.append(server_ns)
+                _ip(*at, "link", "set", "lo", "up")
             for i in range(1, AGENTS + 1):
                 ns, near, far = f"{self.tag}a{i}", f"{self.tag}s{i}", f"{self.tag}a{i}"
                 ok = _ip("netns", "add", ns)
                 self.namespaces.append(ns)
-                ok = ok and _ip("link", "add", near, "netns", f"{self.tag}s", "type", "veth", "peer", far, "netns", ns)
-                ok = ok and _ip("-n", f"{self.tag}s", "addr", "add", f"10.77.{i}.1/24", "dev", near)
-                ok = ok and _ip("-n", ns, "addr", "add", f"10.77.{i}.2/24", "dev", far)
-                ok = (
-                    ok
-                    and _ip("-n", f"{self.tag}s", "link", "set", near, "up")
-                    and _ip("-n", ns, "link", "set", far, "up")
-                )
+                near_ns = ["netns", server_ns] if server_ns else []
+                ok = ok and _ip("link", "add", near, *near_ns, "type", "veth", "peer", far, "netns", ns)
+                if ok and not server_ns:
+                    self.links.append(near)
+                ok = ok and _ip(*at, "addr", "add", f"10.{self.net}.{i}.1/24", "dev", near)
+                ok = ok and _ip("-n", ns, "addr", "add", f"10.{self.net}.{i}.2/24", "dev", far)
+                ok = ok and _ip(*at, "link", "set", near, "up") and _ip("-n", ns, "link", "set", far, "up")
+                ok = ok and _ip("-n", ns, "link", "set", "lo", "up")
                 if not ok:
+                    self.close()
                     raise RuntimeError("could not make the namespaces' network")
-        self.port = PORT if self.isolated else _free_port()
+        self.port = PORT if self.isolated and not host_server else _free_port()
 
     def _spawn(self, ns: str | None, argv: list[str], name: str) -> subprocess.Popen:
         prefix = ["ip", "netns", "exec", ns] if ns else []
@@ -93,15 +104,16 @@ class Cluster:
             token = secrets.token_hex(16)
             (self.folder / "tokens").write_text(f"{token} admin\n")
             argv += ["--tokens", str(self.folder / "tokens")]
-        self._spawn(self.namespaces[0] if self.isolated else None, argv, "serve")
+        self.server = self._spawn(self.namespaces[0] if self.isolated and not self.host_server else None, argv, "serve")
         for i in range(1, AGENTS + 1):
-            server = f"http://10.77.{i}.1:{self.port}" if self.isolated else f"http://127.0.0.1:{self.port}"
+            server = f"http://10.{self.net}.{i}.1:{self.port}" if self.isolated else f"http://127.0.0.1:{self.port}"
             argv = ["--server", server]
             if self.isolated:
                 argv += ["--token", token]
-            argv += ["agent", "--node", f"n{i}", "--slots", str(SLOTS), "--log-port", "0"]
+            argv += ["agent", "--node", f"n{i}", "--slots", str(self.slots), "--log-port", "0"]
             argv += ["--state-dir", str(self.folder / f"agent{i}")]
-            self._spawn(self.namespaces[i] if self.isolated else None, argv, f"agent{i}")
+            ns = self.namespaces[i - 1 + (not self.host_server)] if self.isolated else None
+            self.agents.append(self._spawn(ns, argv, f"agent{i}"))
         _wait_ready_nodes(self.url, AGENTS)
 
     def close(self) -> None:
@@ -114,8 +126,19 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+        for link in self.links:
+            _ip("link", "del", link)
         for ns in self.namespaces:
             _ip("netns", "del", ns)
+
+
+def _free_subnet() -> int:
+    """N of a 10.N.0.0/16 no interface of this namespace uses (the agents' veth pairs end here)."""
+    used = subprocess.run(["ip", "-o", "addr"], capture_output=True, text=True, timeout=20).stdout
+    for n in range(78, 250):
+        if f" 10.{n}." not in used:
+            return n
+    raise RuntimeError("no free 10.N.0.0/16 for the agents' network")
 
 
 def _wait_ready_nodes(url: str, count: int, limit: float = 60.0) -> None:
@@ -135,15 +158,16 @@ def _wait_ready_nodes(url: str, count: int, limit: float = 60.0) -> None:
         store.dispose()
 
 
-def _manifests(folder: Path, jobs: int) -> Path:
+def _manifests(folder: Path, jobs: int, command: tuple[str, ...] = ("sleep", "0.05"), prefix: str = "j") -> Path:
+    """`jobs` jobs of `command`, no dependencies, in one file (JSON documents are YAML)."""
     path = folder / "jobs.yaml"
     docs = [
         json.dumps(
             {
                 "apiVersion": "reconciler.dev/v1alpha1",
                 "kind": "Job",
-                "metadata": {"name": f"j{i:05d}"},
-                "spec": {"command": ["sleep", "0.05"]},
+                "metadata": {"name": f"{prefix}{i:05d}"},
+                "spec": {"command": list(command)},
             }
         )
         for i in range(jobs)
@@ -171,13 +195,17 @@ def _completed(url: str, jobs: int, limit: float) -> float:
         store.dispose()
 
 
-def _apply(url: str, path: Path) -> None:
+def _apply(url: str, path: Path, env: dict[str, str] | None = None) -> float:
+    """`reconciler apply -f PATH`; its wall time."""
+    t0 = time.monotonic()
     subprocess.run(
         [PYTHON, "-m", "reconciler", "--store", url, "apply", "-f", str(path)],
         check=True,
         capture_output=True,
-        timeout=300,
+        timeout=600,
+        env=env,
     )
+    return time.monotonic() - t0
 
 
 def _outcomes_and_latency(url: str) -> tuple[int, list[float]]:
@@ -218,36 +246,44 @@ def _timed(url: str, folder: Path, jobs: int, side: str) -> tuple[float, list[fl
     return took, latencies
 
 
-def embedded(jobs: int) -> float:
-    """The reference: `serve` with this machine as a node of 6 slots."""
+@contextlib.contextmanager
+def local_serve(url: str, folder: Path, slots: int, env: dict[str, str] | None = None) -> Iterator[None]:
+    """`serve` with this machine as its node of `slots` slots, until the block ends."""
     from reconciler.controller.nodes import local_node_name
 
-    with scratch("sqlite", "reconciler-bench-agents-") as (url, folder):
-        node = folder / "node.yaml"
-        node.write_text(
-            json.dumps(
-                {
-                    "apiVersion": "reconciler.dev/v1alpha1",
-                    "kind": "Node",
-                    "metadata": {"name": local_node_name()},
-                    "spec": {"capacity": {"slots": AGENTS * SLOTS}},
-                }
-            )
-            + "\n"
+    node = folder / "node.yaml"
+    node.write_text(
+        json.dumps(
+            {
+                "apiVersion": "reconciler.dev/v1alpha1",
+                "kind": "Node",
+                "metadata": {"name": local_node_name()},
+                "spec": {"capacity": {"slots": slots}},
+            }
         )
-        _apply(url, node)
-        proc = subprocess.Popen(
-            [PYTHON, "-m", "reconciler", "--store", url, "serve", "--port", str(_free_port())],
-            stdout=subprocess.DEVNULL,
-            stderr=(folder / "serve.log").open("w"),
-            start_new_session=True,
-        )
-        try:
-            _wait_ready_nodes(url, 1)
-            return _timed(url, folder, jobs, "embedded")[0]
-        finally:
+        + "\n"
+    )
+    _apply(url, node, env)
+    proc = subprocess.Popen(
+        [PYTHON, "-m", "reconciler", "--store", url, "serve", "--port", str(_free_port())],
+        stdout=subprocess.DEVNULL,
+        stderr=(folder / "serve.log").open("w"),
+        start_new_session=True,
+        env=env,
+    )
+    try:
+        _wait_ready_nodes(url, 1)
+        yield
+    finally:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(timeout=20)
+        proc.wait(timeout=30)
+
+
+def embedded(jobs: int) -> float:
+    """The reference: `serve` with this machine as a node of 6 slots."""
+    with scratch("sqlite", "reconciler-bench-agents-") as (url, folder), local_serve(url, folder, AGENTS * SLOTS):
+        return _timed(url, folder, jobs, "embedded")[0]
 
 
 def remote(jobs: int) -> tuple[float, list[float], bool]:

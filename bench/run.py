@@ -17,7 +17,8 @@ make), 14 dashboard (each view's page at 2,000 jobs, beside the API's list),
 15 ingest (jobs from a RabbitMQ queue: messages/s against a plain pika consumer),
 16 cgroups (starting a run with its cgroup against without),
 7 pg (figures 1, 3 and 13 on PostgreSQL, and 17: a write to watch event and admission on PostgreSQL,
-LISTEN/NOTIFY against the poll), 18 agents (1,000 jobs over three agents in network namespaces
+LISTEN/NOTIFY against the poll, and 20: a burn-down of 10,000 no-op jobs over three agents in network
+namespaces against the embedded controller, jobs/s), 18 agents (1,000 jobs over three agents in network namespaces
 against the embedded controller, and placement-to-start latency on a remote agent). Prints
 figures; never asserts a time. Exit
 status 1 when a figure could not be measured.
@@ -54,6 +55,7 @@ FULL = {
     "wakeup": dict(jobs=100),
     "cgroups": dict(runs=200, rounds=5),
     "agents": dict(jobs=1000),
+    "burndown": dict(jobs=10_000),
 }
 SMALL = {
     "dag": dict(jobs=60, width=6),
@@ -73,6 +75,7 @@ SMALL = {
     "wakeup": dict(jobs=10),
     "cgroups": dict(runs=20, rounds=2),
     "agents": dict(jobs=60),
+    "burndown": dict(jobs=200),
 }
 NAMES = (
     "dag",
@@ -166,6 +169,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
         agents,
         api,
         apply_one,
+        burndown,
         cgroups,
         chain,
         cli,
@@ -274,6 +278,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
             ),
             ("13 chain per link (postgresql)", lambda: [chain.row(s["chain"]["jobs"], s["chain"]["rounds"], "pg")]),
             ("17 wake-up after a write (postgresql)", lambda: [wakeup.row(s["wakeup"]["jobs"])]),
+            ("20 burn-down over agents (postgresql)", lambda: [burndown.row(s["burndown"]["jobs"])]),
         ],
     }
     return out[name] if (name != "pg" or pg) else []

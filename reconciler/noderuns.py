@@ -15,6 +15,8 @@ from .store import Store
 from .store import repository as repo
 from .store import scheduling as sched
 
+Report = sched.Report  # an agent's report of one run, named by its admission
+
 MANAGED_BY = "reconciler.dev/managed-by"
 REMOTE_AGENT = "remote-agent"  # a Node an agent registered: its labels and capacity follow the agent's flags
 
@@ -108,10 +110,21 @@ def placed(store: Store, node: str) -> list[dict[str, Any]]:
     return items
 
 
-def placed_key(store: Store, node: str) -> list[tuple[Any, ...]]:
-    """Changes whenever `placed(store, node)` may have changed; cheaper to take."""
+def placement_keys(store: Store) -> dict[str, list[tuple[Any, ...]]]:
+    """Per node, a key that changes whenever what its agent acts on in `placed(store, node)`
+    may have changed (not whether a start or end is reported); one query for every node."""
     with store.read() as session:
-        return sched.placed_keys(session, node)
+        return sched.placement_keys(session)
+
+
+def report_many(store: Store, node: str, reports: list[Report]) -> list[bool]:
+    """Keep several reports of the node's agent in one transaction; per report, whether it
+    was kept (False: its admission is no longer current, as `report` refuses it with 409).
+    A stale report refuses only itself, not the others."""
+    if not reports:
+        return []
+    with store.write() as tx:
+        return sched.record_reports(tx, node, reports)
 
 
 def report(store: Store, node: str, job: str, *, uid: str, run: int, epoch: int, facts: dict[str, Any]) -> None:
@@ -119,7 +132,11 @@ def report(store: Store, node: str, job: str, *, uid: str, run: int, epoch: int,
     is no longer current: the run was declared lost, retried elsewhere, or stopped."""
     with store.write() as tx:
         if not sched.record_report(tx, uid=uid, node=node, run=run, epoch=epoch, report=facts):
-            raise Conflict(
-                f"run {run} of job {job} on node {node} (epoch {epoch}) is no longer current: "
-                "its admission was released or replaced; stop the process"
-            )
+            raise Conflict(stale_message(job, node, run, epoch))
+
+
+def stale_message(job: str, node: str, run: int, epoch: int) -> str:
+    return (
+        f"run {run} of job {job} on node {node} (epoch {epoch}) is no longer current: "
+        "its admission was released or replaced; stop the process"
+    )

@@ -383,6 +383,21 @@ class RunReport(Body):
         flags = {"gone", "retryable"}  # kept only when set
         return {
             k: v
-            for k, v in self.model_dump(by_alias=True, exclude={"uid", "run", "epoch"}).items()
+            for k, v in self.model_dump(by_alias=True, exclude={"uid", "run", "epoch", "job"}).items()
             if v is not None and not (k in flags and v is False)
         }
+
+
+class NamedRunReport(RunReport):
+    """One run's report in a batch: the job it is of, and the report."""
+
+    job: str
+
+
+class RunReports(Body):
+    """POST nodes/{name}/runs/reports: several runs' reports at once (as each of them would be
+    posted to runs/{job}/report), kept in one transaction. Each is judged alone: the answer's
+    `items` give, in order, 200 (kept) or 409 (its admission is no longer current: stop the
+    process) for each."""
+
+    items: list[NamedRunReport] = Field(max_length=1000)

@@ -39,6 +39,7 @@ PG_FIGURES = [
     "7 admission at depth, head blocks (postgresql)",
     "13 chain per link (postgresql)",
     "17 wake-up after a write (postgresql)",
+    "20 burn-down over agents (postgresql)",
 ]
 
 

@@ -10,6 +10,7 @@ NodeReachable=False, until their fate is proven (a report, the node deleted, `dr
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from ..agent.local import ExitRecord, ProcessIdentity
@@ -28,6 +29,7 @@ from .transitions import set_condition
 if TYPE_CHECKING:
     from .runs import RunSteps, Stop
 
+NODE_FRESH = 0.1  # a Node read by a step serves the steps of the next 100 ms (it moves with heartbeats)
 UNREACHABLE_POLL = 5.0  # while a node is unreachable and no lostAfter is due sooner: look this often
 SETTLE = 0.05  # judge a node's readiness just after its window ends, not just before
 
@@ -53,13 +55,23 @@ class RemoteSteps:
     def __init__(self, runs: RunSteps):
         self.runs = runs
         self.store = runs.store
+        self._nodes: dict[str, tuple[float, repo.StoredObject | None]] = {}  # name -> (monotonic read time, Node)
 
     def node(self, name: str | None, now: float) -> Node | None:
-        """The node if a remote agent serves it (or served it: deleted, its runs are lost)."""
+        """The node if a remote agent serves it (or served it: deleted, its runs are lost).
+        The Node read by one step serves the steps of the next NODE_FRESH seconds: a burst of
+        runs on a node costs one read of it, not three per run; its readiness is still judged
+        against each step's clock (a heartbeat only makes a node fresher, and one is posted
+        every few seconds, so a read 100 ms old tells the same)."""
         if name is None or name == self.runs.agent.node:
             return None
-        with self.store.read() as session:
-            obj = repo.get(session, kind="Node", name=name)
+        kept = self._nodes.get(name)
+        if kept is not None and time.monotonic() - kept[0] < NODE_FRESH:
+            obj = kept[1]
+        else:
+            with self.store.read() as session:
+                obj = repo.get(session, kind="Node", name=name)
+            self._nodes[name] = (time.monotonic(), obj)
         found = Node(name, obj, now)
         if obj is None:
             return found if self._was_remote(name) else None
@@ -78,7 +90,9 @@ class RemoteSteps:
 
     # -- Starting --------------------------------------------------------------------------
     def starting(self, ctx: Ctx, held: sched.Admission, node: Node) -> Result:
-        report = self._report(ctx, held.run_number)
+        # a report on the admission this step read is current; none there (or an admission
+        # known from its own transaction) is looked for again
+        report = held.report if held.report is not None else self._report(ctx, held.run_number)
         if report is not None and report.get("startFailed"):
             run = self.runs.new_run(ctx, held.run_number, None, node=node.name)
             reason, retryable = str(report.get("startReason") or "StartFailed"), bool(report.get("retryable"))
@@ -101,6 +115,10 @@ class RemoteSteps:
             pid = f" (pid {identity.pid})" if identity else ""
             reason = "CrashLoop" if ctx.status.get("reason") == "CrashLoop" else "Started"
             ctx.move(Phase.RUNNING, reason, f"run {held.run_number} started on {node.name}{pid}", event="Started")
+            if report.get("finishedAt"):
+                # the agent reported the start and the end at once (a short run): both are
+                # written in this step's one transaction, the Running step is not taken
+                return self._ended(ctx, run, report)
             self.runs.endings.write(ctx)
             return AGAIN
         from .runs import drained
@@ -112,7 +130,7 @@ class RemoteSteps:
             # start it after all, its report names an admission that is gone (409) and it
             # stops the process
             return self.runs.after_stop(ctx, stop, run=None)
-        lost = self._lost(ctx, node)
+        lost = self._lost(ctx, node, held.run_number)
         if lost is not None:
             return self.runs.unstarted(ctx, lost)
         self._reachability(ctx, node)
@@ -196,19 +214,22 @@ class RemoteSteps:
         return requeue_after(self._due(ctx, node, None))
 
     # -- the node's reachability -------------------------------------------------------------
-    def _lost(self, ctx: Ctx, node: Node) -> Stop | None:
+    def _lost(self, ctx: Ctx, node: Node, admitted: int | None = None) -> Stop | None:
         """The run's fate proven without its agent: the node deleted, drained with --force
-        while nobody serves it, or unreachable for the job's retry.lostAfter."""
+        while nobody serves it, or unreachable for the job's retry.lostAfter. `admitted`:
+        the run number of the admission, when the caller holds it."""
         if not node.exists:
             return "NodeLost", f"node {node.name} was deleted"
-        run = ctx.open_run()
-        number = run["number"] if run is not None else None
-        held_number = number if number is not None else _admitted_run(self.store, ctx.uid)
-        if not node.ready and held_number is not None:
-            from .runs import drained
+        if not node.ready:
+            run = ctx.open_run()
+            held_number = run["number"] if run is not None else admitted
+            if held_number is None:
+                held_number = _admitted_run(self.store, ctx.uid)
+            if held_number is not None:
+                from .runs import drained
 
-            if (drain := drained(ctx, held_number, node.name)) is not None:
-                return drain
+                if (drain := drained(ctx, held_number, node.name)) is not None:
+                    return drain
         lost_after = ctx.spec.retry.lost_after
         if node.ready or lost_after is None or node.heartbeat is None:
             return None

@@ -34,6 +34,10 @@ LONG_POLL = 30.0  # seconds the server may hold a runs request
 BACKOFF_FIRST, BACKOFF_MAX = 0.2, 5.0  # reconnecting to a server that does not answer
 TICK = 0.1  # stops in progress (SIGKILL after the grace period) are looked at this often
 WRAPPER_GRACE = 2.0  # after SIGKILL of the group, how long the wrapper gets to record
+REPORT_BATCH = 200  # reports sent in one request at most
+# A start is reported this long after it, unless the run ends before: a short run's start
+# and end then go in one report, which the server writes in one step. An end goes at once.
+START_REPORT_DELAY = float(os.environ.get("RECONCILER_START_REPORT_DELAY", "0.05"))
 
 
 @dataclass
@@ -67,6 +71,8 @@ class NodeAgent:
         self.probes = Probes(wake=lambda _job: None)  # looked at on each tick: nothing to wake
         self._specified: set[str] = set()  # run folders whose spec this process has acted on
         self._pending = threading.Event()  # reports to send
+        self._batches = True  # the server takes several reports in one request (runs/reports)
+        self._quiet_until: dict[str, float] = {}  # run folder -> when its start is reported, unless it ends first
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.logs: LogServer | None = None
@@ -287,6 +293,7 @@ class NodeAgent:
                     identity = None
             if identity is not None:
                 record.pid, record.process_start_time = identity.pid, identity.start_time
+                self._quiet_until[record.dir] = time.monotonic() + START_REPORT_DELAY
                 record.started_at = from_epoch(self.local.started_at(identity))
                 self.local.trim_logs(run_dir, spec.kept_log_bytes)
                 self.local.watch(job, identity)  # calls back (soon, if it has already ended)
@@ -435,38 +442,65 @@ class NodeAgent:
 
     # -- reports ---------------------------------------------------------------------------
     def _report(self) -> None:
-        delay = BACKOFF_FIRST
+        delay, wait = BACKOFF_FIRST, None
         while not self._stop.is_set():
-            self._pending.wait()
+            self._pending.wait(wait)
             self._pending.clear()
+            now, wait = time.monotonic(), None
             with self._lock:
-                due = [
-                    r
-                    for r in self._records.values()
-                    if not r.stale and (not r.start_reported or (r.finished and not r.end_reported))
-                ]
+                due = []
+                for r in self._records.values():
+                    if r.stale or not (not r.start_reported or (r.finished and not r.end_reported)):
+                        continue
+                    quiet = self._quiet_until.get(r.dir)
+                    if quiet is not None and not r.finished and now < quiet:
+                        wait = quiet - now if wait is None else min(wait, quiet - now)
+                        continue  # a start only: it waits a moment for its end
+                    due.append(r)
             due.sort(key=lambda r: not r.finished)  # ends first: each frees a slot for the next run
-            for record in due:
-                finished = record.finished  # what the report says, whatever the watcher adds meanwhile
+            for i in range(0, len(due), REPORT_BATCH):
+                batch = due[i : i + REPORT_BATCH]
+                finished = [r.finished for r in batch]  # what each report says, whatever the watcher adds meanwhile
                 try:
-                    self.api.report(record.job, record.report())
-                    delay = BACKOFF_FIRST
-                    record.start_reported = True
-                    record.end_reported = finished
-                except Stale as exc:
-                    log.warning("run %d of job %s: %s", record.run, record.job, exc)
-                    record.stale = True
-                    self._begin_stop(record, "Stale")
+                    kept = self._send(batch)
                 except Unreachable as exc:
-                    log.warning(
-                        "report of run %d of job %s failed: %s (again in %.1fs)", record.run, record.job, exc, delay
-                    )
+                    log.warning("reports of %d run(s) failed: %s (again in %.1fs)", len(batch), exc, delay)
                     self._stop.wait(_jitter(delay))
                     delay = min(delay * 2, BACKOFF_MAX)
                     self._pending.set()
                     break
-                if record.settled:  # a start reported again after a restart costs nothing: not saved for
-                    record.save()
+                delay = BACKOFF_FIRST
+                for record, ended, refused in zip(batch, finished, kept, strict=True):
+                    self._quiet_until.pop(record.dir, None)
+                    if refused is None:
+                        record.start_reported = True
+                        record.end_reported = ended
+                    else:
+                        log.warning("run %d of job %s: %s", record.run, record.job, refused)
+                        record.stale = True
+                        self._begin_stop(record, "Stale")
+                    if record.settled:  # a start reported again after a restart costs nothing: not saved for
+                        record.save()
+
+    def _send(self, batch: list[Record]) -> list[str | None]:
+        """The reports of `batch` in one request (the server keeps them in one transaction),
+        or one request each to a server without the batch route; per record, None when it
+        was kept, else why it was refused as stale."""
+        if self._batches:
+            try:
+                return self.api.reports([{"job": r.job, **r.report()} for r in batch])
+            except Unreachable as exc:
+                if exc.status not in (404, 405):
+                    raise
+                self._batches = False  # an older server: a report per request from now on
+        kept: list[str | None] = []
+        for record in batch:
+            try:
+                self.api.report(record.job, record.report())
+                kept.append(None)
+            except Stale as exc:
+                kept.append(str(exc))
+        return kept
 
 
 def _group_exists(pgid: int) -> bool:

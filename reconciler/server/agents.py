@@ -18,35 +18,49 @@ from fastapi import FastAPI, Query
 from .. import noderuns, reads
 from ..errors import NotFound, ReconcilerError
 from ..store import Store
-from ..wire import PREFIX, HeartbeatRequest, RunReport, status
+from ..wire import PREFIX, HeartbeatRequest, RunReport, RunReports, status
 from .auth import Tokens
 
 LONG_POLL = 30.0  # the longest a runs request waits for a change (the agent asks again)
 OTHER_WRITERS_POLL = 0.05  # writes of other processes (another server) are looked for this often
+COALESCE = 0.005  # the shared look is taken at most this often: a burst of commits costs one
 POLLS = anyio.CapacityLimiter(1024)  # waiting agents hold a thread each, apart from the routes' pool
 LOG_CONNECT = 5.0  # seconds to reach a node's log port
 
 Wake = Callable[[str], None]
+Keys = dict[str, list[tuple[Any, ...]]]
 
 
 class Placements:
     """Answers each agent's long poll as soon as its node's admissions differ from the digest
     it holds: woken at once by this process's writes (`Store.committed`), on PostgreSQL by
-    every server's (NOTIFY), and every 50 ms by a small look for the rest."""
+    every server's (NOTIFY), and every 50 ms by a small look for the rest. The look
+    (`noderuns.placement_keys`: every node's admissions, epochs and stops, one query) is
+    shared by every waiting agent: taken once per wake-up (at most every 5 ms), not once per
+    agent, and a node's runs with their specs are read only when its key moved (an agent
+    asking again with the digest it was just answered waits without reading them)."""
 
     def __init__(self, store: Store):
         self.store = store
         self._cond = threading.Condition()
         self._generation = 0
+        self._look_lock = threading.Lock()
+        self._keys: Keys = {}
+        self._looked_generation = -1  # the generation the shared look was taken at (or after)
+        self._looked_at = 0.0  # time.monotonic() of that look
+        # node -> (its key, the digest of its runs read at or after it): a request whose digest
+        # is that one, while the key holds, waits without reading the runs again
+        self._last: dict[str, tuple[list[tuple[Any, ...]], str]] = {}
         store.committed.append(self._committed)
         if not store.is_sqlite:  # another server's writes (the leader's admissions), announced by NOTIFY
             threading.Thread(target=self._announced, name="placements-listen", daemon=True).start()
 
     def _announced(self) -> None:
+        # other processes' writes (this process's own call `_committed` after their commit)
         wakeups = self.store.wakeups()
-        seen = wakeups.seen(foreign=False)
+        seen = wakeups.seen(foreign=True)
         while True:
-            now = wakeups.wait(seen, 1.0, foreign=False)
+            now = wakeups.wait(seen, 1.0, foreign=True)
             if now != seen:
                 seen = now
                 self._committed()
@@ -56,26 +70,52 @@ class Placements:
             self._generation += 1
             self._cond.notify_all()
 
+    def _look(self, generation: int) -> Keys:
+        """Every node's key as of `generation` or later: one query for all the waiting agents
+        (whoever comes first takes it; the others use it)."""
+        with self._look_lock:
+            fresh = time.monotonic() - self._looked_at < OTHER_WRITERS_POLL
+            if self._looked_generation >= generation and fresh:
+                return self._keys
+            wait = self._looked_at + COALESCE - time.monotonic()
+            if wait > 0:
+                time.sleep(wait)
+            with self._cond:
+                taken = self._generation  # commits after this one are seen by the next look
+            self._keys = noderuns.placement_keys(self.store)
+            self._looked_generation, self._looked_at = taken, time.monotonic()
+            return self._keys
+
+    def _fetch(self, node: str, key: list[tuple[Any, ...]]) -> dict[str, Any]:
+        """The node's runs with their specs, read now; remembered as what `key` answers."""
+        items = noderuns.placed(self.store, node)
+        digest = _digest(items)
+        self._last[node] = (key, digest)
+        return {"digest": digest, "items": items}
+
     def wait(self, node: str, known: str, timeout: float) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
-        seen: list[tuple[Any, ...]] | None = None
-        answer: dict[str, Any] = {}
+        with self._cond:
+            generation = self._generation
+        seen = self._look(generation).get(node, [])
+        if self._last.get(node) != (seen, known):  # else nothing moved since the answer the agent holds
+            answer = self._fetch(node, seen)
+            if answer["digest"] != known:
+                return answer
         while True:
-            with self._cond:
-                generation = self._generation
-            key = noderuns.placed_key(self.store, node)  # one small query; the specs only when it moved
-            if key != seen:
-                seen = key
-                items = noderuns.placed(self.store, node)
-                answer = {"digest": _digest(items), "items": items}
-                if answer["digest"] != known:
-                    return answer
             left = deadline - time.monotonic()
             if left <= 0:
-                return answer
+                return self._fetch(node, seen)  # what is reported may have moved: said as it is now
             with self._cond:
                 if self._generation == generation:
                     self._cond.wait(min(left, OTHER_WRITERS_POLL))
+                generation = self._generation
+            key = self._look(generation).get(node, [])
+            if key != seen:
+                seen = key
+                answer = self._fetch(node, key)  # the specs only when the key moved
+                if answer["digest"] != known:
+                    return answer
 
 
 def _digest(items: list[dict[str, Any]]) -> str:
@@ -114,6 +154,21 @@ def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
         """The runs placed on the node (each with its epoch, job spec, and a stop when the job
         is stopping it), answered when they differ from `known` or after timeoutSeconds."""
         return await anyio.to_thread.run_sync(placements.wait, name, known, timeout_seconds, limiter=POLLS)
+
+    @app.post(PREFIX + "/nodes/{name}/runs/reports", tags=["agents"])
+    def reports(name: str, request: RunReports) -> dict[str, Any]:
+        """Several runs' reports, kept in one transaction; each is judged alone: `items` says,
+        in order, 200 (kept) or 409 (its admission is no longer current: stop the process)."""
+        kept = noderuns.report_many(
+            store, name, [noderuns.Report(r.uid, r.run, r.epoch, r.facts()) for r in request.items]
+        )
+        items = []
+        for r, ok in zip(request.items, kept, strict=True):
+            if ok and wake is not None:
+                wake(r.job)  # the controller in this process looks at once, not at its next feed poll
+            message = "report kept" if ok else noderuns.stale_message(r.job, name, r.run, r.epoch)
+            items.append({"job": r.job, "run": r.run, "code": 200 if ok else 409, "message": message})
+        return {**status(200, f"{sum(kept)} of {len(kept)} reports kept"), "items": items}
 
     @app.post(PREFIX + "/nodes/{name}/runs/{job}/report", tags=["agents"])
     def report(name: str, job: str, request: RunReport) -> dict[str, Any]:

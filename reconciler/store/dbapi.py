@@ -106,6 +106,21 @@ class Connection:
         begins a reader's transactions with their first statement."""
         return not self.is_postgresql or bool(self.dbapi.autocommit)
 
+    def run_each(self, sql: str, rows: Sequence[Mapping[str, Any]]) -> list[int]:
+        """The statement once per row, and the rows each changed. On PostgreSQL in one round
+        trip (psycopg's executemany in pipeline mode, a result per row)."""
+        try:
+            if not self.is_postgresql:
+                return [self.dbapi.execute(sql, row).rowcount for row in rows]
+            cursor = self.dbapi.cursor()
+            cursor.executemany(sql, rows, returning=True)
+            counts = [cursor.rowcount]
+            while cursor.nextset():
+                counts.append(cursor.rowcount)
+            return counts
+        except self._errors as exc:
+            raise self._failed(exc) from exc
+
     def begin(self, sqlite_begin: str) -> None:
         if not self.is_postgresql:
             self.run(sqlite_begin)
@@ -197,6 +212,14 @@ class Statement:
 
     def execute_many(self, conn: Connection, rows: Iterable[Mapping[str, Any]]) -> None:
         conn.run_many(self.text(conn), rows)
+
+    def execute_each(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> list[int]:
+        """Once per row (on PostgreSQL pipelined: one round trip); the rows each changed."""
+        if not rows:
+            return []
+        if len(rows) == 1:
+            return [self.execute(conn, rows[0]).rowcount]
+        return conn.run_each(self.text(conn), rows)
 
     def execute_rows(self, conn: Connection, rows: Sequence[Mapping[str, Any]]) -> None:
         """Once per row: a single row as a plain execute (executemany's set-up costs more

@@ -427,9 +427,11 @@ _REPORT = Statement(
     "UPDATE admissions SET report = :report, reported_rv = :rv"
     " WHERE job_uid = :uid AND node = :node AND run_number = :run AND epoch = :epoch"
 )
-_PLACED_KEYS = Statement(
-    "SELECT a.job_uid, a.run_number, a.epoch, a.reported_rv, o.phase FROM admissions AS a"
-    " JOIN objects AS o ON o.kind = 'Job' AND o.uid = a.job_uid WHERE a.node = :node ORDER BY a.job_uid"
+_PLACEMENT_KEYS = Statement(
+    "SELECT a.node, a.job_uid, a.run_number, a.epoch,"
+    " CASE WHEN o.phase = 'Stopping' THEN o.resource_version ELSE 0 END AS stopping"
+    " FROM admissions AS a JOIN objects AS o ON o.kind = 'Job' AND o.uid = a.job_uid"
+    " WHERE a.node IS NOT NULL ORDER BY a.node, a.job_uid"
 )
 _REPORTED_SINCE = Statement("SELECT job_name, reported_rv FROM admissions WHERE reported_rv > :rv")
 
@@ -465,10 +467,15 @@ def placed_on(session: Connection, node: str) -> list[Placed]:
     ]
 
 
-def placed_keys(session: Connection, node: str) -> list[tuple[Any, ...]]:
-    """What changes when anything an agent acts on changes (an admission, its report, its
-    job's phase), without the specs: the cheap look a long poll takes after each write."""
-    return [tuple(row) for row in _PLACED_KEYS.execute(session, {"node": node}).all()]
+def placement_keys(session: Connection) -> dict[str, list[tuple[Any, ...]]]:
+    """Per node, what changes when anything its agent acts on may have changed (an admission,
+    its epoch, its job Stopping or written while Stopping), without the specs and without
+    the reports (the agent made those itself): the one cheap look the long polls of every
+    node share after a write."""
+    keys: dict[str, list[tuple[Any, ...]]] = {}
+    for row in _PLACEMENT_KEYS.execute(session).all():
+        keys.setdefault(row.node, []).append((row.job_uid, row.run_number, row.epoch, row.stopping))
+    return keys
 
 
 def record_report(tx: Tx, *, uid: str, node: str, run: int, epoch: int, report: dict[str, Any]) -> bool:
@@ -476,6 +483,34 @@ def record_report(tx: Tx, *, uid: str, node: str, run: int, epoch: int, report: 
     longer current (released, another run, another epoch): the report is stale."""
     params = {"uid": uid, "node": node, "run": run, "epoch": epoch, "report": json.dumps(report, sort_keys=True)}
     return _REPORT.execute(tx.session, {**params, "rv": tx.rv()}).rowcount == 1
+
+
+@dataclass(frozen=True)
+class Report:
+    """An agent's report of one run, named by its admission (uid, node, run, epoch)."""
+
+    uid: str
+    run: int
+    epoch: int
+    facts: dict[str, Any]
+
+
+def record_reports(tx: Tx, node: str, reports: list[Report]) -> list[bool]:
+    """`record_report` of each, in this one transaction (on PostgreSQL one round trip for
+    all): per report, whether it was kept (False: stale, as `record_report` says)."""
+    rv = tx.rv()
+    rows = [
+        {
+            "uid": r.uid,
+            "node": node,
+            "run": r.run,
+            "epoch": r.epoch,
+            "rv": rv,
+            "report": json.dumps(r.facts, sort_keys=True),
+        }
+        for r in reports
+    ]
+    return [count == 1 for count in _REPORT.execute_each(tx.session, rows)]
 
 
 def reported_since(session: Connection, rv: int) -> list[tuple[str, int]]:

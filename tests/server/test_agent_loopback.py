@@ -20,7 +20,17 @@ from tests.server.conftest import PREFIX, Server, free_port, job_manifest, settl
 
 @pytest.fixture
 def agent(serve, sqlite_url, tmp_path) -> Iterator[tuple[Server, subprocess.Popen]]:
-    server = serve(sqlite_url, "--no-local-node")
+    yield from _agent(serve, sqlite_url, tmp_path)
+
+
+@pytest.fixture
+def agent_on_either_store(serve, store_url, tmp_path) -> Iterator[tuple[Server, subprocess.Popen]]:
+    """The agent's server over SQLite, then over PostgreSQL."""
+    yield from _agent(serve, store_url, tmp_path)
+
+
+def _agent(serve, url: str, tmp_path) -> Iterator[tuple[Server, subprocess.Popen]]:
+    server = serve(url, "--no-local-node")
     log = (tmp_path / "agent.log").open("w")
     argv = ["--server", server.url, "agent", "--node", "far", "--slots", "2", "--log-port", str(free_port())]
     proc = subprocess.Popen(
@@ -86,6 +96,48 @@ def test_a_report_for_an_admission_that_is_not_current_is_refused_with_409(agent
     answer = server.http().post(f"{PREFIX}/nodes/far/runs/ghost/report", json={"uid": "u", "run": 1, "epoch": 3})
     assert answer.status_code == 409
     assert answer.json()["kind"] == "Status" and answer.json()["reason"] == "Conflict"
+
+
+def test_reports_sent_together_are_kept_together_and_a_stale_one_is_refused_alone(agent_on_either_store):
+    """POST nodes/NODE/runs/reports: several runs' reports in one request, kept in one
+    transaction (on PostgreSQL pipelined); each is judged against its own admission, so a
+    stale one is refused in its item (409) and does not take the current ones with it."""
+    from reconciler.store import Store
+    from reconciler.store import scheduling as sched
+
+    server, _ = agent_on_either_store
+    _apply(server, job_manifest("long", ["sleep", "600"]), job_manifest("other", ["sleep", "600"]))
+    wait_until(
+        lambda: all(server.job(n)["status"].get("phase") == "Running" for n in ("long", "other")),
+        timeout=30,
+        message="both run on the agent",
+    )
+    store = Store(server.store)
+    try:
+        items = []
+        for name in ("long", "other"):
+            uid = server.job(name)["metadata"]["uid"]
+            with store.read() as session:
+                held = sched.admission(session, uid)
+            assert held is not None and held.report is not None and held.epoch is not None
+            items.append({"job": name, "uid": uid, "run": held.run_number, "epoch": held.epoch, **held.report})
+            items[-1].update(ready=False, readyMessage=f"batched {name}")
+        ghost = {"job": "ghost", "uid": "u", "run": 1, "epoch": 3}
+        answer = server.http().post(f"{PREFIX}/nodes/far/runs/reports", json={"items": [items[0], ghost, items[1]]})
+        assert answer.status_code == 200, answer.text
+        codes = [(i["job"], i["code"]) for i in answer.json()["items"]]
+        assert codes == [("long", 200), ("ghost", 409), ("other", 200)]
+        assert "no longer current" in answer.json()["items"][1]["message"]
+        for name in ("long", "other"):
+            with store.read() as session:
+                held = sched.admission(session, server.job(name)["metadata"]["uid"])
+            assert held is not None and held.report is not None
+            assert held.report["readyMessage"] == f"batched {name}"  # kept, in the admission's report
+    finally:
+        store.dispose()
+    assert server.cli("cancel", "job/long", "job/other").code == 0
+    done = settled(server, "long", "other")
+    assert {done[n]["status"]["outcome"] for n in ("long", "other")} == {"Cancelled"}
 
 
 def test_an_agent_over_tls_with_its_token_runs_and_serves_logs(serve, sqlite_url, tmp_path):
