@@ -146,12 +146,14 @@ def row(runs: int, rounds: int) -> Row:
     sh, c, direct, bare = m["sh"], m["c"], m["direct"], m["bare"]
     load = os.getloadavg()[0]
     note = (
-        f"19 start: medians of {rounds} x {runs} runs of /bin/true each way, one of each in turn (load average {load:.1f}); "
+        f"19 start: medians of {rounds} x {runs} runs of /bin/true each way, one of each in turn "
+        f"(load average {load:.1f}); "
         f"spawn (on the loop's path) sh {sh['spawn'] * 1000:.2f} ms, C {c['spawn'] * 1000:.2f} ms, a supervisor's "
         f"own work {direct['spawn'] * 1000:.2f} ms, bare Popen {bare['spawn'] * 1000:.2f} ms; whole run (call to "
         f"wrapper reaped, exit recorded) sh {sh['whole'] * 1000:.2f} ms, C {c['whole'] * 1000:.2f} ms, a "
         f"supervisor's own work (files, Popen of the command, wait, record; no messages: its floor) "
-        f"{direct['whole'] * 1000:.2f} ms, bare Popen of /bin/true {bare['whole'] * 1000:.2f} ms; CPU of the run's processes (mean, rusage of reaped children) sh "
+        f"{direct['whole'] * 1000:.2f} ms, bare Popen of /bin/true {bare['whole'] * 1000:.2f} ms; "
+        f"CPU of the run's processes (mean, rusage of reaped children) sh "
         f"{sh['cpu'] * 1000:.2f} ms, C {c['cpu'] * 1000:.2f} ms, direct {direct['cpu'] * 1000:.2f} ms, bare "
         f"{bare['cpu'] * 1000:.2f} ms; building the C "
         f"wrapper took "

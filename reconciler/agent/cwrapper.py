@@ -4,15 +4,16 @@ The same protocol as wrapper.py's /bin/sh script, argv position for argv positio
 CPU a run: linked statically where the C library allows (no dynamic loader, no shell to load
 and parse a script), the command started by posix_spawn (a vfork) instead of a fork of the
 shell. On this project's VM a process costs ~0.9 ms of CPU whatever it runs, so the saving
-is a fraction of the wrapper's cost, not most of it (bench/start.py, figure 19). `Binary` builds it once per state folder,
-named by the hash of its source (`STATE/bin/reconciler-run-<hash>`, 0700), in a thread of
-the agent, so the first runs of a fresh state use the sh script while it builds and a build
-never sits on a run's path. A copy kept in the user's cache (`$XDG_CACHE_HOME/reconciler`)
-makes later state folders on the machine take it without a compiler run. Every step is
-atomic (written under a temporary name, checked by running it once, renamed), so a process
-killed while building leaves at most a temporary file, never a half binary under the name
-spawn_run uses; and where no compiler exists, or the build or the check fails, runs keep
-the sh script.
+is a fraction of the wrapper's cost, not most of it (bench/start.py, figure 19).
+
+`Binary` builds it once per state folder, named by the hash of its source
+(`STATE/bin/reconciler-run-<hash>`, 0700), in a thread of the agent, so the first runs of a
+fresh state use the sh script while it builds and a build never sits on a run's path. A copy
+kept in the user's cache (`$XDG_CACHE_HOME/reconciler`) makes later state folders on the
+machine take it without a compiler run. Every step is atomic (written under a temporary
+name, checked by running it once, renamed), so a process killed while building leaves at
+most a temporary file, never a half binary under the name spawn_run uses; and where no
+compiler exists, or the build or the check fails, runs keep the sh script.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from reconciler.files import make_private_dirs
@@ -123,6 +125,26 @@ def _compile(cc: str, target: Path) -> bool:
         Path(tmp).unlink(missing_ok=True)
 
 
+def _sweep(folder: Path, keep: str) -> None:
+    """Builds of an earlier source and what a process killed while building left (temporary
+    files, check folders) go. A run still under an old build keeps its inode, and an agent
+    finds runs by argv[3] and [4], never by the binary's name."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return
+    for entry in entries:
+        if entry.name.startswith((".reconciler-run-", ".check-")):
+            try:
+                stale = time.time() - entry.stat().st_mtime > 2 * BUILD_TIMEOUT  # not a build under way
+            except OSError:
+                continue
+            if stale:
+                shutil.rmtree(entry, ignore_errors=True) if entry.is_dir() else entry.unlink(missing_ok=True)
+        elif entry.name.startswith("reconciler-run-") and entry.name != keep:
+            entry.unlink(missing_ok=True)
+
+
 def build(state_dir: Path) -> Path | None:
     """The C wrapper for this state folder: found, copied from the user's cache, or compiled
     (and then kept in the cache too); None where there is no compiler or it failed."""
@@ -130,6 +152,7 @@ def build(state_dir: Path) -> Path | None:
     target = Path(state_dir) / "bin" / name
     if os.access(target, os.X_OK):
         return target
+    _sweep(target.parent, name)
     cc = compiler()
     if cc is None and os.environ.get(CC_ENV) == "none":
         return None

@@ -220,8 +220,17 @@ class LocalAgent:
             fsync_exit=False,
             join=join,
             address_space_kib=address_space_kib,
-            wrapper=self.wrapper.path,
+            wrapper=self._wrapper_binary(),
         )
+
+    def _wrapper_binary(self) -> Path | None:
+        """The C wrapper, or None for the sh one (also from now on, should the binary have
+        been removed from the state folder: a run must not fail for want of it)."""
+        binary = self.wrapper.path
+        if binary is not None and not os.access(binary, os.X_OK):
+            log.warning("the C run wrapper %s is gone: runs use the sh wrapper", binary)
+            self.wrapper.path = binary = None
+        return binary
 
     def prepare(self, job: str, run_dir: Path, artifact: Artifact) -> Preparation:
         """Fetch a run's artifact (once per sha256, into the cache beside `runs/`) and unpack

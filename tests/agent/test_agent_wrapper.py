@@ -27,7 +27,7 @@ def test_the_exit_record_is_one_owner_only_line(spawn):
 
 
 def test_a_command_killed_by_a_signal_is_recorded_as_128_plus_it(spawn):
-    identity, run_dir = spawn(argv=["sh", "-c", "kill -USR2 $$"])
+    _, run_dir = spawn(argv=["sh", "-c", "kill -USR2 $$"])
     assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(128 + signal.SIGUSR2, signal.SIGUSR2)
 
 
@@ -123,7 +123,8 @@ def own_cache(tmp_path, monkeypatch):
     return tmp_path / "cache" / "reconciler" / "bin"
 
 
-def test_the_agent_builds_the_c_wrapper_once_and_runs_under_it(tmp_path, own_cache, c_wrapper):  # noqa: ARG001
+@pytest.mark.usefixtures("c_wrapper")  # skips where no compiler exists
+def test_the_agent_builds_the_c_wrapper_once_and_runs_under_it(tmp_path, own_cache):
     state = tmp_path / "state"
     agent = LocalAgent("node-a", state, on_exit=lambda job: None)
     try:
@@ -153,8 +154,9 @@ def test_a_new_state_folder_takes_the_wrapper_from_the_cache_without_a_compiler(
     assert (own_cache / first.name).exists()
 
 
+@pytest.mark.usefixtures("own_cache")
 @pytest.mark.parametrize("cc", ["none", "false"])
-def test_without_a_working_compiler_runs_use_the_sh_wrapper(tmp_path, own_cache, monkeypatch, cc):  # noqa: ARG001
+def test_without_a_working_compiler_runs_use_the_sh_wrapper(tmp_path, monkeypatch, cc):
     # "none": the operator's word, or no compiler on the machine; "false": one that fails
     monkeypatch.setenv(cwrapper.CC_ENV, cc)
     agent = LocalAgent("node-a", tmp_path / "state", on_exit=lambda job: None)
@@ -166,7 +168,8 @@ def test_without_a_working_compiler_runs_use_the_sh_wrapper(tmp_path, own_cache,
         agent.close()
 
 
-def test_a_broken_build_is_never_used(tmp_path, own_cache, monkeypatch):  # noqa: ARG001
+@pytest.mark.usefixtures("own_cache")
+def test_a_broken_build_is_never_used(tmp_path, monkeypatch):
     # a "compiler" that writes an executable which does not keep the protocol
     fake = tmp_path / "fakecc"
     fake.write_text('#!/bin/sh\nwhile [ "$1" != -o ]; do shift; done\nprintf "#!/bin/sh\\nexit 0\\n" > "$2"\n')
@@ -176,7 +179,8 @@ def test_a_broken_build_is_never_used(tmp_path, own_cache, monkeypatch):  # noqa
     assert not any((tmp_path / "state" / "bin").iterdir())
 
 
-def test_a_run_of_the_sh_wrapper_is_found_by_an_agent_that_has_the_c_one(tmp_path, c_wrapper):  # noqa: ARG001
+@pytest.mark.usefixtures("c_wrapper")
+def test_a_run_of_the_sh_wrapper_is_found_by_an_agent_that_has_the_c_one(tmp_path):
     # an agent restarted after an upgrade adopts the runs its predecessor started under sh
     state = tmp_path / "state"
     before = LocalAgent("node-a", state, on_exit=lambda job: None)
@@ -191,3 +195,14 @@ def test_a_run_of_the_sh_wrapper_is_found_by_an_agent_that_has_the_c_one(tmp_pat
         _end(after, started.identity, started.cgroup)
         after.close()
 
+
+@pytest.mark.usefixtures("c_wrapper")
+def test_a_removed_binary_sends_runs_to_the_sh_wrapper(tmp_path):
+    agent = LocalAgent("node-a", tmp_path / "state", on_exit=lambda job: None)
+    try:
+        binary = agent.wrapper.wait(120)
+        assert binary is not None
+        binary.unlink()  # someone cleaned the state folder
+        assert _start_and_find(agent)[:2] == ["/bin/sh", "-c"]
+    finally:
+        agent.close()
