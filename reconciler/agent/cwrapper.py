@@ -18,6 +18,7 @@ compiler exists, or the build or the check fails, runs keep the sh script.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -164,7 +165,8 @@ def build(state_dir: Path) -> Path | None:
         return None
     if not _compile(cc, target):
         return None
-    _install(target, cached)  # best effort: a cache that cannot be written costs the next state a build
+    with contextlib.suppress(OSError):  # best effort: a cache that cannot be written costs the next state a build
+        _install(target, cached)
     return target
 
 

@@ -206,3 +206,11 @@ def test_a_removed_binary_sends_runs_to_the_sh_wrapper(tmp_path):
         assert _start_and_find(agent)[:2] == ["/bin/sh", "-c"]
     finally:
         agent.close()
+
+
+@pytest.mark.usefixtures("c_wrapper")
+def test_a_cache_that_cannot_be_written_still_gives_the_state_its_build(tmp_path, monkeypatch):
+    blocker = tmp_path / "cache"
+    blocker.write_text("a file where the cache folder would be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    assert cwrapper.build(tmp_path / "state") == tmp_path / "state" / "bin" / cwrapper.binary_name()
