@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+import uuid
 
 import psutil
 import pytest
@@ -97,8 +98,9 @@ def _spec() -> JobSpec:
 def _start_and_find(agent: LocalAgent) -> list[str]:
     """Start a run through the agent, check a restarted agent would find it by its argv, stop
     it; the wrapper's argv."""
-    started = agent.start("job", "0b5e6f3a-8c1d-4f2e-9a7b-1c2d3e4f5a6b", 1, _spec(), 1)
-    run_dir = agent.run_dir("job", "0b5e6f3a-8c1d-4f2e-9a7b-1c2d3e4f5a6b", 1)
+    uid = str(uuid.uuid4())  # the run's cgroup is named by it, machine-wide: one per test run
+    started = agent.start("job", uid, 1, _spec(), 1)
+    run_dir = agent.run_dir("job", uid, 1)
     try:
         argv = psutil.Process(started.identity.pid).cmdline()
         assert argv[3] == WRAPPER_NAME and argv[4] == str(run_dir.resolve())
@@ -185,12 +187,13 @@ def test_a_run_of_the_sh_wrapper_is_found_by_an_agent_that_has_the_c_one(tmp_pat
     state = tmp_path / "state"
     before = LocalAgent("node-a", state, on_exit=lambda job: None)
     before.wrapper.path = None
-    started = before.start("job", "0b5e6f3a-8c1d-4f2e-9a7b-1c2d3e4f5a6b", 1, _spec(), 1)
+    uid = str(uuid.uuid4())
+    started = before.start("job", uid, 1, _spec(), 1)
     before.close()
     after = LocalAgent("node-a", state, on_exit=lambda job: None)
     try:
         assert after.wrapper.wait(120) is not None
-        assert after.find(after.run_dir("job", "0b5e6f3a-8c1d-4f2e-9a7b-1c2d3e4f5a6b", 1)) == started.identity
+        assert after.find(after.run_dir("job", uid, 1)) == started.identity
     finally:
         _end(after, started.identity, started.cgroup)
         after.close()
