@@ -165,16 +165,24 @@ def record_span(url: str, names: list[str]) -> dict:
 
 def wrapper_floor(jobs: int, slots: int, folder: Path) -> float:
     """Wall time of `jobs` runs of /bin/true through the crash-safe run wrapper alone
-    (spawn_run: run dir, log files, the sh wrapper and its exit record), N in flight, no store
-    and no decisions: what the process model costs before any reconciling."""
+    (spawn_run: run dir, log files, the wrapper the agent uses, the C one where it builds, and
+    its exit record), N in flight, no store and no decisions: what the process model costs
+    before any reconciling."""
+    from reconciler.agent.cwrapper import build
     from reconciler.agent.process import read_exit, reap, spawn_run
 
+    binary = build(folder / "floor-state")
     start, running, started, env = time.perf_counter(), [], 0, {}
     while started < jobs or running:
         while started < jobs and len(running) < slots:
             run_dir = folder / "floor" / str(started)
             running.append(
-                (spawn_run(argv=["/bin/true"], env=env, cwd=str(folder), run_dir=run_dir, fsync_exit=False), run_dir)
+                (
+                    spawn_run(
+                        argv=["/bin/true"], env=env, cwd=str(folder), run_dir=run_dir, fsync_exit=False, wrapper=binary
+                    ),
+                    run_dir,
+                )
             )
             started += 1
         os.wait()  # any child: one slot frees

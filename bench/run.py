@@ -16,6 +16,7 @@ through `serve` against straight from the store), 12 metrics (a /metrics scrape 
 make), 14 dashboard (each view's page at 2,000 jobs, beside the API's list),
 15 ingest (jobs from a RabbitMQ queue: messages/s against a plain pika consumer),
 16 cgroups (starting a run with its cgroup against without),
+19 start (a run's start and whole cost under the C wrapper, the sh wrapper and a bare Popen),
 7 pg (figures 1, 3 and 13 on PostgreSQL, and 17: a write to watch event and admission on PostgreSQL,
 LISTEN/NOTIFY against the poll, and 20: a burn-down of 10,000 no-op jobs over three agents in network
 namespaces against the embedded controller, jobs/s), 18 agents (1,000 jobs over three agents in network namespaces
@@ -54,6 +55,7 @@ FULL = {
     "ingest": dict(messages=5000, rounds=3),
     "wakeup": dict(jobs=100),
     "cgroups": dict(runs=200, rounds=5),
+    "start": dict(runs=500, rounds=4),
     "agents": dict(jobs=1000),
     "burndown": dict(jobs=10_000),
 }
@@ -74,6 +76,7 @@ SMALL = {
     "ingest": dict(messages=1000, rounds=1),
     "wakeup": dict(jobs=10),
     "cgroups": dict(runs=20, rounds=2),
+    "start": dict(runs=20, rounds=3),
     "agents": dict(jobs=60),
     "burndown": dict(jobs=200),
 }
@@ -93,6 +96,7 @@ NAMES = (
     "dashboard",
     "ingest",
     "cgroups",
+    "start",
     "agents",
     "pg",
 )
@@ -181,6 +185,7 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
         memory,
         metrics,
         notify,
+        start,
         wakeup,
     )
 
@@ -263,6 +268,9 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
         ],
         "cgroups": [
             ("16 run start with a cgroup", lambda: [cgroups.row(s["cgroups"]["runs"], s["cgroups"]["rounds"])]),
+        ],
+        "start": [
+            ("19 run start, C wrapper against sh", lambda: [start.row(s["start"]["runs"], s["start"]["rounds"])]),
         ],
         "agents": [("18 remote agents (sqlite)", lambda: agents.rows(s["agents"]["jobs"]))],
         "pg": [

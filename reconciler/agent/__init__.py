@@ -1,4 +1,4 @@
-"""The node agent: starting runs under the sh wrapper, process groups, exits, logs.
+"""The node agent: starting runs under the run wrapper, process groups, exits, logs.
 
 Pure OS work, no store: `process` (spawn, exit record, reap), `identity`
 (pid + start time), `groups` (signals to a run's process group), `watcher`

@@ -19,6 +19,7 @@ import psutil
 from ..api.job import Artifact, JobSpec
 from ..files import make_private_dirs
 from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgroup, Spares, Usage, detect
+from .cwrapper import Binary
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import WORK, has_legacy_runs, run_dir
 from .logtrim import LogTrimmer
@@ -103,6 +104,7 @@ class LocalAgent:
         self._logs = LogTrimmer()
         self._artifacts: Artifacts | None = None  # made by the first run with an artifact
         self._artifacts_lock = threading.Lock()
+        self.wrapper = Binary(self.state_dir)  # the C wrapper, built in a thread; the sh one meanwhile
         root = cgroup_root or Path(os.environ.get(CGROUP_ROOT_ENV) or DEFAULT_ROOT)
         self._hierarchy: Hierarchy | None = None
         self._spares: Spares | None = None
@@ -196,8 +198,8 @@ class LocalAgent:
         group = self._cgroup(cgroup)
         return group is None or group.remove()
 
-    @staticmethod
     def _spawn(
+        self,
         spec: JobSpec,
         env: dict[str, str],
         run_dir: Path,
@@ -218,7 +220,17 @@ class LocalAgent:
             fsync_exit=False,
             join=join,
             address_space_kib=address_space_kib,
+            wrapper=self._wrapper_binary(),
         )
+
+    def _wrapper_binary(self) -> Path | None:
+        """The C wrapper, or None for the sh one (also from now on, should the binary have
+        been removed from the state folder: a run must not fail for want of it)."""
+        binary = self.wrapper.path
+        if binary is not None and not os.access(binary, os.X_OK):
+            log.warning("the C run wrapper %s is gone: runs use the sh wrapper", binary)
+            self.wrapper.path = binary = None
+        return binary
 
     def prepare(self, job: str, run_dir: Path, artifact: Artifact) -> Preparation:
         """Fetch a run's artifact (once per sha256, into the cache beside `runs/`) and unpack

@@ -93,8 +93,10 @@ def spawn_run(
     fsync_exit: bool = True,
     join: list[pathlib.Path] | None = None,
     address_space_kib: int | None = None,
+    wrapper: pathlib.Path | None = None,
 ) -> ProcessIdentity:
-    """Start a run under the sh wrapper in a new session; return the wrapper's identity.
+    """Start a run under the wrapper (the C build `wrapper`, else the sh script) in a new
+    session; return the wrapper's identity.
 
     Exactly one of `argv` (exec'd as is, no shell interpretation) or `shell`
     (run by `/bin/sh -c`). `env` is merged over `inherited_environment()`. stdout and stderr
@@ -136,7 +138,14 @@ def spawn_run(
     ready_r, ready_w = os.pipe()  # the wrapper's first stderr: EOF once its traps are armed
     try:
         popen = subprocess.Popen(
-            wrapper_argv(run_dir.resolve(), command, fsync=fsync_exit, join=join, address_space_kib=address_space_kib),
+            wrapper_argv(
+                run_dir.resolve(),
+                command,
+                fsync=fsync_exit,
+                join=join,
+                address_space_kib=address_space_kib,
+                binary=wrapper,
+            ),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=ready_w,
@@ -153,7 +162,7 @@ def spawn_run(
         os.close(ready_w)
     # The wrapper re-points its stderr to the file right after setting its traps, which
     # closes the pipe's last write end. Signals sent through groups.py wait for that
-    # (wait_armed); spawning does not, so a sh startup (~1 ms) stays off the caller's path.
+    # (wait_armed); spawning does not, so the wrapper's startup stays off the caller's path.
     arming(popen.pid, ready_r)
 
     try:

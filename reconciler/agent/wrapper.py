@@ -1,6 +1,8 @@
-"""The run wrapper: a few lines of /bin/sh that outlive their supervisor.
+"""The run wrapper: a few lines of /bin/sh that outlive their supervisor, or the same
+protocol compiled from C (`reconciler-run.c`, built by cwrapper.py where a compiler exists).
 
-Why /bin/sh: a Python wrapper would cost ~300 ms per run; sh costs ~1 ms.
+Why /bin/sh: a Python wrapper would cost ~300 ms per run; sh costs ~1 ms, the C build less
+(bench/start.py, figure 19).
 Why a wrapper at all: the agent (or the controller hosting it) may die while a
 run goes on. The wrapper is the run's parent, so it alone can learn the exit
 status, and it leaves it in `run_dir/exit` for whoever adopts the run later.
@@ -82,10 +84,13 @@ def wrapper_argv(
     fsync: bool = True,
     join: list[pathlib.Path] | None = None,
     address_space_kib: int | None = None,
+    binary: pathlib.Path | None = None,
 ) -> list[str]:
     """The argv that starts `command` (argv[0] already resolved) under the wrapper; it joins
     the cgroup.procs files `join` (paths without blanks or wildcards: the shell splits them)
-    and sets `ulimit -v address_space_kib` first."""
+    and sets `ulimit -v address_space_kib` first. `binary`: the C wrapper, else the sh script.
+    Both take the same positions, so an agent that restarts finds either by argv[3] and [4]."""
     cgroup = " ".join(str(p) for p in join or [])
     limit = "" if address_space_kib is None else str(address_space_kib)
-    return ["/bin/sh", "-c", SCRIPT, WRAPPER_NAME, str(run_dir), "1" if fsync else "0", cgroup, limit, *command]
+    head = [str(binary), "-c", "-"] if binary is not None else ["/bin/sh", "-c", SCRIPT]
+    return [*head, WRAPPER_NAME, str(run_dir), "1" if fsync else "0", cgroup, limit, *command]

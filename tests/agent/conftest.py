@@ -9,6 +9,7 @@ import signal
 import psutil
 import pytest
 
+from reconciler.agent.cwrapper import build, compiler
 from reconciler.agent.process import (
     ProcessIdentity,
     group_alive,
@@ -23,22 +24,40 @@ REPO_ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def group_names(identity: ProcessIdentity) -> list[str]:
-    """Sorted names of the live processes in the run's group.
+    """Sorted names of the live processes in the run's group, the wrapper (the group's
+    leader) named "sh" whichever build it is, so that one assertion holds for both.
 
-    Wait for the expected names before signalling: until the wrapper's child
+    Wait for the expected names before signalling: until the sh wrapper's child
     has exec'd, it still runs the wrapper's TERM handler, and a signal landing
     in that window is absorbed instead of reaching the program.
     """
     names = []
     for pid in group_pids(identity):
         with contextlib.suppress(psutil.NoSuchProcess):
-            names.append(psutil.Process(pid).name())
+            names.append("sh" if pid == identity.pid else psutil.Process(pid).name())
     return sorted(names)
 
 
+@pytest.fixture(scope="session")
+def c_wrapper(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
+    """The C run wrapper, built once for the session (skips where no C compiler exists)."""
+    if compiler() is None:
+        pytest.skip("no C compiler: the C wrapper cannot be built here")
+    binary = build(tmp_path_factory.mktemp("wrapper-state"))
+    assert binary is not None
+    return binary
+
+
+@pytest.fixture(params=["sh", "c"])
+def wrapper(request: pytest.FixtureRequest) -> pathlib.Path | None:
+    """Each wrapper in turn: None for the sh script, else the C build's path."""
+    return None if request.param == "sh" else request.getfixturevalue("c_wrapper")
+
+
 @pytest.fixture
-def spawn(tmp_path: pathlib.Path):
-    """spawn_run with defaults (cwd = tmp_path, run_dir = tmp_path/run-N); kills leftovers."""
+def spawn(tmp_path: pathlib.Path, wrapper: pathlib.Path | None):
+    """spawn_run with defaults (cwd = tmp_path, run_dir = tmp_path/run-N, the wrapper of the
+    `wrapper` parameter: every test using it runs under both); kills leftovers."""
     started: list[ProcessIdentity] = []
 
     def _spawn(*, argv=None, shell=None, env=None, cwd=None, run_dir=None, **kwargs):
@@ -49,7 +68,7 @@ def spawn(tmp_path: pathlib.Path):
             env=env or {},
             cwd=str(cwd or tmp_path),
             run_dir=run_dir,
-            **kwargs,
+            **{"wrapper": wrapper, **kwargs},
         )
         started.append(identity)
         return identity, run_dir

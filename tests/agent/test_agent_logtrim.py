@@ -109,6 +109,7 @@ def test_the_trimmer_keeps_a_live_runs_logs_within_the_limit(spawn, tmp_path):
     try:
         trimmer.keep(run_dir, LIMIT)
         wait_until(lambda: out.stat().st_size == 300_000 * 15, timeout=20)
+        wait_until(lambda: err.stat().st_size == 20_000 * 15, timeout=20)  # written after stdout's
         _wait_for_trim(trimmer, run_dir, out, limit=LIMIT)
         _wait_for_trim(trimmer, run_dir, err, limit=LIMIT)
         assert_newest(text(out), 300_000, LIMIT - 15)

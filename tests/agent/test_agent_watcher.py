@@ -134,17 +134,18 @@ ADOPT_SCRIPT = """
 import json, pathlib, sys
 from reconciler.agent.process import spawn_run
 cwd, run_dir = sys.argv[1], pathlib.Path(sys.argv[2])
-identity = spawn_run(argv=["sh", "-c", "read x < ./gate; exit 5"], env={}, cwd=cwd, run_dir=run_dir)
+wrapper = pathlib.Path(sys.argv[3]) if sys.argv[3] else None
+identity = spawn_run(argv=["sh", "-c", "read x < ./gate; exit 5"], env={}, cwd=cwd, run_dir=run_dir, wrapper=wrapper)
 print(json.dumps({"pid": identity.pid, "start_time": identity.start_time}))
 """
 
 
-def test_adopted_run_is_reported_and_its_exit_code_read(watcher, tmp_path):
+def test_adopted_run_is_reported_and_its_exit_code_read(watcher, tmp_path, wrapper):
     os.mkfifo(tmp_path / "gate")
     run_dir = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
     spawner = subprocess.run(
-        [sys.executable, "-c", ADOPT_SCRIPT, str(tmp_path), str(run_dir)],
+        [sys.executable, "-c", ADOPT_SCRIPT, str(tmp_path), str(run_dir), str(wrapper or "")],
         env=env,
         capture_output=True,
         text=True,

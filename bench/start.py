@@ -1,0 +1,185 @@
+"""Figure 19, what starting a run costs (issue 15 part 2, "a cheaper start"): runs of
+`/bin/true` through `spawn_run` under each wrapper, interleaved in rounds in this one process,
+from the call to the wrapper reaped with its exit record written:
+
+- `sh`: the `/bin/sh -c SCRIPT` wrapper (wrapper.py), as every run was started before;
+- `c`: the same protocol compiled from C (`reconciler-run.c`, built by cwrapper.py);
+- `direct`: what a per-node run supervisor (one long-lived process spawning the runs, like a
+  container shim) must still do per run, in this process: the run dir and its files as
+  spawn_run makes them, `/bin/true` spawned straight by `subprocess.Popen` in a new session
+  with them as stdout and stderr, waited for, its exit record written; no message to or from
+  the supervisor is counted, so its saving can be at most whole(c) - whole(direct) a run;
+- `bare`: `/bin/true` alone through `subprocess.Popen`: forking and exec'ing the command.
+
+Per run: `spawn` (the call, on the reconcile loop's path) and `whole` (the call to the
+wrapper reaped; `spawn_run` is told not to fsync, as the agent does). The figure is the C
+wrapper's whole run against the sh wrapper's. No aim: the issue asks to measure and choose.
+
+    .venv/bin/python bench/start.py --runs 500 --rounds 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import Row, log
+
+FIGURE = "19 run start, C wrapper against sh"
+MODES = ("sh", "c", "direct", "bare")
+
+
+def _children_cpu() -> float:
+    """CPU seconds (user + system) of this process's reaped children and theirs."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _wrapped(work: Path, index: int, binary: Path | None) -> tuple[float, float, float]:
+    from reconciler.agent.process import read_exit, reap, spawn_run
+
+    run_dir = work / f"run-{index}"
+    cpu = _children_cpu()
+    t0 = time.perf_counter()
+    identity = spawn_run(argv=["/bin/true"], env={}, cwd=str(work), run_dir=run_dir, fsync_exit=False, wrapper=binary)
+    t1 = time.perf_counter()
+    while reap(identity) is None:
+        time.sleep(0.0001)
+    t2 = time.perf_counter()
+    cpu = _children_cpu() - cpu
+    if read_exit(run_dir) is None:
+        raise RuntimeError(f"no exit record in {run_dir}")
+    shutil.rmtree(run_dir)
+    return t1 - t0, t2 - t0, cpu
+
+
+def _direct(work: Path, index: int) -> tuple[float, float, float]:
+    from reconciler.agent.process import _open_private
+
+    run_dir = work / f"run-{index}"
+    cpu = _children_cpu()
+    t0 = time.perf_counter()
+    os.mkdir(run_dir, 0o700)
+    out, err = _open_private(run_dir / "stdout"), _open_private(run_dir / "stderr")
+    try:
+        popen = subprocess.Popen(
+            ["/bin/true"], stdin=subprocess.DEVNULL, stdout=out, stderr=err, cwd=str(work), start_new_session=True
+        )
+    finally:
+        os.close(out)
+        os.close(err)
+    t1 = time.perf_counter()
+    while (code := popen.poll()) is None:
+        time.sleep(0.0001)
+    fd = os.open(run_dir / "exit", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.write(fd, f"{code}\n".encode())
+    os.close(fd)
+    t2 = time.perf_counter()
+    shutil.rmtree(run_dir)
+    return t1 - t0, t2 - t0, _children_cpu() - cpu
+
+
+def _bare(work: Path) -> tuple[float, float, float]:
+    cpu = _children_cpu()
+    t0 = time.perf_counter()
+    popen = subprocess.Popen(
+        ["/bin/true"], stdin=subprocess.DEVNULL, cwd=str(work), start_new_session=True, close_fds=True
+    )
+    t1 = time.perf_counter()
+    while popen.poll() is None:
+        time.sleep(0.0001)
+    return t1 - t0, time.perf_counter() - t0, _children_cpu() - cpu
+
+
+def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
+    """Median seconds per run (`spawn`, `whole`) of each mode; rounds rotate the modes' order."""
+    from reconciler.agent.cwrapper import build
+
+    work = Path(tempfile.mkdtemp(prefix="reconciler-bench-start-"))
+    try:
+        t0 = time.perf_counter()
+        binary = build(work / "state")
+        built = time.perf_counter() - t0
+        if binary is None:
+            raise RuntimeError("no C compiler here: the C wrapper could not be built")
+        samples: dict[str, list[tuple[float, float, float]]] = {m: [] for m in MODES}
+        for r in range(rounds):
+            for i in range(runs):  # one run of each mode in turn: the machine's drift hits all alike
+                shift = (r * runs + i) % len(MODES)
+                for mode in MODES[shift:] + MODES[:shift]:
+                    if mode == "bare":
+                        samples[mode].append(_bare(work))
+                    elif mode == "direct":
+                        samples[mode].append(_direct(work, i))
+                    else:
+                        samples[mode].append(_wrapped(work, i, binary if mode == "c" else None))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = {
+        m: {
+            "spawn": statistics.median(s for s, _, _ in xs),
+            "whole": statistics.median(w for _, w, _ in xs),
+            "cpu": statistics.fmean(c for _, _, c in xs),  # in clock ticks: only the mean means anything
+        }
+        for m, xs in samples.items()
+    }
+    result["c"]["built"] = built
+    return result
+
+
+def row(runs: int, rounds: int) -> Row:
+    log(f"start: {rounds} rounds of {runs} runs each way (sh wrapper, C wrapper, a supervisor's floor, bare Popen)")
+    try:
+        m = measure(runs, rounds)
+    except RuntimeError as exc:
+        return Row(FIGURE, "not measured", "-", None, "x", None, [f"19 start: not measured: {exc}"])
+    sh, c, direct, bare = m["sh"], m["c"], m["direct"], m["bare"]
+    load = os.getloadavg()[0]
+    note = (
+        f"19 start: medians of {rounds} x {runs} runs of /bin/true each way, one of each in turn "
+        f"(load average {load:.1f}); "
+        f"spawn (on the loop's path) sh {sh['spawn'] * 1000:.2f} ms, C {c['spawn'] * 1000:.2f} ms, a supervisor's "
+        f"own work {direct['spawn'] * 1000:.2f} ms, bare Popen {bare['spawn'] * 1000:.2f} ms; whole run (call to "
+        f"wrapper reaped, exit recorded) sh {sh['whole'] * 1000:.2f} ms, C {c['whole'] * 1000:.2f} ms, a "
+        f"supervisor's own work (files, Popen of the command, wait, record; no messages: its floor) "
+        f"{direct['whole'] * 1000:.2f} ms, bare Popen of /bin/true {bare['whole'] * 1000:.2f} ms; "
+        f"CPU of the run's processes (mean, rusage of reaped children) sh "
+        f"{sh['cpu'] * 1000:.2f} ms, C {c['cpu'] * 1000:.2f} ms, direct {direct['cpu'] * 1000:.2f} ms, bare "
+        f"{bare['cpu'] * 1000:.2f} ms; building the C "
+        f"wrapper took "
+        f"{c['built']:.2f} s (once per state folder; a copy from the user's cache when one is there)"
+    )
+    return Row(
+        FIGURE,
+        f"C: whole run {c['whole'] * 1000:.2f} ms, spawn {c['spawn'] * 1000:.2f} ms",
+        f"sh: {sh['whole'] * 1000:.2f} ms, spawn {sh['spawn'] * 1000:.2f} ms",
+        c["whole"] / sh["whole"],
+        "x",
+        None,
+        [note],
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--rounds", type=int, default=4)
+    args = parser.parse_args()
+    result = row(args.runs, args.rounds)
+    print(f"{result.figure}: {result.reconciler} ({result.reference}); ratio {result.result}")
+    for note in result.notes:
+        print(note)
+
+
+if __name__ == "__main__":
+    main()
