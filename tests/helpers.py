@@ -66,7 +66,9 @@ def remove_run_cgroups(root: Path) -> None:
         hierarchy = detect()
     except CgroupUnavailable:
         return
-    names = {run.name for runs in root.rglob("runs") if runs.is_dir() for run in runs.iterdir()}
+    # os.walk, not rglob: a folder may vanish under the walk (the agent's wrapper build, in a
+    # thread of its own, removes its temporary ones), which os.walk skips and rglob raises on
+    names = {run for parent, dirs, _ in os.walk(root) if os.path.basename(parent) == "runs" for run in dirs}
     for name in names:
         with contextlib.suppress(CgroupUnavailable, OSError, AssertionError):
             group = hierarchy.open(name)
