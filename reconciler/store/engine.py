@@ -395,7 +395,7 @@ class Store:
                 term = _TERM.execute(conn).scalar() if fence is not None else None
             else:
                 lock = _LOCK_SEQ_TERM if fence is not None else _LOCK_SEQ
-                row = conn.script(f"BEGIN; {lock.sqlite}").fetchone()
+                row = conn.script(f"BEGIN; {lock.text(conn)}").fetchone()
                 term = row[0] if fence is not None and row is not None else None
             if fence is not None and term != fence.term:
                 fence.broken.set()
