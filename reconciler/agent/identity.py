@@ -6,7 +6,6 @@ a restart must not mistake a stranger for its run.
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 
@@ -51,17 +50,18 @@ def is_alive(identity: ProcessIdentity) -> bool:
         return False
 
 
-def wall_clock_start(pid: int) -> float | None:
-    """When the process started, on the wall clock to within ~10 ms, or None if unknown.
+def wall_clock_start(identity: ProcessIdentity) -> float:
+    """When the process started, on the wall clock to within ~10 ms, even once it is gone.
 
     Not for identity (use start_time): psutil's create_time adds the boot time that
-    /proc/stat gives in whole seconds, so as a timestamp it may be up to a second early.
-    This reads the start in clock ticks since boot and the uptime to 10 ms instead."""
+    /proc/stat gives in whole seconds, so as a timestamp it may be up to a second early (a
+    quick run would seem to start before the jobs it waited for). The seconds since boot
+    are what create_time adds that boot time to; the precise boot time is now less the
+    uptime, which /proc/uptime gives to 10 ms."""
+    since_boot = identity.start_time - psutil.boot_time()
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat, open("/proc/uptime", "rb") as up:
-            fields = stat.read().rsplit(b")", 1)[1].split()
+        with open("/proc/uptime", "rb") as up:
             uptime = float(up.read().split()[0])
-        ticks = int(fields[19])  # field 22, starttime; fields[0] is field 3 (state)
     except (OSError, ValueError, IndexError):
-        return None
-    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+        return identity.start_time
+    return time.time() - uptime + since_boot

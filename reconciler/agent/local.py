@@ -302,7 +302,7 @@ class LocalAgent:
     @staticmethod
     def started_at(identity: ProcessIdentity) -> float:
         """Wall-clock start of a found process (an adopted run's startedAt)."""
-        return wall_clock_start(identity.pid) or identity.start_time
+        return wall_clock_start(identity)
 
     @staticmethod
     def port_free(port: int) -> bool:

@@ -49,6 +49,10 @@ def test_a_dag_spreads_over_three_agents_and_no_node_exceeds_its_slots(net: Net)
         start = epoch(done[f"mid-{i}"]["runs"][0]["startedAt"])
         for dep in (f"root-{i}", f"root-{(i + 1) % 6}"):
             assert start >= epoch(done[dep]["runs"][0]["finishedAt"])
+    # so did a run that ended before its agent recorded its start (psutil's start time, from
+    # the boot time in whole seconds, had it start up to a second early)
+    final_start = epoch(done["final"]["runs"][0]["startedAt"])
+    assert all(final_start >= epoch(done[f"mid-{i}"]["runs"][0]["finishedAt"]) for i in range(6))
 
 
 def test_pinning_and_round_robin_over_the_healthy_nodes(net: Net):
