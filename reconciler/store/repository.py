@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..api.meta import API_VERSION, format_time
 from ..api.pool import GLOBAL_POOL
@@ -59,6 +59,20 @@ class StoredObject:
     spec_text: str
     status_text: str | None = None  # the stored JSON: a private copy is one json.loads away
 
+    if not TYPE_CHECKING:  # for mypy, the fields above are all there is
+
+        def __getattr__(self, name: str) -> Any:
+            """An object read from a row decodes its JSON columns on first use: a reconcile
+            step reads its job's status from the text into a private copy and its spec through
+            a cache keyed by the text, so decoding them on every read was most of its cost."""
+            text = _LAZY.get(name)
+            if text is None or text not in self.__dict__:
+                raise AttributeError(name)
+            raw = self.__dict__[text]
+            value = json.loads(raw) if raw else None
+            self.__dict__[name] = value
+            return value
+
     def manifest(self) -> dict[str, Any]:
         """The object as Kubernetes would print it."""
         metadata: dict[str, Any] = {
@@ -80,23 +94,28 @@ class StoredObject:
         return document
 
 
+# attribute -> the text it is decoded from, where an object was read from a row
+_LAZY = {"labels": "_labels_text", "annotations": "_annotations_text", "spec": "spec_text", "status": "status_text"}
+
+
 def _from_mapping(row: Row) -> StoredObject:
-    """A StoredObject from a row of the objects table (any object with its column names)."""
-    return StoredObject(
+    """A StoredObject from a row of the objects table (any object with its column names);
+    its labels, annotations, spec and status are decoded when first used."""
+    obj = StoredObject.__new__(StoredObject)
+    obj.__dict__.update(
         kind=row.kind,
         name=row.name,
         uid=row.uid,
         generation=row.generation,
         resource_version=row.resource_version,
-        labels=json.loads(row.labels),
-        annotations=json.loads(row.annotations),
-        spec=json.loads(row.spec),
-        status=json.loads(row.status) if row.status else None,
         created_at=row.created_at,
         deleted_at=row.deleted_at,
         spec_text=row.spec,
         status_text=row.status,
+        _labels_text=row.labels,
+        _annotations_text=row.annotations,
     )
+    return obj
 
 
 # what _from_mapping reads; phase and observed_generation are copies of status, for SQL
