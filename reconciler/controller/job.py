@@ -357,7 +357,9 @@ class JobReconciler:
                 reason, message = "Unschedulable", placed.message
             else:
                 reason, message = decision.reason, decision.message
-            if (status.get("reason"), status.get("message")) != (reason, message):
+            if (status.get("reason"), status.get("message")) != (reason, message) and not (
+                not ctx.changed() and _both_in_line(status.get("reason"), reason)
+            ):
                 status["reason"], status["message"] = reason, message
                 if reason == "Unschedulable":
                     ctx.note("FailedScheduling", message, warning=True)
@@ -401,7 +403,9 @@ class JobReconciler:
                 scopes.append(admission.Scope(pool, f.capacity, f.used, f.max_bypass, None))
         verdict = admission.decide(admission.Request(ctx.uid, ctx.name, ctx.spec.slots), scopes)
         said = (ctx.status.get("reason"), ctx.status.get("message"))
-        return verdict.admit or said != (verdict.reason, verdict.message)
+        if verdict.admit:
+            return True
+        return said != (verdict.reason, verdict.message) and not _both_in_line(said[0], verdict.reason)
 
     def _scopes(self, session: Any, me: sched.QueueEntry, nodes: list[NodeView]) -> list[admission.Scope]:
         scopes = []
@@ -437,6 +441,17 @@ class JobReconciler:
             head_fits = head is not None and head.uid != me.uid and fits_now(head)
             scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head), head_fits))
         return scopes
+
+
+# Queued behind an older job that fits first, or short of slots: the one flips to the other
+# each time a slot frees and the head of the line takes it. A job already queued for one is
+# not rewritten for the other (a status write each, for nothing a user acts on); what holds
+# it now is in the live view of the line that `get` and `describe` show (status.queue).
+_IN_LINE = frozenset({"WaitingForTurn", "InsufficientSlots"})
+
+
+def _both_in_line(said: str | None, now: str) -> bool:
+    return said in _IN_LINE and now in _IN_LINE and said != now
 
 
 def _read_dep_states(session: Any, names: list[str]) -> DepStates:

@@ -386,22 +386,21 @@ def update_object(
             f'Operation cannot be fulfilled on {current.kind.lower()} "{current.name}": '
             "the object has been modified; please apply your changes to the latest version and try again"
         )
-    # the new state is known: build it rather than read it back
-    return StoredObject(
-        kind=current.kind,
-        name=current.name,
-        uid=current.uid,
-        generation=generation,
-        resource_version=values["resource_version"],
-        labels=dict(labels) if labels is not None else current.labels,
-        annotations=dict(annotations) if annotations is not None else current.annotations,
-        spec=dict(spec) if spec is not None and "spec" in values else current.spec,
-        status=status if status is not None else current.status,
-        created_at=current.created_at,
-        deleted_at=deleted_at if deleted_at is not None else current.deleted_at,
-        spec_text=values.get("spec", current.spec_text),
-        status_text=values["status"] if status is not None else current.status_text,
-    )
+    # the new state is known: build it rather than read it back, from `current` as it is
+    # (what it has not decoded yet stays undecoded)
+    new = StoredObject.__new__(StoredObject)
+    new.__dict__.update(current.__dict__, generation=generation, resource_version=values["resource_version"])
+    if labels is not None:
+        new.__dict__.update(labels=dict(labels), _labels_text=values["labels"])
+    if annotations is not None:
+        new.__dict__.update(annotations=dict(annotations), _annotations_text=values["annotations"])
+    if spec is not None and "spec" in values:
+        new.__dict__.update(spec=dict(spec), spec_text=values["spec"])
+    if status is not None:
+        new.__dict__.update(status=status, status_text=values["status"])
+    if deleted_at is not None:
+        new.deleted_at = deleted_at
+    return new
 
 
 _REMOVE = Statement("DELETE FROM objects WHERE kind = :kind AND name = :name AND resource_version = :old")

@@ -1,0 +1,82 @@
+"""A queued job's status is not rewritten while it only waits its turn (controller/job.py,
+_both_in_line): behind an older job that fits first, or short of slots, are one condition to
+its user, and each freed slot used to flip the one to the other and back, two status writes
+of every job queued behind a busy pool. A wired controller, never started, is driven by hand."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reconciler.apply import apply_manifests
+from reconciler.controller.manager import Controller
+from reconciler.controller.nodes import heartbeat
+from reconciler.manifests import parse_text
+from reconciler.reads import job_statuses
+from reconciler.store import Store
+from reconciler.store import repository as repo
+from tests.helpers import wait_until
+from tests.integration.test_urgent_wakes import drive
+
+MANIFESTS = """apiVersion: reconciler.dev/v1alpha1
+kind: Pool
+metadata: {name: one}
+spec: {slots: 1}
+---
+apiVersion: reconciler.dev/v1alpha1
+kind: Job
+metadata: {name: first}
+spec: {command: [/bin/true], pool: one}
+---
+apiVersion: reconciler.dev/v1alpha1
+kind: Job
+metadata: {name: older}
+spec: {command: [/bin/true], pool: one, priority: 1}
+---
+apiVersion: reconciler.dev/v1alpha1
+kind: Job
+metadata: {name: younger}
+spec: {command: [/bin/true], pool: one}
+"""
+
+
+def _stored(store: Store, name: str) -> repo.StoredObject:
+    with store.read() as session:
+        found = repo.get(session, kind="Job", name=name)
+    assert found is not None
+    return found
+
+
+def test_a_job_waiting_its_turn_is_not_rewritten_when_a_slot_frees_for_an_older_one(sqlite_url, tmp_path):
+    store = Store(sqlite_url)
+    manifests, problems = parse_text(MANIFESTS, "line.yaml", Path(tmp_path))
+    assert not problems
+    apply_manifests(store, manifests)
+    wired = Controller(store)
+    heartbeat(store, wired.node, wired.owner, wired.clock.now())
+    try:
+        drive(wired, "first", "Running")
+        drive(wired, "older", "Queued")  # the head of the line, by its priority
+        drive(wired, "younger", "Queued")
+        before = _stored(store, "younger")
+        assert before.status is not None and before.status["reason"] == "InsufficientSlots"
+
+        def first_completed() -> bool:
+            wired.jobs("first")  # once /bin/true has exited: records it and frees the slot
+            return job_statuses(store, ["first"])["first"].get("phase") == "Completed"
+
+        wait_until(first_completed, message="the exit of `first` was not recorded")
+        wired.jobs("younger")  # looked at before the head takes the slot: the head fits first
+        assert _stored(store, "younger").resource_version == before.resource_version
+
+        wired.jobs("older")  # the head takes the slot
+        assert job_statuses(store, ["older"])["older"]["phase"] != "Queued"
+        wired.jobs("younger")  # short of slots again, as its status said all along
+        after = _stored(store, "younger")
+        assert after.resource_version == before.resource_version
+        assert after.status is not None and (after.status["phase"], after.status["reason"]) == (
+            "Queued",
+            "InsufficientSlots",
+        )
+    finally:
+        wired.agent.close()
+        store.dispose()
