@@ -5,38 +5,11 @@ of every job queued behind a busy pool. A wired controller, never started, is dr
 
 from __future__ import annotations
 
-from pathlib import Path
-
-from reconciler.apply import apply_manifests
-from reconciler.controller.manager import Controller
-from reconciler.controller.nodes import heartbeat
-from reconciler.manifests import parse_text
 from reconciler.reads import job_statuses
 from reconciler.store import Store
 from reconciler.store import repository as repo
 from tests.helpers import wait_until
-from tests.integration.test_urgent_wakes import drive
-
-MANIFESTS = """apiVersion: reconciler.dev/v1alpha1
-kind: Pool
-metadata: {name: one}
-spec: {slots: 1}
----
-apiVersion: reconciler.dev/v1alpha1
-kind: Job
-metadata: {name: first}
-spec: {command: [/bin/true], pool: one}
----
-apiVersion: reconciler.dev/v1alpha1
-kind: Job
-metadata: {name: older}
-spec: {command: [/bin/true], pool: one, priority: 1}
----
-apiVersion: reconciler.dev/v1alpha1
-kind: Job
-metadata: {name: younger}
-spec: {command: [/bin/true], pool: one}
-"""
+from tests.integration.wired import drive, pool_of_one, wired_controller
 
 
 def _stored(store: Store, name: str) -> repo.StoredObject:
@@ -47,13 +20,8 @@ def _stored(store: Store, name: str) -> repo.StoredObject:
 
 
 def test_a_job_waiting_its_turn_is_not_rewritten_when_a_slot_frees_for_an_older_one(sqlite_url, tmp_path):
-    store = Store(sqlite_url)
-    manifests, problems = parse_text(MANIFESTS, "line.yaml", Path(tmp_path))
-    assert not problems
-    apply_manifests(store, manifests)
-    wired = Controller(store)
-    heartbeat(store, wired.node, wired.owner, wired.clock.now())
-    try:
+    with wired_controller(sqlite_url, tmp_path, pool_of_one("first", "older:1", "younger")) as wired:
+        store = wired.store
         drive(wired, "first", "Running")
         drive(wired, "older", "Queued")  # the head of the line, by its priority
         drive(wired, "younger", "Queued")
@@ -77,6 +45,3 @@ def test_a_job_waiting_its_turn_is_not_rewritten_when_a_slot_frees_for_an_older_
             "Queued",
             "InsufficientSlots",
         )
-    finally:
-        wired.agent.close()
-        store.dispose()
