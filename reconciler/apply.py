@@ -17,6 +17,7 @@ from .api.revisions import execution_hash
 from .api.status import ACTIVE_PHASES, LIVE_PHASES, new_job_status
 from .api.validation import validate_apply
 from .errors import Conflict
+from .jsontext import canonical
 from .manifests import Loaded, Manifest, invalid, paused_gc
 from .selectors import Requirement, matches
 from .store import Store, StoredObject, ingested, outbox
@@ -176,7 +177,7 @@ def _apply_one(
         )
     annotations.update(system_annotations(current.annotations))
     annotations[MANAGED_BY] = "apply"
-    spec_changed = repo.canonical(spec) != current.spec_text
+    spec_changed = canonical(spec) != current.spec_text
     if not spec_changed and meta.labels == current.labels and annotations == current.annotations:
         return Change(m.kind, m.name, "unchanged", old=current, new=current), None, None
     phase = (current.status or {}).get("phase")

@@ -14,8 +14,8 @@ from pydantic.alias_generators import to_camel
 from .api.kinds import KINDS
 from .api.meta import API_VERSION, from_epoch, to_epoch
 from .errors import Conflict, InvalidInput, NotFound, ReconcilerError
+from .jsontext import canonical
 from .store import StoredObject
-from .store.repository import canonical
 
 if TYPE_CHECKING:  # the verbs' modules are imported where a shape needs them: a CLI's start-up stays short
     from .apply import Change, Deleted

@@ -13,7 +13,9 @@ import pytest
 import yaml
 
 from reconciler.api.annotations import CREATED_BY, MESSAGE_ID
+from reconciler.api.job import JobSpec
 from reconciler.api.source import SourceStatus
+from reconciler.controller import specs
 from reconciler.controller.intake import Intake, Message, note_connection
 from reconciler.controller.messages import draft
 from reconciler.store import Store, ingested
@@ -307,3 +309,26 @@ def test_a_batch_is_checked_as_its_messages_would_be_one_by_one(stored):
     with store.read() as session:
         names = [o.name for o in repo.list_objects(session, kind="Job")]
     assert sorted(names) == ["eighth", "first", "fourth", "job-2", "job-3", "second"]
+
+
+def test_a_stored_job_leaves_its_validated_spec_for_its_first_step(stored):
+    """The lane validated the job; its model, kept by the stored text, is what validating the
+    text again makes (controller/specs.py), so the reconcile step takes it as is."""
+    store, uid = stored
+    manifest = json.dumps(
+        {
+            "apiVersion": API,
+            "kind": "Job",
+            "metadata": {"name": "full"},
+            "spec": {"shell": "x", "retry": {"limit": 2, "onExitCodes": [3, 2, 3]}, "timeout": "1m", "env": {"A": "b"}},
+        }
+    )
+    intake = Intake(store, "inbox", uid)
+    verdicts = intake.store_batch(_batch(("m1", '{"command": "echo 1", "env_vars": {"N": "1"}}'), ("m2", manifest)))
+    assert [v.outcome for v in verdicts] == ["created", "created"]
+    with store.read() as session:
+        texts = [o.spec_text for o in repo.list_objects(session, kind="Job")]
+    for text in texts:
+        kept = specs._SPECS[text]
+        assert kept == JobSpec.model_validate(json.loads(text))
+        assert specs.spec_of("any", text) is kept

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..jsontext import canonical
 from .annotations import DOWNSTREAM_SUFFIX, RERUN
 from .status import JobStatusDict, Phase, ReceiptDict
 
@@ -37,13 +38,19 @@ class Versioned(Protocol):
 def execution_hash(spec: Mapping[str, Any]) -> str:
     """What a run depends on: the spec without `suspend`, which pauses a job but is not a
     new version of it (so toggling it never starts a new revision)."""
-    body = json.dumps({k: v for k, v in spec.items() if k != "suspend"}, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha1(body.encode(), usedforsecurity=False).hexdigest()[:16]
+    return _digest(canonical({k: v for k, v in spec.items() if k != "suspend"}))
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
 
 
 @functools.lru_cache(maxsize=4096)
 def spec_hash(spec_text: str) -> str:
-    """execution_hash of a stored spec, computed once per distinct spec text."""
+    """execution_hash of a stored spec (canonical text), computed once per distinct text:
+    without `suspend` anywhere in it, the text is what execution_hash would spell."""
+    if '"suspend"' not in spec_text:
+        return _digest(spec_text)
     return execution_hash(json.loads(spec_text))
 
 

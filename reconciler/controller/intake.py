@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from ..api.annotations import CREATED_BY, MESSAGE_ID
+from ..api.job import JobSpec
 from ..api.kinds import KINDS
 from ..api.meta import dump, from_epoch
 from ..api.status import new_job_status
@@ -20,6 +21,7 @@ from ..api.validation import Built, validate_apply
 from ..store import Store, StoredObject, ingested
 from ..store import repository as repo
 from ..store.engine import Tx
+from . import specs
 from .messages import Draft
 
 SHOWN_ID = 80  # characters of a message id that events and errors show
@@ -81,6 +83,7 @@ class _Batch:
         named = [d.job.metadata.name for _, d in batch if d.job is not None and d.named]
         self.taken = {o.name for o in repo.list_objects(tx.session, kind="Job", names=candidates + named)}
         self.rows: list[dict[str, Any]] = []
+        self.specs: list[JobSpec] = []  # each row's validated spec, in the rows' order
         # every job of the batch starts with the same status: one dict, spelled once (create_many)
         self.status = dict(new_job_status(self.accepted_at))
         self.passed = self._passed(batch)
@@ -124,6 +127,7 @@ class _Batch:
         self.taken.add(name)
         self.known[message.id] = name
         annotations = {**job.metadata.annotations, CREATED_BY: self.created_by, MESSAGE_ID: message.id}
+        self.specs.append(job.spec)
         self.rows.append(
             {
                 "kind": "Job",
@@ -172,6 +176,8 @@ class Intake:
             work = _Batch(tx, self.source, batch, self._next_number, now)
             verdicts = [work.one(message, d) for message, d in batch]
             created = repo.create_many(tx, work.rows)
+            for obj, spec in zip(created, work.specs, strict=True):
+                specs.remember(obj.spec_text, spec)  # what the job's first step would validate again
             message_of = {v.job: v.message.id for v in verdicts if v.outcome == "created"}
             events = [
                 repo.ObjectEvent(

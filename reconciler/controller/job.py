@@ -13,8 +13,6 @@ from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
-from pydantic import ValidationError
-
 from ..agent.local import LocalAgent
 from ..agent.probe import Probes
 from ..api import revisions
@@ -27,13 +25,13 @@ from ..store import Store, StoredObject
 from ..store import repository as repo
 from ..store import scheduling as sched
 from ..store.engine import Tx
-from . import admission, deadlines, dependencies, waits
+from . import admission, deadlines, dependencies, specs, waits
 from .context import Ctx, commit
 from .endings import Endings
 from .pathwatch import PathWatch
 from .placement import NodeView, place
 from .runs import RunSteps
-from .runtime import AGAIN, DONE, Result, TerminalError, requeue_after
+from .runtime import AGAIN, DONE, Result, requeue_after
 
 _NONE: frozenset[int] = frozenset()
 PORT_POLL = 2.0  # a service that found its port taken everywhere looks again this often
@@ -64,7 +62,6 @@ class JobReconciler:
         self.rand = rand or random.Random()
         self.wake = wake
         self.owner = owner
-        self._specs: dict[str, JobSpec] = {}
         self.paths = PathWatch(wake, clock)
         self.probes = Probes(wake)
         self.endings = Endings(store, paths=self.paths, probes=self.probes, wake=wake)
@@ -111,14 +108,7 @@ class JobReconciler:
         return AGAIN
 
     def spec_of(self, obj: StoredObject) -> JobSpec:
-        spec = self._specs.get(obj.spec_text)
-        if spec is None:
-            if len(self._specs) > 20_000:
-                self._specs.clear()
-            try:
-                spec = self._specs[obj.spec_text] = JobSpec.model_validate(obj.spec)
-            except ValidationError as exc:  # stored by an older version with looser rules: retrying cannot help
-                raise TerminalError(f"job {obj.name}: its stored spec does not validate: {exc}") from None
+        spec = specs.spec_of(obj.name, obj.spec_text)
         for dep in spec.depends_on:
             self.dependents[dep.job].add(obj.name)
         return spec

@@ -3,7 +3,6 @@ resourceVersion; every change can append its event in the same transaction."""
 
 from __future__ import annotations
 
-import _json
 import functools
 import json
 import os
@@ -16,20 +15,9 @@ from typing import TYPE_CHECKING, Any
 from ..api.meta import API_VERSION, format_time
 from ..api.pool import GLOBAL_POOL
 from ..errors import Conflict
+from ..jsontext import canonical
 from .dbapi import Connection, Row, Statement
 from .engine import Tx
-
-_CANONICAL = json.JSONEncoder(sort_keys=True, separators=(",", ":"))
-# json.dumps makes an encoder, and the encoder its C scanner, on every call: a third of the
-# time of a spec's few hundred bytes. Made once here, with the same settings (and no check
-# for circular references: a document read from JSON or a model's dump has none), it spells
-# every value exactly as json.dumps(sort_keys=True, separators=(",", ":")) does.
-_ENCODE = _json.make_encoder(None, _CANONICAL.default, _json.encode_basestring_ascii, None, ":", ",", True, False, True)
-
-
-def canonical(document: Any) -> str:
-    """One spelling per value, so equal specs compare equal as text."""
-    return "".join(_ENCODE(document, 0))
 
 
 def new_uid() -> str:
