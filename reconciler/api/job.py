@@ -14,6 +14,9 @@ from .status import DependencyOutcome, JobStatus
 
 DEFAULT_RUN_TIMEOUT = 3600.0  # whole-job timeout of a run job when none is given
 DEFAULT_LOG_LIMIT = 64 * 2**20  # bytes of each run log kept when the spec gives no logLimit
+# what a job's resources default to, by its type (parsed once: every job validated takes them)
+_RUN_CPU, _SERVICE_CPU = parse_cpu(1), parse_cpu(2)
+_RUN_MEMORY, _SERVICE_MEMORY = parse_size("512Mi"), parse_size("1Gi")
 
 
 class Artifact(Strict):
@@ -349,9 +352,9 @@ class JobSpec(Strict):
             raise ValueError("exactly one of command or shell is required")
         service = self.type == "service"
         if self.resources.cpu is None:
-            self.resources.cpu = parse_cpu(2 if service else 1)
+            self.resources.cpu = _SERVICE_CPU if service else _RUN_CPU
         if self.resources.memory is None:
-            self.resources.memory = parse_size("1Gi" if service else "512Mi")
+            self.resources.memory = _SERVICE_MEMORY if service else _RUN_MEMORY
         if self.timeout is None and not service:
             self.timeout = DEFAULT_RUN_TIMEOUT
         return self
