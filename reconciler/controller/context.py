@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,8 +60,8 @@ class Ctx:
     def uid(self) -> str:
         return self.obj.uid
 
-    @property
-    def now_text(self) -> str:
+    @functools.cached_property
+    def now_text(self) -> str:  # a step stamps several fields with its one `now`
         return from_epoch(self.now)
 
     @property
