@@ -687,8 +687,9 @@ def _runtime_statements() -> dict[str, Statement]:
             elif isinstance(value, dict) and value and all(isinstance(v, Statement) for v in value.values()):
                 found.update({f"{name}[{key}]": v for key, v in value.items()})
     builders = {name for m in modules for name, v in vars(m).items() if hasattr(v, "cache_info")}
-    assert builders == {"_list_named", "_update", "_events", "_line"}, "cover the new builder below"
+    assert builders == {"_list_named", "_statuses_named", "_update", "_events", "_line"}, "cover the new builder below"
     found["_list_named(4)"] = repo._list_named(4)
+    found["_statuses_named(4)"] = repo._statuses_named(4)
     every_column = ("resource_version", "spec", "generation", "labels", "annotations", "status", "phase")
     found["_update(every column)"] = repo._update((*every_column, "observed_generation", "deleted_at"))
     for by_kind in (False, True):
@@ -856,3 +857,24 @@ def test_new_uids_are_version_4_uuids():
     for text in uids:
         parsed = uuid.UUID(text)
         assert str(parsed) == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+
+
+@pytest.mark.parametrize("count", [1, 2, 3, 5])
+def test_statuses_of_named_objects_are_those_that_exist(store, count):
+    """One name alone, or many at once (on PostgreSQL one query for them all): each that exists,
+    with its status decoded; a missing name or another kind's object is left out."""
+    names = [f"job-{i}" for i in range(count)]
+    for name in names:
+        _create(store, name)
+    _create(store, "job-pool", kind="Pool", spec={"slots": 2})
+    with store.read() as conn:
+        found = repo.statuses(conn, kind="Job", names=[*reversed(names), "nope", "job-pool", names[0]])
+    assert sorted(found) == sorted(names)
+    for name in names:
+        observed = found[name]
+        assert (observed.name, observed.status, observed.spec_text) == (
+            name,
+            {"phase": "Waiting"},
+            repo.canonical(SPEC),
+        )
+        assert observed.annotations == {"note": "x"}

@@ -126,9 +126,14 @@ def version(session: Connection, *, kind: str, name: str) -> int | None:
     return None if found is None else int(found)
 
 
-_STATUS = Statement(
-    "SELECT name, uid, generation, annotations, status, spec FROM objects WHERE kind = :kind AND name = :name"
-)
+_OBSERVED = "name, uid, generation, annotations, status, spec"
+_STATUS = Statement(f"SELECT {_OBSERVED} FROM objects WHERE kind = :kind AND name = :name")
+
+
+@functools.cache
+def _statuses_named(width: int) -> Statement:
+    marks = ", ".join(f":n{i}" for i in range(width))
+    return Statement(f"SELECT {_OBSERVED} FROM objects WHERE kind = :kind AND name IN ({marks})")
 
 
 @dataclass(frozen=True)
@@ -152,15 +157,26 @@ class Observed:
 
 def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[str, Observed]:
     """name -> uid, status and spec text of the named objects that exist: what a dependency
-    check or a follower reads, one point query per name (cheaper than a list query for a
-    few names, and only the status is decoded)."""
-    found: dict[str, Observed] = {}
-    for name in names:
-        row = _STATUS.execute(session, {"kind": kind, "name": name}).first()
-        if row is not None:
-            status = json.loads(row.status) if row.status else {}
-            found[name] = Observed(row.name, row.uid, row.generation, status, row.spec, row.annotations)
-    return found
+    check or a follower reads (only the status is decoded). On SQLite one point query per
+    name, cheaper than a list query for a few names; on PostgreSQL, where each statement is
+    a round trip, one query for them all."""
+    names = list(names)
+    if session.is_postgresql and len(names) > 1:
+        rows = [
+            r
+            for width, params in _named(names)
+            for r in _statuses_named(width).execute(session, {"kind": kind, **params})
+        ]
+    else:
+        rows = [
+            r for name in names if (r := _STATUS.execute(session, {"kind": kind, "name": name}).first()) is not None
+        ]
+    return {
+        row.name: Observed(
+            row.name, row.uid, row.generation, json.loads(row.status) if row.status else {}, row.spec, row.annotations
+        )
+        for row in rows
+    }
 
 
 _SPEC = Statement("SELECT spec FROM objects WHERE kind = :kind AND name = :name")
@@ -230,17 +246,22 @@ def _list_named(width: int) -> Statement:
     return Statement(f"SELECT {_OBJECT} FROM objects WHERE kind = :kind AND name IN ({marks}) ORDER BY name")
 
 
+def _named(names: Iterable[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """The names in chunks for `name IN (:n0, :n1, ...)`: each chunk's placeholder count (1, 2,
+    4 ...: the last name repeated, so a few statements serve every count) and parameters."""
+    wanted = sorted(set(names))
+    for start in range(0, len(wanted), _NAMES_AT_ONCE):
+        chunk = wanted[start : start + _NAMES_AT_ONCE]
+        width = 1 << (len(chunk) - 1).bit_length()
+        yield width, {f"n{i}": chunk[min(i, len(chunk) - 1)] for i in range(width)}
+
+
 def list_objects(session: Connection, *, kind: str, names: Iterable[str] | None = None) -> list[StoredObject]:
     """Ordered by name; `names` picks those of them that exist."""
     if names is None:
         return [_from_mapping(r) for r in _LIST.execute(session, {"kind": kind})]
-    wanted = sorted(set(names))
     found: list[StoredObject] = []
-    for start in range(0, len(wanted), _NAMES_AT_ONCE):
-        chunk = wanted[start : start + _NAMES_AT_ONCE]
-        # 1, 2, 4 ... placeholders, the last name repeated: a few statements serve every count
-        width = 1 << (len(chunk) - 1).bit_length()
-        params = {f"n{i}": chunk[min(i, len(chunk) - 1)] for i in range(width)}
+    for width, params in _named(names):
         found += (_from_mapping(r) for r in _list_named(width).execute(session, {"kind": kind, **params}))
     return found
 
