@@ -13,8 +13,8 @@ import pytest
 from reconciler.errors import Conflict
 from reconciler.store import Store
 from reconciler.store import repository as repo
+from reconciler.store.connect import BUSY_TIMEOUT_MS
 from reconciler.store.dbapi import Statement
-from reconciler.store.engine import BUSY_TIMEOUT_MS
 from reconciler.store.migrations import SCHEMA_VERSION
 from tests.data.storedump import dump_store
 from tests.helpers import run_cli

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
-import sqlite3
 import threading
 import time
 import uuid
@@ -19,105 +17,21 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
-from ..errors import Conflict, InvalidInput
-from ..files import make_private_dirs
+from ..errors import Conflict
+from .connect import (
+    default_store_url,
+    owner_only_file,
+    postgresql_connection,
+    redacted,
+    sqlite_connection,
+    sqlite_path,
+    state_home,
+)
 from .dbapi import Connection, Statement, StoreError
 from .listen import Listener, Wakeups, listening
 
-BUSY_TIMEOUT_MS = 30_000
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
 SCHEMA_VERSION = 7  # 1 + the number of migrations.UPGRADES: what a current store records in meta
-_SQLITE_SETUP = (
-    "PRAGMA journal_mode=WAL",
-    f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}",
-    "PRAGMA foreign_keys=ON",
-    "PRAGMA synchronous=NORMAL",
-)
-
-
-def state_home() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
-    return Path(base) / "reconciler"
-
-
-def default_store_url() -> str:
-    return os.environ.get("RECONCILER_STORE") or f"sqlite:///{state_home() / 'state.db'}"
-
-
-ACCEPTED_URLS = "sqlite:///PATH (a SQLite file) or postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
-_SQLITE_URL = "sqlite:///"
-_POSTGRESQL_URLS = ("postgresql://", "postgres://", "postgresql+psycopg://")
-_PASSWORD = re.compile(r"(?<=://)([^:/@]*):[^@/]*@")
-_PASSWORD_PARAM = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
-
-
-def redacted(url: str) -> str:
-    """A store URL as it may be printed or logged: any password shown as ***."""
-    return _PASSWORD_PARAM.sub(r"\1***", _PASSWORD.sub(r"\1:***@", url))
-
-
-def _sqlite_path(url: str) -> Path | None:
-    """The file of a SQLite URL, None for a PostgreSQL one; InvalidInput (exit 2, one line
-    naming the accepted forms) for anything else: an empty URL, another database, a SQLite
-    URL without a file (`sqlite://`, in memory: nothing would outlive the process and no
-    other process could see it) or with two slashes (`sqlite:/x.db`)."""
-    if url.startswith(_SQLITE_URL) and len(url) > len(_SQLITE_URL):
-        return Path(url[len(_SQLITE_URL) :])
-    if url.startswith(_POSTGRESQL_URLS) and not url.endswith("://"):
-        return None
-    raise InvalidInput(f"invalid store URL {redacted(url)!r}: use {ACCEPTED_URLS}")
-
-
-def _owner_only_file(path: Path) -> None:
-    """Create the database folder 0700 and file 0600 before SQLite opens it (its -wal and
-    -shm files copy the file's mode).
-
-    An existing file is never opened here: closing any descriptor of a file drops every
-    POSIX lock this process holds on it, SQLite's included. A second Store on the same
-    file in one process (controller --watch has two) would then leave the first one's
-    connections unlocked; another process closing its last connection would take itself
-    for the last one, checkpoint and delete the -wal file, and the first Store would go on
-    committing into an unlinked WAL that nobody else can see."""
-    make_private_dirs(path.parent)
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
-    except FileExistsError:
-        return
-    os.close(fd)
-
-
-def _sqlite(path: str, *, write: bool) -> Connection:
-    try:
-        # isolation_level None: sqlite3 begins nothing by itself, we issue BEGIN (IMMEDIATE)
-        raw = sqlite3.connect(path, timeout=BUSY_TIMEOUT_MS / 1000, isolation_level=None, check_same_thread=False)
-    except sqlite3.Error as exc:
-        raise StoreError(str(exc)) from exc
-    conn = Connection(raw, "sqlite", sqlite3.Error)
-    try:
-        for pragma in _SQLITE_SETUP if write else (*_SQLITE_SETUP, "PRAGMA query_only=ON"):
-            conn.run(pragma)
-    except StoreError:
-        conn.close()
-        raise
-    return conn
-
-
-def _postgresql(conninfo: str, *, write: bool) -> Connection:
-    import psycopg  # only a PostgreSQL store pays for it
-
-    try:
-        # No server-side prepared statements: a plan cached while the queue was short (a
-        # sort of the whole table) outlives its growth. The writer's connection begins and
-        # ends its transactions itself (autocommit at the driver), so that BEGIN goes with the
-        # lock and COMMIT with the NOTIFY, each pair in one round trip.
-        raw = psycopg.connect(conninfo, prepare_threshold=None, autocommit=write)
-    except psycopg.Error as exc:
-        raise StoreError(str(exc)) from exc
-    if not write:  # psycopg opens each transaction with these: no extra round trip
-        raw.isolation_level, raw.read_only = psycopg.IsolationLevel.REPEATABLE_READ, True
-    return Connection(raw, "postgresql", psycopg.Error)
-
-
 COUNT_UP = Statement("UPDATE meta SET value = value + 1 WHERE key = :key RETURNING value")  # a store-wide counter
 META = Statement("SELECT value FROM meta WHERE key = :key")
 _LOCK_SEQ = Statement("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE")
@@ -228,10 +142,10 @@ class Store:
         self._write_conn: Connection | None = None
         self._kept: list[Connection] = []
         self._kept_lock = threading.Lock()
-        self.path = _sqlite_path(self.url)
+        self.path = sqlite_path(self.url)
         self._file: tuple[int, int] | None = None  # (device, inode) of the SQLite file this store opened
         if self.path is not None:
-            _owner_only_file(self.path)
+            owner_only_file(self.path)
         else:
             self._conninfo = "postgresql://" + self.url.split("://", 1)[1]
             self._listen = listening()  # a bad RECONCILER_LISTEN is refused when the store opens
@@ -264,8 +178,8 @@ class Store:
 
     def _connect(self, *, write: bool) -> Connection:
         if self.path is not None:
-            return _sqlite(str(self.path), write=write)
-        return _postgresql(self._conninfo, write=write)
+            return sqlite_connection(str(self.path), write=write)
+        return postgresql_connection(self._conninfo, write=write)
 
     def _migrate(self) -> None:
         for attempt in range(CREATE_ATTEMPTS):
