@@ -9,6 +9,7 @@ than the history gets 410 Gone and lists again, as Kubernetes answers a compacte
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 from collections import deque
@@ -39,9 +40,16 @@ class Event:
     type: str  # ADDED | MODIFIED | DELETED
     kind: str
     name: str
-    document: dict[str, Any]  # the object as `get -o json` shows it (DELETED: name, uid, labels)
+    content: StoredObject | dict[str, Any]  # the object as written, or a DELETED's document
     labels: dict[str, str]
     old_labels: dict[str, str] | None  # before this change; None when it created the object
+
+    @functools.cached_property
+    def document(self) -> dict[str, Any]:
+        """The object as `get -o json` shows it (DELETED: name, uid, labels), made when a
+        stream first sends it: a look with nobody watching makes none (the server's
+        broadcaster looks after every commit of the controller, ten or so a job)."""
+        return self.content if isinstance(self.content, dict) else self.content.manifest()
 
 
 @dataclass(frozen=True)
@@ -179,7 +187,7 @@ class Broadcaster:
                 kind,
                 obj.kind,
                 obj.name,
-                obj.manifest(),
+                obj,
                 obj.labels,
                 None if known is None else known.labels,
             )
@@ -243,4 +251,4 @@ async def stream(
 
 
 def _as(event: Event, kind: str) -> Event:
-    return Event(event.resource_version, kind, event.kind, event.name, event.document, event.labels, event.old_labels)
+    return Event(event.resource_version, kind, event.kind, event.name, event.content, event.labels, event.old_labels)
