@@ -13,6 +13,7 @@ import pytest
 from reconciler.errors import Conflict
 from reconciler.store import Store
 from reconciler.store import repository as repo
+from reconciler.store import scheduling as sched
 from reconciler.store.connect import BUSY_TIMEOUT_MS
 from reconciler.store.dbapi import Statement
 from reconciler.store.migrations import SCHEMA_VERSION
@@ -241,6 +242,8 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
 
 def _downgrade(tx, *, to: int) -> None:
     """Make a current store's schema what version `to` created (what each upgrade undoes)."""
+    if to < 8:
+        tx.session.run("CREATE INDEX ix_objects_phase ON objects (phase)")
     if to < 7:
         for column in ("epoch", "report", "reported_rv"):
             tx.session.run(f"ALTER TABLE admissions DROP COLUMN {column}")
@@ -303,6 +306,45 @@ def test_a_version_3_store_gets_the_ingested_table(store_url):
         with upgraded.read() as conn:
             assert ingested.job_of(conn, "inbox", "m1") == "kept"
             assert repo.get(conn, kind="Job", name="kept") is not None
+    finally:
+        upgraded.dispose()
+
+
+def _object_indexes(store_url: str) -> set[str]:
+    from sqlalchemy import create_engine, inspect
+    from sqlalchemy.pool import NullPool
+
+    url = store_url.replace("postgresql://", "postgresql+psycopg://", 1)
+    engine = create_engine(url, poolclass=NullPool)
+    try:
+        with engine.connect() as conn:
+            return {i["name"] for i in inspect(conn).get_indexes("objects")}
+    finally:
+        engine.dispose()
+
+
+def test_a_version_7_store_loses_the_index_on_phase_alone(store_url):
+    """Schema 8: jobs are found by phase through ix_objects_state, which leads with the
+    kind every such query names; the index on phase alone only cost writes."""
+    s = Store(store_url)
+    _create(s, "kept")
+    with s.write() as tx:
+        _downgrade(tx, to=7)
+    assert "ix_objects_phase" in _object_indexes(store_url)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION
+        assert {"ix_objects_resource_version", "ix_objects_state"} <= _object_indexes(store_url)
+        assert "ix_objects_phase" not in _object_indexes(store_url)
+        with upgraded.read() as conn:
+            assert sched.open_job_names(conn) == ["kept"]
+            if conn.dialect == "sqlite":  # found through the state index, not by reading every row
+                plan = Statement(
+                    "EXPLAIN QUERY PLAN SELECT name FROM objects WHERE kind = 'Job' AND phase = 'Completed'"
+                ).execute(conn)
+                assert any("ix_objects_state" in str(row[-1]) for row in plan)
     finally:
         upgraded.dispose()
 
@@ -425,7 +467,7 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     upgraded = Store(store_url)
     try:
-        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 7
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 8
         assert {"outbox", "deliveries", "ingested", "leases"} <= _tables(upgraded)
         with upgraded.read() as conn:
             assert repo.get(conn, kind="Job", name="old").uid == obj.uid
@@ -849,14 +891,21 @@ def test_canonical_spells_every_value_as_json_dumps_does():
             repo.canonical(bad)
 
 
-def test_new_uids_are_version_4_uuids():
+def test_new_uids_are_version_7_uuids_in_creation_order():
+    import time
     import uuid
 
-    uids = {repo.new_uid() for _ in range(2000)}
-    assert len(uids) == 2000
-    for text in uids:
+    before = time.time_ns() // 1_000_000
+    made = [repo.new_uid() for _ in range(2000)]
+    after = time.time_ns() // 1_000_000
+    assert len(set(made)) == 2000
+    for text in made:
         parsed = uuid.UUID(text)
-        assert str(parsed) == text and parsed.version == 4 and parsed.variant == uuid.RFC_4122
+        assert str(parsed) == text and parsed.version == 7 and parsed.variant == uuid.RFC_4122
+        assert before <= parsed.int >> 80 <= after  # the first 48 bits: milliseconds since the epoch
+    # ordered by the millisecond they were made in (within one, by their random bits)
+    stamps = [uuid.UUID(text).int >> 80 for text in made]
+    assert stamps == sorted(stamps)
 
 
 @pytest.mark.parametrize("count", [1, 2, 3, 5])

@@ -45,7 +45,13 @@ def _digest(text: str) -> str:
     return hashlib.sha1(text.encode(), usedforsecurity=False).hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=4096)
+# distinct spec texts whose hash is kept: as many as the controller keeps parsed specs
+# (controller/specs.py), so that a burst of that many new jobs, each hashed at every status
+# write of its steps, does not compute each again
+KEPT_HASHES = 20_000
+
+
+@functools.lru_cache(maxsize=KEPT_HASHES)
 def spec_hash(spec_text: str) -> str:
     """execution_hash of a stored spec (canonical text), computed once per distinct text:
     without `suspend` anywhere in it, the text is what execution_hash would spell."""

@@ -12,7 +12,6 @@ DDL: dict[str, dict[str, tuple[str, ...]]] = {
                 "INTEGER, outcome VARCHAR, reason VARCHAR, pool VARCHAR, created_at FLOAT NOT NULL, deleted_at "
                 "FLOAT, PRIMARY KEY (kind, name), UNIQUE (uid) )"
             ),
-            "CREATE INDEX ix_objects_phase ON objects (phase)",
             "CREATE INDEX ix_objects_resource_version ON objects (resource_version)",
             "CREATE INDEX ix_objects_state ON objects (kind, phase, outcome, pool, reason)",
         ),
@@ -85,7 +84,6 @@ DDL: dict[str, dict[str, tuple[str, ...]]] = {
                 "INTEGER, outcome VARCHAR, reason VARCHAR, pool VARCHAR, created_at FLOAT NOT NULL, deleted_at "
                 "FLOAT, PRIMARY KEY (kind, name), UNIQUE (uid) )"
             ),
-            "CREATE INDEX ix_objects_phase ON objects (phase)",
             "CREATE INDEX ix_objects_resource_version ON objects (resource_version)",
             "CREATE INDEX ix_objects_state ON objects (kind, phase, outcome, pool, reason)",
         ),

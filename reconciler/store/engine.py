@@ -31,7 +31,7 @@ from .dbapi import Connection, Statement, StoreError
 from .listen import Listener, Wakeups, listening
 
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
-SCHEMA_VERSION = 7  # 1 + the number of migrations.UPGRADES: what a current store records in meta
+SCHEMA_VERSION = 8  # 1 + the number of migrations.UPGRADES: what a current store records in meta
 COUNT_UP = Statement("UPDATE meta SET value = value + 1 WHERE key = :key RETURNING value")  # a store-wide counter
 META = Statement("SELECT value FROM meta WHERE key = :key")
 _LOCK_SEQ = Statement("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE")

@@ -91,7 +91,14 @@ def _v7(conn: Connection) -> None:
     conn.run("ALTER TABLE admissions ADD COLUMN reported_rv INTEGER")
 
 
-UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5, _v6, _v7]
+def _v8(conn: Connection) -> None:
+    """No index on objects.phase alone: every query by phase names the kind, which
+    ix_objects_state leads with, and each status write that changes the phase (and each
+    object stored) paid for updating both."""
+    conn.run("DROP INDEX ix_objects_phase")
+
+
+UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5, _v6, _v7, _v8]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

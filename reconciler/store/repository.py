@@ -21,10 +21,13 @@ from .engine import Tx
 
 
 def new_uid() -> str:
-    """A random (version 4) UUID's text, as str(uuid.uuid4()) spells it, at a third of its cost
-    (no UUID object): an object is created per message a Source stores."""
-    h = os.urandom(16).hex()
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
+    """A version 7 UUID's text (RFC 9562): the time in milliseconds, then 74 random bits.
+    Uids in creation order keep the unique index on them growing at its end; random ones
+    (version 4) touched a page of it anywhere per object stored, each a page written at
+    commit. Spelled without a UUID object (a third of its cost): an object is created per
+    message a Source stores."""
+    h = f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
+    return f"{h[:8]}-{h[8:12]}-7{h[13:16]}-{'89ab'[int(h[16], 16) & 3]}{h[17:20]}-{h[20:]}"
 
 
 def _time(epoch: float | None) -> str | None:

@@ -22,7 +22,7 @@ class ObjectRow(SQLModel, table=True):
     annotations: str = Field(sa_column=Column(Text, nullable=False))
     spec: str = Field(sa_column=Column(Text, nullable=False))
     status: str | None = Field(default=None, sa_column=Column(Text))
-    phase: str | None = Field(default=None, index=True)  # copied from status so the controller finds open jobs fast
+    phase: str | None = None  # copied from status, found by SQL through ix_objects_state (every query names the kind)
     observed_generation: int | None = None  # copied from status: completed jobs with a newer spec are found by SQL
     outcome: str | None = None  # copied from status
     reason: str | None = None  # copied from status
