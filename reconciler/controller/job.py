@@ -347,9 +347,10 @@ class JobReconciler:
                 reason, message = "Unschedulable", placed.message
             else:
                 reason, message = decision.reason, decision.message
-            if (status.get("reason"), status.get("message")) != (reason, message) and not (
-                not ctx.changed() and _both_in_line(status.get("reason"), reason)
-            ):
+            said = (status.get("reason"), status.get("message"))
+            # a move within the line alone is not written (see _IN_LINE); with another change it is
+            moved_in_line_only = not ctx.changed() and _both_in_line(said[0], reason)
+            if said != (reason, message) and not moved_in_line_only:
                 status["reason"], status["message"] = reason, message
                 if reason == "Unschedulable":
                     ctx.note("FailedScheduling", message, warning=True)

@@ -24,10 +24,11 @@ from . import deadlines
 from .context import Ctx
 from .retry import RunEnd
 from .runtime import AGAIN, Result, requeue_after
+from .stops import Stop, drained
 from .transitions import set_condition
 
 if TYPE_CHECKING:
-    from .runs import RunSteps, Stop
+    from .runs import RunSteps
 
 NODE_FRESH = 0.1  # a Node read by a step serves the steps of the next 100 ms (it moves with heartbeats)
 UNREACHABLE_POLL = 5.0  # while a node is unreachable and no lostAfter is due sooner: look this often
@@ -121,8 +122,6 @@ class RemoteSteps:
                 return self._ended(ctx, run, report)
             self.runs.endings.write(ctx)
             return AGAIN
-        from .runs import drained
-
         if (drain := drained(ctx, held.run_number, node.name)) is not None:
             return self.runs.unstarted(ctx, drain)  # the run does not start there; a late start is refused
         if (stop := self.runs.stop_reason(ctx)) is not None:
@@ -154,7 +153,7 @@ class RemoteSteps:
         if ctx.spec.type == "service":  # readiness as the agent's probe found it; the end of a crash loop
             ready = report.get("ready")
             verdict = None if ready is None else (bool(ready), str(report.get("readyMessage") or ""))
-            health = self.runs.service_health(ctx, run, verdict)
+            health = self.runs.services.health(ctx, run, verdict)
             due = health if due is None else due if health is None else min(due, health)
         return requeue_after(due)
 
@@ -225,11 +224,8 @@ class RemoteSteps:
             held_number = run["number"] if run is not None else admitted
             if held_number is None:
                 held_number = _admitted_run(self.store, ctx.uid)
-            if held_number is not None:
-                from .runs import drained
-
-                if (drain := drained(ctx, held_number, node.name)) is not None:
-                    return drain
+            if held_number is not None and (drain := drained(ctx, held_number, node.name)) is not None:
+                return drain
         lost_after = ctx.spec.retry.lost_after
         if node.ready or lost_after is None or node.heartbeat is None:
             return None

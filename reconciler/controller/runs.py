@@ -20,7 +20,7 @@ from ..agent.local import (
     Usage,
 )
 from ..agent.probe import Probes
-from ..api.annotations import LOST_RUN, lost_run
+from ..api.annotations import LOST_RUN
 from ..api.meta import from_epoch, to_epoch
 from ..api.node import heartbeat_fresh
 from ..api.quantity import format_size
@@ -36,6 +36,8 @@ from .owners import released
 from .remote import RemoteSteps
 from .retry import RunEnd, after_run, restart_delay
 from .runtime import AGAIN, DONE, Result, requeue_after
+from .services import ServiceSteps, lifetimes, sooner
+from .stops import Stop, drained
 from .transitions import set_condition
 
 if TYPE_CHECKING:
@@ -45,10 +47,7 @@ STOP_POLL = 0.05  # while stopping, look this often (a stop lasts at most the gr
 ORPHAN_POLL = 1.0  # a run whose wrapper was killed while its group lives on: look this often
 WRAPPER_GRACE = 2.0  # after SIGKILL, how long the wrapper gets to record before it is killed too
 OTHER_AGENT_POLL = 5.0
-KEPT_SERVICE_RUNS = 20  # a service restarts without end: its oldest run records go (status.restarts counts them all)
 
-Stop = tuple[str, str]  # (reason, message)
-Verdict = tuple[bool, str]  # a readiness probe's: (ready, why)
 log = logging.getLogger(__name__)
 
 
@@ -63,6 +62,7 @@ class RunSteps:
         self.owner = owner
         self.rand = rand
         self.remote = RemoteSteps(self)
+        self.services = ServiceSteps(self)
 
     def step(self, ctx: Ctx) -> Result:
         if ctx.phase == Phase.STARTING:
@@ -268,7 +268,7 @@ class RunSteps:
         start there. Not an attempt (no process ran): the slots go back and the job returns
         to its old place in line. The request is spent with this write, for the next
         admission will carry the same run number."""
-        self._release(ctx)
+        self.release(ctx)
         ctx.annotations = {k: v for k, v in ctx.obj.annotations.items() if k != LOST_RUN}
         message = f"{lost[1]}; it had not started, so it goes back in line"
         ctx.move(Phase.QUEUED, "NodeDrained", message)
@@ -281,7 +281,7 @@ class RunSteps:
         run = ctx.open_run()
         if run is None:
             if ctx.spec.type == "service":
-                return self.restart_due(ctx)
+                return self.services.restart_due(ctx)
             raise RuntimeError(f"job {ctx.name} is Running without an open run")
         if run.get("node") != self.agent.node and (node := self.remote.node(run.get("node"), ctx.now)) is not None:
             return self.remote.running(ctx, run, node)
@@ -316,7 +316,7 @@ class RunSteps:
             return self._begin_stop(ctx, identity, stop, cgroup)
         due = deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline())
         if ctx.spec.type == "service":
-            due = _sooner(due, self.service_health(ctx, run))
+            due = sooner(due, self.services.health(ctx, run))
         if orphaned:
             return requeue_after(ORPHAN_POLL if due is None else min(due, ORPHAN_POLL))
         return requeue_after(due)
@@ -441,9 +441,13 @@ class RunSteps:
                 signal = exited.signal if exited else None
                 self._close_run(ctx, run, RunOutcome.CANCELLED, code, signal, reason, finished_at)
         ctx.status.pop("stop", None)
-        if reason == "RunTimeout" and run is not None and self._restarts_in_place(ctx, RunEnd(RunOutcome.TIMED_OUT)):
-            return self._restart_later(ctx, run)
-        self._release(ctx)
+        if (
+            reason == "RunTimeout"
+            and run is not None
+            and self.services.restarts_in_place(ctx, RunEnd(RunOutcome.TIMED_OUT))
+        ):
+            return self.services.restart_later(ctx, run)
+        self.release(ctx)
         if reason == "RunTimeout":
             return self._decide(ctx, RunEnd(RunOutcome.TIMED_OUT, -1), message)
         if reason == "NodeLost":  # counts against retry.limit like any failed attempt; retried per onLost
@@ -469,7 +473,7 @@ class RunSteps:
         self.agent.note_stderr(self.run_dir(ctx, run["number"]), "job timed out")
 
     # -- after a run ---------------------------------------------------------------------
-    def _release(self, ctx: Ctx) -> None:
+    def release(self, ctx: Ctx) -> None:
         if ctx.status.pop("admission", None) is not None or ctx.phase in (
             Phase.STARTING,
             Phase.RUNNING,
@@ -496,95 +500,10 @@ class RunSteps:
         code = f" with exit code {exit_code}" if exit_code is not None else ""
         detail = f": {message}" if message else ""
         ctx.note("Exited", f"run {run['number']} ended {outcome}{code}{detail}", warning=outcome != "Succeeded")
-        if self._restarts_in_place(ctx, end):
-            return self._restart_later(ctx, run)
-        self._release(ctx)
+        if self.services.restarts_in_place(ctx, end):
+            return self.services.restart_later(ctx, run)
+        self.release(ctx)
         return self._decide(ctx, end, message)
-
-    # -- services: restarted in place, probed for readiness ---------------------------------
-    def _restarts_in_place(self, ctx: Ctx, end: RunEnd) -> bool:
-        """A service whose run ended by itself restarts on its node, keeping its admission;
-        a failed start, or a stop asked for, goes the way any run's end goes."""
-        return ctx.spec.type == "service" and end.outcome != RunOutcome.START_FAILED and self.stop_reason(ctx) is None
-
-    def _restart_later(self, ctx: Ctx, run: RunDict) -> Result:
-        """Phase stays Running (reason CrashLoop after a run shorter than resetAfter) with no
-        run alive until nextRunAt; `restart_due` starts the next run with the same slots."""
-        self.probes.forget(ctx.name)
-        ctx.status.pop("ready", None)
-        restart = restart_delay(ctx.spec.restart_policy, _lifetimes(ctx))
-        ctx.status["nextRunAt"] = from_epoch(ctx.now + restart.delay)
-        ctx.status["restarts"] = ctx.status.get("restarts", 0) + 1
-        runs = ctx.status["runs"]
-        del runs[: max(0, len(runs) - KEPT_SERVICE_RUNS)]
-        ended = f"run {run['number']} ended; restarting in {restart.delay:.3g}s"
-        if restart.crash_loop:
-            reset = ctx.spec.restart_policy.reset_after
-            why = f"{restart.streak} run(s) in a row lived shorter than resetAfter ({reset:g}s)"
-            ctx.move(Phase.RUNNING, "CrashLoop", f"{ended}: {why}", event="BackOff")
-        else:
-            ctx.move(Phase.RUNNING, "Restarting", ended, event="RestartScheduled")
-        self.endings.write(ctx)
-        return requeue_after(deadlines.soonest(ctx.now, ctx.now + restart.delay, ctx.job_deadline()))
-
-    def restart_due(self, ctx: Ctx) -> Result:
-        """A service between runs: stopped for good if asked, else its next run is admitted
-        in place (the admission's run number moves on) once nextRunAt has come."""
-        if (stop := self.stop_reason(ctx)) is not None:
-            return self.after_stop(ctx, stop, run=None)
-        held = self.endings.admitted.pop(ctx.uid, None)
-        if held is None:
-            with self.store.read() as session:
-                held = sched.admission(session, ctx.uid)
-        if held is None:
-            raise RuntimeError(f"service {ctx.name} waits to restart without an admission")
-        if (lost := drained(ctx, held.run_number, held.node)) is not None:
-            # nothing runs there to stop: the slots go back, and the service goes back in line
-            # (through Backoff, due now) to be placed again, maybe elsewhere
-            self._release(ctx)
-            ctx.annotations = {k: v for k, v in ctx.obj.annotations.items() if k != LOST_RUN}
-            ctx.status["nextRunAt"] = ctx.now_text
-            ctx.move(Phase.BACKOFF, "NodeDrained", f"{lost[1]}; the service was between runs: placed again")
-            self.endings.write(ctx)
-            return AGAIN
-        at = to_epoch(ctx.status.get("nextRunAt") or ctx.now_text)
-        if at > ctx.now:
-            return requeue_after(deadlines.soonest(ctx.now, at, ctx.job_deadline()))
-        number = held.run_number + 1
-        ctx.status.pop("nextRunAt", None)
-        owner = self.owner if held.node == self.agent.node else None  # a remote agent is told by the new epoch
-        ctx.ops.append(lambda tx: sched.restart_run(tx, ctx.uid, number, owner))
-        reason = "CrashLoop" if ctx.status.get("reason") == "CrashLoop" else "Restarting"
-        ctx.move(Phase.STARTING, reason, f"run {number}: restarting the service on {held.node}", event="Restarting")
-        self.endings.write(ctx)
-        self.endings.admitted[ctx.uid] = sched.Admission(held.node, number, owner)
-        return AGAIN
-
-    def service_health(self, ctx: Ctx, run: RunDict, verdict: Verdict | None = None) -> float | None:
-        """Readiness from the last probe, and the end of CrashLoop once the run has lived
-        resetAfter; written only when either changes. The delay until it is looked at again.
-        `verdict`: the probe's, as a remote agent reported it (its probe runs there)."""
-        due: float | None = None
-        if ctx.status.get("reason") == "CrashLoop":
-            healthy_at = to_epoch(run["startedAt"]) + ctx.spec.restart_policy.reset_after
-            if ctx.now >= healthy_at:
-                message = f"run {run['number']} has lived resetAfter; the restart delay is reset"
-                ctx.move(Phase.RUNNING, "Recovered", message)
-            else:
-                due = healthy_at - ctx.now
-        readiness = ctx.spec.readiness
-        if readiness is not None:
-            if run.get("node") == self.agent.node:
-                verdict = self.probes.verdict(ctx.name, ctx.uid, readiness.as_wait_probe(), ctx.spec.host_dir)
-                due = _sooner(due, readiness.interval * (0.9 + 0.2 * self.rand.random()))
-            if verdict is not None and verdict[0] != ctx.status.get("ready"):
-                ctx.status["ready"] = verdict[0]
-                reason = "ProbeSucceeded" if verdict[0] else "ProbeFailed"
-                set_condition(ctx.status, "Ready", verdict[0], reason, verdict[1], ctx.now_text)
-                ctx.note("Ready" if verdict[0] else "NotReady", verdict[1], warning=not verdict[0])
-        if ctx.changed() or ctx.events:
-            self.endings.write(ctx)
-        return due
 
     def _close_run(
         self,
@@ -618,7 +537,7 @@ class RunSteps:
             cancelled=stop is not None and stop[0] in ("Cancelled", "Deleted"),
             deadline_passed=stop is not None and stop[0] == "DeadlineExceeded",
             rand=self.rand.random,
-            restart=restart_delay(ctx.spec.restart_policy, _lifetimes(ctx)).delay if service else None,
+            restart=restart_delay(ctx.spec.restart_policy, lifetimes(ctx)).delay if service else None,
         )
         if not decision.retry:
             assert decision.outcome is not None  # a decision not to retry names the outcome
@@ -630,19 +549,6 @@ class RunSteps:
         self.endings.write(ctx)
         faults.point("during-backoff", self.store.flush)
         return AGAIN if decision.delay <= 0 else requeue_after(decision.delay)
-
-
-def _lifetimes(ctx: Ctx) -> list[float]:
-    """How long each ended run of this revision lived, oldest first."""
-    return [
-        to_epoch(r["finishedAt"]) - to_epoch(r["startedAt"])
-        for r in ctx.runs_this_revision()
-        if r.get("finishedAt") and r.get("startedAt")
-    ]
-
-
-def _sooner(a: float | None, b: float | None) -> float | None:
-    return b if a is None else a if b is None else min(a, b)
 
 
 def _identity(run: RunDict) -> ProcessIdentity | None:
@@ -667,10 +573,3 @@ def _close_run(ctx: Ctx, run: RunDict, outcome: str, code: int | None, signal: i
         run["signal"] = signal
     if reason:
         run["reason"] = reason
-
-
-def drained(ctx: Ctx, number: int, node: str | None) -> Stop | None:
-    """The stop `drain --force` asks for, when its request names this run on this node."""
-    if lost_run(ctx.obj.annotations) != (number, node):
-        return None
-    return "NodeLost", f"node {node} was drained with --force: run {number} declared lost"
