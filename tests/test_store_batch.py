@@ -164,3 +164,27 @@ def test_a_commit_that_fails_marks_the_batch_lost_and_gives_the_lock_back(pg_url
         assert _phase_elsewhere(store, "a") == "Running"
     finally:
         store.dispose()
+
+
+def test_a_batch_names_its_open_transaction_until_it_commits(store):
+    """`Store.transaction` is what the controller compares to know that a job it read is
+    still as stored: the same while the batch's transaction is open, another after a commit,
+    none outside a batch."""
+    a = _create(store, "a")
+    assert store.transaction() is None
+    with store.batch():
+        assert store.transaction() is None  # nothing opened yet
+        with store.read() as conn:
+            repo.get(conn, kind="Job", name="a")
+        first = store.transaction()
+        assert first is not None
+        _set_phase(store, a, "Queued")
+        assert store.transaction() is first  # reads and writes of the batch share it
+        store.flush()
+        assert store.transaction() is None
+        with store.read() as conn:
+            repo.get(conn, kind="Job", name="a")
+        assert store.transaction() not in (None, first)
+    assert store.transaction() is None
+    with store.write() as tx:
+        assert tx is not None and store.transaction() is None  # a write outside a batch is not one

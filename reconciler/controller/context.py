@@ -15,7 +15,7 @@ from ..api.job import JobSpec
 from ..api.meta import from_epoch, to_epoch
 from ..api.notifier import RETRYING, STARTED
 from ..api.status import JobStatusDict, Phase, RunDict, phase_of
-from ..store import StoredObject
+from ..store import Store, StoredObject
 from ..store import repository as repo
 from . import deadlines, notices
 from .transitions import Event, move
@@ -41,6 +41,12 @@ class Ctx:
     annotations: dict[str, str] | None = None  # new annotations, written with the status (a request spent)
     notices: list[str] = field(default_factory=list)  # notifier events of the moves since the last write
     notified: bool = False  # a commit wrote outbox rows: the deliverer is woken after the step
+    seen_in: object | None = None  # the store's batch transaction `obj` was read or written in, if any
+
+    def current(self, store: Store) -> bool:
+        """Whether `obj` is certainly the stored state: it was read or written in the batch
+        transaction still open, whose write lock no other writer has had since."""
+        return self.seen_in is not None and store.transaction() is self.seen_in
 
     def __post_init__(self) -> None:
         if not self.status:  # a private copy: decoding the stored text is cheaper than deepcopy
@@ -152,7 +158,7 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
         run = runs[-1]["number"] if runs else None
         reason = ctx.status.get("reason")
         ctx.notified |= notices.record(tx, obj, ctx.notices, reason=reason, run=run, at=ctx.now)
-    ctx.obj, ctx.written, ctx.annotations = obj, True, None
+    ctx.obj, ctx.written, ctx.annotations, ctx.seen_in = obj, True, None, tx.store.transaction()
     ctx.ops.clear()
     ctx.events.clear()
     ctx.notices.clear()

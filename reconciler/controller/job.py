@@ -79,6 +79,7 @@ class JobReconciler:
     # -- the entry point -------------------------------------------------------------
     def __call__(self, name: str) -> Result:
         obj: StoredObject | None = None
+        seen_in: object | None = None
         for _ in range(MAX_STEPS):
             deps: DepStates | None = None
             if obj is None:
@@ -88,13 +89,14 @@ class JobReconciler:
                     if obj is not None and spec is not None and phase_of(obj.status) == Phase.WAITING:
                         # what the Waiting step reads next, in the same snapshot
                         deps = _read_dep_states(session, [d.job for d in spec.depends_on])
+                seen_in = self.store.transaction()
                 if obj is None or spec is None:
                     self.endings.stop_watching(name)
                     self.endings.wake_dependents(name)
                     return DONE
             else:
                 spec = self.spec_of(obj)
-            ctx = Ctx(obj, spec, self.clock.now(), dep_states=deps)
+            ctx = Ctx(obj, spec, self.clock.now(), dep_states=deps, seen_in=seen_in)
             try:
                 result = self.step(ctx)
             except Conflict:
@@ -104,7 +106,7 @@ class JobReconciler:
             if not result.again:
                 return result
             # the step's own write is the latest state, unless it went elsewhere
-            obj = ctx.obj if ctx.written else None
+            obj, seen_in = (ctx.obj, ctx.seen_in) if ctx.written else (None, None)
         return AGAIN
 
     def spec_of(self, obj: StoredObject) -> JobSpec:
@@ -286,17 +288,23 @@ class JobReconciler:
     # -- Queued: admission and placement, one short transaction ---------------------------
     def queued(self, ctx: Ctx) -> Result:
         spec, status = ctx.spec, ctx.status
-        if not ctx.changed() and not self._might_admit(ctx):
+        look = None if ctx.changed() else self._look(ctx)
+        if look is not None and not look.might_admit:
             # no room in a finite scope: the decision can only be "wait", so spare the write
             # lock; a release of slots wakes the first in line
             return self._wait_in_line(ctx)
         with self.store.write(known=True) as tx:
-            if repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
+            current = ctx.current(self.store)  # then so is what the look read, in the same transaction
+            if not current and repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
                 raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
-            me = self.endings.enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
+            seen = look if current else None
+            if seen is not None and seen.entry is not None:
+                me = seen.entry
+            else:
+                me = self.endings.enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
             ports = self._ports_taken(tx, spec.port)
             nodes = [_view(n, ports.get(n.name, _NONE)) for n in sched.node_facts(tx.session, ctx.now)]
-            scopes = self._scopes(tx.session, me, nodes)
+            scopes = self._scopes(tx.session, me, nodes, dict(seen.facts) if seen is not None else {})
             decision = admission.decide(admission.Request(me.uid, me.name, me.slots, me.bypass_count), scopes)
             placed = None
             if decision.admit:
@@ -381,26 +389,29 @@ class JobReconciler:
         safety = SAFETY_POLL * (0.5 + self.rand.random())
         return requeue_after(deadlines.soonest(ctx.now, ctx.now + safety, ctx.job_deadline()))
 
-    def _might_admit(self, ctx: Ctx) -> bool:
-        """A cheap read: False when a finite scope has no room for this job, its queue row is
-        in place and its status already says so; an admission attempt could then only
-        repeat "wait", so the write lock is spared."""
+    def _look(self, ctx: Ctx) -> _Look:
+        """A cheap read: might_admit is False when a finite scope has no room for this job,
+        its queue row is in place and its status already says so; an admission attempt could
+        then only repeat "wait", so the write lock is spared."""
         with self.store.read() as session:
-            if sched.queued(session, ctx.uid) is None:
-                return True  # restore the row (after a restart) through the full step
-            scopes = []
-            for pool in ["global"] + ([ctx.spec.pool] if ctx.spec.pool else []):
-                f = sched.pool_facts(session, pool)
-                scopes.append(admission.Scope(pool, f.capacity, f.used, f.max_bypass, None))
+            entry = sched.queued(session, ctx.uid)
+            if entry is None:
+                return _Look(True, None, {})  # restore the row (after a restart) through the full step
+            facts = {p: sched.pool_facts(session, p) for p in ["global"] + ([ctx.spec.pool] if ctx.spec.pool else [])}
+        scopes = [admission.Scope(p, f.capacity, f.used, f.max_bypass, None) for p, f in facts.items()]
         verdict = admission.decide(admission.Request(ctx.uid, ctx.name, ctx.spec.slots), scopes)
         said = (ctx.status.get("reason"), ctx.status.get("message"))
         if verdict.admit:
-            return True
-        return said != (verdict.reason, verdict.message) and not _both_in_line(said[0], verdict.reason)
+            return _Look(True, entry, facts)
+        might = said != (verdict.reason, verdict.message) and not _both_in_line(said[0], verdict.reason)
+        return _Look(might, entry, facts)
 
-    def _scopes(self, session: Any, me: sched.QueueEntry, nodes: list[NodeView]) -> list[admission.Scope]:
+    def _scopes(
+        self, session: Any, me: sched.QueueEntry, nodes: list[NodeView], facts_cache: dict[str, sched.PoolFacts]
+    ) -> list[admission.Scope]:
+        """The finite scopes the job queues in, each with its head of line; `facts_cache`
+        holds the pools' facts already read in this transaction."""
         scopes = []
-        facts_cache: dict[str, sched.PoolFacts] = {}
 
         def facts(pool: str) -> sched.PoolFacts:
             if pool not in facts_cache:
@@ -432,6 +443,17 @@ class JobReconciler:
             head_fits = head is not None and head.uid != me.uid and fits_now(head)
             scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head), head_fits))
         return scopes
+
+
+@dataclasses.dataclass(frozen=True)
+class _Look:
+    """What the read before an admission attempt found: whether it might admit, and the
+    job's queue row and its scopes' pool facts, which the attempt reuses when it runs in the
+    same transaction."""
+
+    might_admit: bool
+    entry: sched.QueueEntry | None
+    facts: dict[str, sched.PoolFacts]
 
 
 # Queued behind an older job that fits first, or short of slots: the one flips to the other

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import random
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -47,8 +48,22 @@ STOP_POLL = 0.05  # while stopping, look this often (a stop lasts at most the gr
 ORPHAN_POLL = 1.0  # a run whose wrapper was killed while its group lives on: look this often
 WRAPPER_GRACE = 2.0  # after SIGKILL, how long the wrapper gets to record before it is killed too
 OTHER_AGENT_POLL = 5.0
+# A run spawned here is written Running once it has lived this long, or with its end if that
+# comes first: a short run's start and end are one status write, not two. Until then the job
+# shows Starting; a crash meanwhile finds the run by its folder, as after any spawn.
+START_REPORT = 0.2
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Spawned:
+    """A run this process spawned whose start is not written yet."""
+
+    number: int
+    started: Started
+    started_at: str  # when it was spawned: the run's startedAt
+    node: str
 
 
 class RunSteps:
@@ -63,6 +78,7 @@ class RunSteps:
         self.rand = rand
         self.remote = RemoteSteps(self)
         self.services = ServiceSteps(self)
+        self.spawned: dict[str, Spawned] = {}  # job uid -> its run spawned here, start not yet written
 
     def step(self, ctx: Ctx) -> Result:
         if ctx.phase == Phase.STARTING:
@@ -104,6 +120,9 @@ class RunSteps:
 
     # -- Starting ------------------------------------------------------------------------
     def starting(self, ctx: Ctx) -> Result:
+        spawned = self.spawned.pop(ctx.uid, None)
+        if spawned is not None and all(r["number"] != spawned.number for r in ctx.status.get("runs", [])):
+            return self._report_start(ctx, spawned)
         held = self.endings.admitted.pop(ctx.uid, None)
         if held is None:
             with self.store.read() as session:
@@ -152,6 +171,13 @@ class RunSteps:
                 started = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
                 identity = started.identity
                 faults.point("after-spawn")
+                if ctx.spec.type != "service" and ctx.spec.readiness is None and not ctx.changed():
+                    # watched: its exit wakes the job, which then writes start and end together
+                    self.spawned[ctx.uid] = Spawned(number, started, ctx.now_text, held.node)
+                    run_deadline = deadlines.run_deadline(ctx.spec, ctx.now)
+                    return requeue_after(
+                        deadlines.soonest(ctx.now, ctx.now + START_REPORT, run_deadline, ctx.job_deadline())
+                    )
             except StartFailed as exc:
                 run = self.new_run(ctx, number, None)
                 return self.finish(
@@ -178,6 +204,20 @@ class RunSteps:
             run_deadline = deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"]))
             return requeue_after(deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline()))
         return AGAIN
+
+    def _report_start(self, ctx: Ctx, spawned: Spawned) -> Result:
+        """The start of a run spawned here, written now: alone while the run lives (the
+        Running step takes it from there), with its end when it is over."""
+        identity = spawned.started.identity
+        run = self.new_run(ctx, spawned.number, identity, spawned.started_at)
+        self._limits(ctx, run, spawned.started)
+        ctx.status.setdefault("startTime", run["startedAt"])
+        message = f"run {spawned.number} started on {spawned.node} (pid {identity.pid})"
+        ctx.move(Phase.RUNNING, "Started", message, event="Started")
+        if self.agent.alive(identity, run.get("cgroup")):
+            self.endings.write(ctx)
+            return AGAIN
+        return self._ended(ctx, run, self.agent.exit_of(self.run_dir(ctx, spawned.number)))
 
     def _artifact(self, ctx: Ctx, number: int, run_dir: Path) -> Result | None:
         """None once the run's artifact is unpacked in its folder. Until then the agent

@@ -112,6 +112,26 @@ class WorkQueue:
             heapq.heappush(self._timers, (at, self._seq, key))
             self._cond.notify()
 
+    def set_timer(self, key: Key, delay: float | None) -> None:
+        """The key's timer as its latest reconcile asks, replacing any set before (that
+        reconcile saw an older state): in `delay` seconds, or none. A timer left from an
+        earlier state would only cost a look at a job that no longer needs one."""
+        if delay is not None and delay <= 0:
+            self.add(key)
+            delay = None
+        with self._cond:
+            if delay is None:
+                self._due.pop(key, None)  # its heap entry is skipped when it comes up
+            else:
+                at = time.monotonic() + min(delay, MAX_TIMER)
+                self._due[key] = at
+                self._seq += 1
+                heapq.heappush(self._timers, (at, self._seq, key))
+                self._cond.notify()
+            if len(self._timers) > 2 * len(self._due) + 1024:  # mostly replaced entries: drop them
+                self._timers = [t for t in self._timers if self._due.get(t[2]) == t[0]]
+                heapq.heapify(self._timers)
+
     def get(self) -> Key | None:
         """Next key to process, blocking; None once closed."""
         with self._cond:
@@ -296,5 +316,5 @@ class Runner:
         self.queue.done(key)
         if outcome.again:
             self.queue.add(key)
-        elif outcome.requeue_after is not None:
-            self.queue.add_after(key, outcome.requeue_after)
+        else:
+            self.queue.set_timer(key, outcome.requeue_after)

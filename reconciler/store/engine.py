@@ -362,6 +362,14 @@ class Store:
         batch: Batch | None = getattr(self._local, "batch", None)
         return batch is not None and batch.conn is not None
 
+    def transaction(self) -> object | None:
+        """This thread's open batch transaction, if any. What was read or written through it
+        stays as it is until this thread writes it again: the batch holds the write lock
+        (SQLite's, or PostgreSQL's row lock on the change sequence, which every writer takes),
+        so no other writer commits in between."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        return None if batch is None else batch.tx
+
     def batch_age(self) -> float:
         """Seconds since this thread's batch opened its transaction (0 when none is open):
         the write lock has been held that long."""

@@ -236,6 +236,34 @@ def test_a_superseded_timer_does_not_fire_again():
     assert get_within(q) == "marker"  # k's stale timer was dropped, not delivered
 
 
+def test_a_timer_set_again_replaces_the_earlier_one_even_a_sooner_one():
+    q = WorkQueue()
+    q.set_timer("k", 0.05)
+    q.set_timer("k", 0.6)  # the latest reconcile's word: not before 0.6 s
+    q.add_after("marker", 0.3)
+    assert get_within(q) == "marker"
+    q.done("marker")
+    assert get_within(q) == "k"
+
+
+def test_no_timer_asked_drops_the_one_pending():
+    q = WorkQueue()
+    q.set_timer("k", 0.05)
+    q.set_timer("k", None)
+    q.add_after("marker", 0.3)
+    assert get_within(q) == "marker"  # past k's dropped timer
+    q.done("marker")
+    assert len(q) == 0 and q.idle()
+
+
+def test_replaced_timers_do_not_pile_up_in_the_heap():
+    q = WorkQueue()
+    for n in range(5000):
+        q.set_timer(f"k{n % 10}", 60 + n / 1000)
+    assert len(q._timers) <= 2 * 10 + 1024  # compacted: ten live timers and bounded leftovers
+    assert len(q._due) == 10
+
+
 def test_a_timer_firing_while_the_key_is_processed_is_not_lost():
     q = WorkQueue()
     q.add("k")
@@ -281,7 +309,7 @@ def test_get_after_close_returns_none_even_with_keys_queued():
 
 
 class RecordingQueue(WorkQueue):
-    """A WorkQueue that remembers every add_after the runner makes."""
+    """A WorkQueue that remembers every timer the runner sets (a requeue or an error's retry)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -290,6 +318,11 @@ class RecordingQueue(WorkQueue):
     def add_after(self, key: Hashable, delay: float) -> None:
         self.delays.append((key, delay))
         super().add_after(key, delay)
+
+    def set_timer(self, key: Hashable, delay: float | None) -> None:
+        if delay is not None:
+            self.delays.append((key, delay))
+        super().set_timer(key, delay)
 
 
 class Script:
@@ -356,6 +389,19 @@ def test_runner_calls_again_after_a_returned_requeue_delay(start_runner):
     wait_until(lambda: _settled(q, script, 3), timeout=DEADLINE, message="three reconciles")
     assert script.calls == ["k", "k", "k"]
     assert q.delays == [("k", 0.05), ("k", 0.02)]
+
+
+def test_a_reconcile_asking_for_no_timer_cancels_the_one_an_earlier_reconcile_set(start_runner):
+    q = RecordingQueue()
+    script = Script(0.4, runtime.DONE)  # a timer, then woken early: nothing more to look at
+    start_runner(q, script, workers=1)
+    q.add("k")
+    wait_until(lambda: _settled(q, script, 1), timeout=DEADLINE, message="the first reconcile")
+    q.add("k")  # woken before its timer
+    wait_until(lambda: _settled(q, script, 2), timeout=DEADLINE, message="the second reconcile")
+    q.add_after("marker", 0.8)  # due well after k's cancelled 0.4 s timer
+    wait_until(lambda: _settled(q, script, 3), timeout=DEADLINE, message="the marker")
+    assert script.calls == ["k", "k", "marker"]
 
 
 def test_runner_requeues_a_failing_reconcile_with_growing_delay(start_runner, steady_random):
