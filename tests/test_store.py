@@ -927,3 +927,27 @@ def test_statuses_of_named_objects_are_those_that_exist(store, count):
             repo.canonical(SPEC),
         )
         assert observed.annotations == {"note": "x"}
+
+
+def test_the_rows_of_an_insert_land_whole_and_in_order_however_many(store):
+    """`Statement.execute_rows`: no row, one (a plain execute) and several (executemany,
+    pipelined on PostgreSQL) insert exactly the rows given, in order, string literals with a
+    colon and values with a `%` as they are."""
+    insert = Statement(
+        "INSERT INTO events (resource_version, time, kind, name, uid, type, reason, message)"
+        " VALUES (:rv, :time, 'Job', :name, 'u:1', 'Normal', :reason, :message)"
+    )
+    sizes = [0, 1, 2, 5, 40]
+    for size in sizes:
+        rows = [
+            {"rv": 1, "time": float(i), "name": f"rows-{size}", "reason": f"R{i}", "message": f"it's {i}: 50%"}
+            for i in range(size)
+        ]
+        with store.write() as tx:
+            insert.execute_rows(tx.session, rows)
+    with store.read() as conn:
+        for size in sizes:
+            found = repo.events(conn, kind="Job", name=f"rows-{size}")
+            assert [(e.reason, e.message, e.uid) for e in found] == [
+                (f"R{i}", f"it's {i}: 50%", "u:1") for i in range(size)
+            ]

@@ -266,7 +266,10 @@ class Runner:
                         break
                     key = ready
             if batch.lost:
-                lost = RuntimeError("a commit of the batch failed")
+                # every key of the batch is retried; the error that rolled it back is named
+                cause = next((o for _, o in outcomes if isinstance(o, Exception)), None)
+                lost = RuntimeError("a commit of the batch failed" + (f": {cause}" if cause else ""))
+                lost.__cause__ = cause
         except faults.InjectedFault:
             raise
         except Exception as exc:  # the batch's commit failed: its writes are gone

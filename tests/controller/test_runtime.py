@@ -625,3 +625,44 @@ def test_every_key_of_a_lost_batch_is_retried_and_the_reconciler_forgets(steady_
         runner.stop()
     assert calls[:2] == ["a", "b"] and sorted(calls[2:4]) == ["a", "b"]
     assert forgotten and {k for k, _ in q.delays} == {"a", "b"}  # retried as after an error
+
+
+def test_a_lost_batch_names_the_error_that_rolled_it_back(steady_random):
+    """Every key of a lost batch fails with one error, which carries the reconcile's own
+    (message and cause), so the log says what went wrong, not only that a commit failed."""
+    q = RecordingQueue()
+    q.add("b")
+    q.add("a")
+    outcomes: list[tuple[str, object]] = []
+    batch = types.SimpleNamespace(lost=False)
+
+    class Batching:
+        @contextlib.contextmanager
+        def batch(self):
+            yield batch
+
+        def batch_age(self) -> float:
+            return 0.0
+
+    def reconcile(key):
+        if key == "a" and not outcomes:
+            batch.lost = True  # as a failed write marks the store's batch
+            raise ValueError("bad SQL in a")
+        return runtime.DONE
+
+    class Watching(Runner):
+        def _finish(self, key, outcome):
+            outcomes.append((key, outcome))
+            batch.lost = False
+            super()._finish(key, outcome)
+
+    runner = Watching(q, reconcile, workers=1, batching=Batching())
+    runner.start()
+    try:
+        wait_until(lambda: len(outcomes) >= 2, timeout=DEADLINE, message="both keys finished")
+    finally:
+        runner.stop()
+    assert [k for k, _ in outcomes[:2]] == ["b", "a"]  # one batch, b first
+    for _, outcome in outcomes[:2]:
+        assert isinstance(outcome, RuntimeError) and "bad SQL in a" in str(outcome)
+        assert isinstance(outcome.__cause__, ValueError)
