@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 from ..api.annotations import DOWNSTREAM_SUFFIX, RERUN
 from ..api.meta import to_epoch
 from ..api.revisions import rerun_token
-from ..api.status import Phase, next_revision
+from ..api.status import Phase, next_revision, phase_of
 from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
@@ -24,6 +24,10 @@ if TYPE_CHECKING:
     from ..agent.probe import Probes
     from ..store.engine import Tx
     from .pathwatch import PathWatch
+
+
+# Phases a job reaches only through an admission, whose transaction deleted its queue row.
+_ADMITTED = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
 
 
 class Endings:
@@ -67,8 +71,9 @@ class Endings:
         self.stop_watching(ctx.name)
         self.admitted.pop(ctx.uid, None)
         self._completed_here.add(ctx.name)
+        if phase_of(ctx.obj.status) not in _ADMITTED:  # an admission took the job's queue row with it
+            ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
         ctx.move(Phase.COMPLETED, reason, message, outcome=outcome)
-        ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
         self.write(ctx)
         faults.point("after-completion", self.store.flush)  # completed, its notifications in the outbox, none delivered
         self.wake_dependents(ctx.name)
@@ -114,6 +119,7 @@ class Endings:
     def enqueue_op(ctx: Ctx) -> Callable[[Tx], sched.QueueEntry]:
         spec, status = ctx.spec, ctx.status
         eligible = to_epoch(status.get("eligibleAt") or ctx.now_text)
+        fresh = phase_of(ctx.obj.status) != Phase.QUEUED  # a job not stored as Queued has no row, as a rule
         return lambda tx: sched.enqueue(
             tx,
             uid=ctx.uid,
@@ -127,4 +133,5 @@ class Endings:
             node_selector=spec.placement.node_selector,
             cpu=spec.resources.cpu or 0.0,
             memory=spec.resources.memory or 0,
+            fresh=fresh,
         )

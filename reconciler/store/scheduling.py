@@ -22,7 +22,7 @@ _QUEUE = "job_uid, job_name, pool, slots, rank, eligible_at, bypass_count, node_
 _QUEUED = Statement(f"SELECT {_QUEUE} FROM queue WHERE job_uid = :uid")
 _ENQUEUE = Statement(
     f"INSERT INTO queue ({_QUEUE}) VALUES (:job_uid, :job_name, :pool, :slots, :rank, :eligible_at,"
-    " :bypass_count, :node_name, :node_selector, :cpu, :memory)"
+    " :bypass_count, :node_name, :node_selector, :cpu, :memory) ON CONFLICT (job_uid) DO NOTHING"
 )
 _DEQUEUE = Statement("DELETE FROM queue WHERE job_uid = :uid")
 # a pool's spec and its slots in use in one round trip; the global pool counts every admission
@@ -146,14 +146,17 @@ def enqueue(
     node_selector: dict[str, str],
     cpu: float = 0.0,
     memory: int = 0,
+    fresh: bool = False,
 ) -> QueueEntry:
-    """Idempotent: a job already queued keeps its row (and its bypass count). Returns the row."""
-    entry = queued(tx.session, uid)
+    """Idempotent: a job already queued keeps its row (and its bypass count). Returns the row.
+    `fresh`: the caller expects no row (a job just eligible), so the insert is tried first and
+    the row read only if one was there; otherwise it is read first."""
+    entry = None if fresh else queued(tx.session, uid)
     if entry is None:
         entry = QueueEntry(
             uid, name, pool, slots, -priority, eligible_at, bypass_count, node_name, dict(node_selector), cpu, memory
         )
-        _ENQUEUE.execute(
+        inserted = _ENQUEUE.execute(
             tx.session,
             {
                 "job_uid": uid,
@@ -168,7 +171,11 @@ def enqueue(
                 "cpu": cpu,
                 "memory": memory,
             },
-        )
+        ).rowcount
+        if not inserted:
+            found = queued(tx.session, uid)
+            assert found is not None, "the queue row that the insert collided with is gone"
+            entry = found
     return entry
 
 

@@ -3,6 +3,7 @@ bypass of a head that does not fit, and lowering a pool below its use."""
 
 from __future__ import annotations
 
+from reconciler.store.dbapi import Statement
 from tests.helpers import wait_until
 
 from .conftest import STAMP, docs, epoch, held_until, job_yaml, max_concurrent, pool_yaml, run_intervals
@@ -24,6 +25,34 @@ def test_pool_of_one_never_runs_two(any_env):
     intervals = run_intervals(jobs, names)
     assert len(intervals) == 4
     assert max_concurrent(intervals) == 1
+
+
+def test_every_job_that_ends_leaves_the_line(any_env):
+    """An admitted job's queue row goes with its admission; one cancelled while queued, or
+    failed after retries, has its row removed when it completes: no ended job holds a place."""
+    env = any_env
+    go = env.root / "go"
+    env.controller()
+    env.apply("blocker.yaml", docs(pool_yaml("solo", 1), job_yaml("blocker", held_until(go) + "\npool: solo")))
+    env.wait_phase("blocker", "Running")
+    env.apply(
+        "line.yaml",
+        docs(
+            job_yaml("cancelled", "command: ['true']\npool: solo"),
+            job_yaml("fails", "command: ['false']\npool: solo\nretry: {limit: 1, backoff: {delay: 50ms}}"),
+            job_yaml("quick", "command: ['true']\npool: solo"),
+        ),
+    )
+    for name in ("cancelled", "fails", "quick"):
+        env.wait_phase(name, "Queued")
+    env.ok("cancel", "job/cancelled")
+    env.wait_completed("cancelled")
+    go.touch()
+    env.wait_completed()
+    outcomes = {n: j["status"]["outcome"] for n, j in env.jobs().items()}
+    assert outcomes == {"blocker": "Succeeded", "cancelled": "Cancelled", "fails": "Failed", "quick": "Succeeded"}
+    with env.store.read() as conn:
+        assert Statement("SELECT job_name FROM queue").execute(conn).all() == []
 
 
 def test_priority_then_eligible_order(env):
