@@ -9,6 +9,13 @@ from tests.helpers import wait_until
 from .conftest import STAMP, docs, epoch, held_until, job_yaml, max_concurrent, pool_yaml, run_intervals
 
 
+def _hold_the_only_slot(env, go) -> None:
+    """A controller, and pool `solo` of one slot held by `blocker` until `go` exists."""
+    env.controller()
+    env.apply("blocker.yaml", docs(pool_yaml("solo", 1), job_yaml("blocker", held_until(go) + "\npool: solo")))
+    env.wait_phase("blocker", "Running")
+
+
 def _start(jobs: dict, name: str) -> float:
     return epoch(jobs[name]["status"]["runs"][0]["startedAt"])
 
@@ -32,9 +39,7 @@ def test_every_job_that_ends_leaves_the_line(any_env):
     failed after retries, has its row removed when it completes: no ended job holds a place."""
     env = any_env
     go = env.root / "go"
-    env.controller()
-    env.apply("blocker.yaml", docs(pool_yaml("solo", 1), job_yaml("blocker", held_until(go) + "\npool: solo")))
-    env.wait_phase("blocker", "Running")
+    _hold_the_only_slot(env, go)
     env.apply(
         "line.yaml",
         docs(
@@ -57,9 +62,7 @@ def test_every_job_that_ends_leaves_the_line(any_env):
 
 def test_priority_then_eligible_order(env):
     go = env.root / "go"
-    env.controller()
-    env.apply("blocker.yaml", docs(pool_yaml("solo", 1), job_yaml("blocker", held_until(go) + "\npool: solo")))
-    env.wait_phase("blocker", "Running")
+    _hold_the_only_slot(env, go)
     # while the only slot is held, four jobs queue up: e1, e2, e3 become eligible in that
     # order (delays), `hi` last but with the highest priority
     env.apply(
