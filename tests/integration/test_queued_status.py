@@ -22,7 +22,7 @@ def _stored(store: Store, name: str) -> repo.StoredObject:
 def test_a_job_waiting_its_turn_is_not_rewritten_when_a_slot_frees_for_an_older_one(sqlite_url, tmp_path):
     with wired_controller(sqlite_url, tmp_path, pool_of_one("first", "older:1", "younger")) as wired:
         store = wired.store
-        drive(wired, "first", "Running")
+        drive(wired, "first", "Starting")  # admitted and spawned: it holds the pool's slot
         drive(wired, "older", "Queued")  # the head of the line, by its priority
         drive(wired, "younger", "Queued")
         before = _stored(store, "younger")

@@ -19,7 +19,9 @@ BACKLOG = [f"backlog-{i}" for i in range(50)]  # keys of jobs that do not exist:
 
 def test_an_ended_run_and_the_job_next_in_line_go_before_a_backlog(sqlite_url, tmp_path):
     with wired_controller(sqlite_url, tmp_path, pool_of_one("first", "second")) as wired:
-        drive(wired, "first", "Running")  # spawned here; the exit watcher reports its end
+        # admitted and spawned here (a short run's start is written with its end); the exit
+        # watcher reports its end
+        drive(wired, "first", "Starting")
         drive(wired, "second", "Queued")  # the pool's one slot is taken
         for key in BACKLOG:
             wired.queue.add(key)
