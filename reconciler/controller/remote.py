@@ -24,6 +24,7 @@ from . import deadlines
 from .context import Ctx
 from .retry import RunEnd
 from .runtime import AGAIN, Result, requeue_after
+from .services import sooner
 from .stops import Stop, drained
 from .transitions import set_condition
 
@@ -154,7 +155,7 @@ class RemoteSteps:
             ready = report.get("ready")
             verdict = None if ready is None else (bool(ready), str(report.get("readyMessage") or ""))
             health = self.runs.services.health(ctx, run, verdict)
-            due = health if due is None else due if health is None else min(due, health)
+            due = sooner(due, health)
         return requeue_after(due)
 
     def _ended(self, ctx: Ctx, run: RunDict, report: dict[str, Any]) -> Result:

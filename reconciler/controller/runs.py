@@ -187,15 +187,8 @@ class RunSteps:
             self.agent.watch(ctx.name, identity)
             started_at = from_epoch(min(self.agent.started_at(identity), ctx.now))
         crash_loop = ctx.status.get("reason") == "CrashLoop"  # a service restarted after a short run
-        run = self.new_run(ctx, number, identity, started_at)
-        self._limits(ctx, run, started)
-        ctx.status.setdefault("startTime", run["startedAt"])
-        if ctx.spec.readiness is not None:  # not ready until this run's first probe passes
-            ctx.status["ready"] = False
-            set_condition(ctx.status, "Ready", False, "ProbePending", "no readiness probe has passed yet", ctx.now_text)
-        pid = f" (pid {identity.pid})" if identity else ""
         reason = "CrashLoop" if crash_loop else "Started"
-        ctx.move(Phase.RUNNING, reason, f"run {number} started on {held.node}{pid}", event="Started")
+        run = self._record_start(ctx, number, held.node, identity, started_at, started, reason)
         self.endings.write(ctx)
         if identity is not None and started_at is None and ctx.spec.type != "service":
             # just spawned here and watched: the exit watcher wakes the job when it ends, so
@@ -209,15 +202,32 @@ class RunSteps:
         """The start of a run spawned here, written now: alone while the run lives (the
         Running step takes it from there), with its end when it is over."""
         identity = spawned.started.identity
-        run = self.new_run(ctx, spawned.number, identity, spawned.started_at)
-        self._limits(ctx, run, spawned.started)
-        ctx.status.setdefault("startTime", run["startedAt"])
-        message = f"run {spawned.number} started on {spawned.node} (pid {identity.pid})"
-        ctx.move(Phase.RUNNING, "Started", message, event="Started")
+        run = self._record_start(ctx, spawned.number, spawned.node, identity, spawned.started_at, spawned.started)
         if self.agent.alive(identity, run.get("cgroup")):
             self.endings.write(ctx)
             return AGAIN
         return self._ended(ctx, run, self.agent.exit_of(self.run_dir(ctx, spawned.number)))
+
+    def _record_start(
+        self,
+        ctx: Ctx,
+        number: int,
+        node: str,
+        identity: ProcessIdentity | None,
+        started_at: str | None,
+        started: Started | None,
+        reason: str = "Started",
+    ) -> RunDict:
+        """The run's record, its limits, and the move to Running (not yet written)."""
+        run = self.new_run(ctx, number, identity, started_at)
+        self._limits(ctx, run, started)
+        ctx.status.setdefault("startTime", run["startedAt"])
+        if ctx.spec.readiness is not None:  # not ready until this run's first probe passes
+            ctx.status["ready"] = False
+            set_condition(ctx.status, "Ready", False, "ProbePending", "no readiness probe has passed yet", ctx.now_text)
+        pid = f" (pid {identity.pid})" if identity else ""
+        ctx.move(Phase.RUNNING, reason, f"run {number} started on {node}{pid}", event="Started")
+        return run
 
     def _artifact(self, ctx: Ctx, number: int, run_dir: Path) -> Result | None:
         """None once the run's artifact is unpacked in its folder. Until then the agent
