@@ -4,7 +4,9 @@
 wrapper joining it; `remove` after the exit), interleaved in rounds in this one process. Per
 run: the controller's side (take + spawn, then remove once the wrapper has exited) and the
 whole run (start to the wrapper reaped, which includes the wrapper's joins). The notes add
-what the spares thread spends beside the loop: making a cgroup, per run. Aim (issue 11): at
+what the spares thread spends beside the loop: making a cgroup, per run; and a join's latency
+right after another join and after 50 ms without one (the kernel's lock on migrations may wait
+for an RCU grace period then: a run started after a quiet spell pays it). Aim (issue 11): at
 most 0.5 ms more per run. Needs a writable cgroup hierarchy (root); elsewhere the row says
 why there is no figure.
 
@@ -79,6 +81,42 @@ def _join_cost(hierarchy, limits, runs: int, rounds: int) -> float:  # type: ign
     return statistics.median(times["join"]) - statistics.median(times["null"])
 
 
+IDLE = 0.05  # seconds without a cgroup change before a join: a run started after a quiet spell
+
+
+def _join_after_idle(hierarchy, limits, runs: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    """A join's latency (a process's pid written to the cgroup.procs files of a fresh run cgroup,
+    as the wrapper writes its own) right after the previous one and after IDLE seconds with
+    none: the kernel's lock on joins (cgroup_threadgroup_rwsem) waits for an RCU grace period
+    when no join came shortly before, unless a hierarchy is mounted favordynmods. Medians,
+    seconds. The pause is the scenario measured, not a wait for a condition."""
+    import os
+
+    times: dict[str, list[float]] = {"back to back": [], "after idle": []}
+    for i in range(2 * runs):
+        mode = "after idle" if i % 2 else "back to back"
+        group = hierarchy.create(f"bench.{uuid.uuid4()}.1", limits)
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child only waits to be let go
+            os.read(read, 1)
+            os._exit(0)
+        try:
+            if mode == "after idle":
+                time.sleep(IDLE)
+            t0 = time.perf_counter()
+            for procs in group.procs_files:
+                procs.write_text(f"{pid}\n")
+            times[mode].append(time.perf_counter() - t0)
+        finally:
+            os.write(write, b"x")
+            os.waitpid(pid, 0)
+            os.close(read)
+            os.close(write)
+            group.remove()
+    return {mode: statistics.median(xs) for mode, xs in times.items()}
+
+
 def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
     """Median seconds per run of each part, for `plain` and `cgroup` runs, and what the
     spares thread spends per run beside the loop (`ahead`)."""
@@ -100,12 +138,15 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
             hierarchy.create(f"bench.{uuid.uuid4()}.1", Limits(None, None)).remove()
             made.append(time.perf_counter() - t0)
         join = _join_cost(hierarchy, limits, runs, rounds)
+        idle = _join_after_idle(hierarchy, limits, min(runs, 40))
     finally:
         spares.close()
         shutil.rmtree(work, ignore_errors=True)
     result = {m: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for m, xs in samples.items()}
     result["cgroup"]["ahead"] = statistics.median(made)
     result["cgroup"]["join"] = join
+    result["cgroup"]["join back to back"] = idle["back to back"]
+    result["cgroup"]["join after idle"] = idle["after idle"]
     result["cgroup"]["version"] = 2.0 if hierarchy.version == "v2" else 1.0
     return result
 
@@ -130,8 +171,11 @@ def row(runs: int, rounds: int) -> Row:
         f"{len(version) and 'cgroup.procs files'} against to /dev/null); spawn "
         f"{c['spawn'] * 1000:.2f} ms with the joins in the wrapper's argv against {p['spawn'] * 1000:.2f} ms; the "
         f"whole run (start to the wrapper reaped and its cgroup removed) {c['whole'] * 1000:.2f} ms against "
-        f"{p['whole'] * 1000:.2f} ms; beside the loop, the "
-        f"spares thread spends {c['ahead'] * 1000:.2f} ms a run making a cgroup (timed as make + remove of a bare one)"
+        f"{p['whole'] * 1000:.2f} ms; beside the loop, the spares thread spends {c['ahead'] * 1000:.2f} ms "
+        "a run making a cgroup (timed as make + remove of a bare one); "
+        f"a join (a pid written to the run cgroup's cgroup.procs files) takes {c['join back to back'] * 1000:.2f} ms "
+        f"right after another and {c['join after idle'] * 1000:.2f} ms after {IDLE * 1000:.0f} ms without one "
+        "(medians): a run started after a quiet spell waits that long before its command starts"
     )
     return Row(
         f"{FIGURE} ({version})",
