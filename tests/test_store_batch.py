@@ -188,3 +188,52 @@ def test_a_batch_names_its_open_transaction_until_it_commits(store):
     assert store.transaction() is None
     with store.write() as tx:
         assert tx is not None and store.transaction() is None  # a write outside a batch is not one
+
+
+def test_a_batch_on_postgresql_pipelines_and_still_answers_row_counts(pg_url):
+    """A batch's statements are pipelined on PostgreSQL: a write's row count, when asked, is
+    the statement's own; a statement that failed is raised by the next one whose answer is
+    read, and the batch is rolled back."""
+    store = Store(pg_url)
+    try:
+        a = _create(store, "a")
+        with store.batch() as batch, store.write(known=True) as tx:
+            assert tx.session.pipelined
+            touch = Statement("UPDATE objects SET labels = '{}' WHERE kind = 'Job' AND name = :n")
+            assert touch.execute(tx.session, {"n": "a"}).rowcount == 1
+            assert touch.execute(tx.session, {"n": "nobody"}).rowcount == 0
+        assert not batch.lost
+        with pytest.raises(StoreError, match="duplicate key"), store.batch() as batch:
+            _set_phase(store, a, "Queued")
+            with store.write(known=True) as tx:
+                Statement("INSERT INTO meta (key, value) VALUES ('seq', 0)").execute(tx.session)  # not waited for
+            with store.read() as conn:
+                repo.get(conn, kind="Job", name="a")  # the next answer read: the failure comes here
+        assert batch.lost
+        assert _phase_elsewhere(store, "a") == "Waiting"
+    finally:
+        store.dispose()
+
+
+def test_a_certain_swap_is_checked_at_commit_and_a_stale_one_loses_the_batch(store):
+    """`update_object(certain=True)` is for a job read in the open transaction, under the
+    write lock: on a pipelined connection its row count is checked at commit instead of
+    waited for. Told wrongly (the object is stale), nothing of the batch is committed: on
+    PostgreSQL the commit fails; on SQLite (no pipeline) the swap raises Conflict at once."""
+    a = _create(store, "a")
+    fresh = _set_phase(store, a, "Queued")  # `a` is stale from here
+    b = _create(store, "b")
+    with store.batch() as batch:
+        with store.write(known=True) as tx:
+            repo.update_object(tx, b, status={"phase": "Queued"}, certain=True)
+        if store.is_sqlite:
+            with pytest.raises(Conflict), store.write(known=True) as tx:
+                repo.update_object(tx, a, status={"phase": "Running"}, certain=True)
+        else:
+            with store.write(known=True) as tx:
+                repo.update_object(tx, a, status={"phase": "Running"}, certain=True)  # not waited for
+            with pytest.raises(StoreError, match="under the write lock"):
+                store.flush()
+    assert batch.lost is (not store.is_sqlite)
+    assert _phase_elsewhere(store, "a") == fresh.status["phase"] == "Queued"
+    assert _phase_elsewhere(store, "b") == ("Queued" if store.is_sqlite else "Waiting")

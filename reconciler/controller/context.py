@@ -147,7 +147,13 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     a `Conflict` then leaves nothing written (a batch of steps goes on without this one)."""
     ctx.status["observedGeneration"] = ctx.obj.generation
     ctx.status["specHash"] = revisions.spec_hash(ctx.obj.spec_text)
-    obj = repo.update_object(tx, ctx.obj, status=cast(dict[str, Any], ctx.status), annotations=ctx.annotations)
+    obj = repo.update_object(
+        tx,
+        ctx.obj,
+        status=cast(dict[str, Any], ctx.status),
+        annotations=ctx.annotations,
+        certain=ctx.current(tx.store),
+    )
     tx.store.mark(ctx.uid)  # in a batch: written, not yet committed (a spawn waits for it)
     for op in ctx.ops:
         op(tx)

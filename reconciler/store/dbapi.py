@@ -10,6 +10,7 @@ a statement) more than SQLite's work on the reconcile loop's point queries (abou
 
 from __future__ import annotations
 
+import functools
 import re
 import select
 from collections import namedtuple
@@ -38,21 +39,33 @@ class Cursor(Protocol):
 
 
 class Result:
-    """The rows of one statement (the part of a DB-API cursor the store uses)."""
+    """The rows of one statement (the part of a DB-API cursor the store uses). On a
+    pipelined connection the statement may not have been answered yet: fetching its rows
+    waits for them, and so does its row count; a failure of any statement sent before it
+    is raised here, as a StoreError."""
 
-    __slots__ = ("_cursor", "_make")
+    __slots__ = ("_conn", "_cursor", "_statement")
 
-    def __init__(self, cursor: Cursor, make: Callable[[Sequence[Any]], Row]):
+    def __init__(self, cursor: Cursor, statement: Statement, conn: Connection):
         self._cursor = cursor
-        self._make = make
+        self._statement = statement
+        self._conn = conn
 
     @property
     def rowcount(self) -> int:
+        if self._conn.pipelined:
+            self._conn.sync()
         return self._cursor.rowcount
 
+    def _fetchone(self) -> Sequence[Any] | None:
+        try:
+            return self._cursor.fetchone()
+        except self._conn.errors as exc:
+            raise self._conn.failed(exc) from exc
+
     def first(self) -> Row | None:
-        row = self._cursor.fetchone()
-        return None if row is None else self._make(row)
+        row = self._fetchone()
+        return None if row is None else self._statement.row_type(self._conn.dialect, self._cursor)(row)
 
     def one(self) -> Row:
         row = self.first()
@@ -61,11 +74,18 @@ class Result:
         return row
 
     def scalar(self) -> Any:
-        row = self._cursor.fetchone()
+        row = self._fetchone()
         return None if row is None else row[0]
 
     def all(self) -> list[Row]:
-        return [self._make(row) for row in self._cursor.fetchall()]
+        try:
+            rows = self._cursor.fetchall()
+        except self._conn.errors as exc:
+            raise self._conn.failed(exc) from exc
+        if not rows:
+            return []
+        make = self._statement.row_type(self._conn.dialect, self._cursor)
+        return [make(row) for row in rows]
 
     def __iter__(self) -> Iterator[Row]:
         return iter(self.all())
@@ -76,28 +96,65 @@ class Connection:
     connection found broken (PostgreSQL) or whose transaction could not be ended is `lost`
     and never used again: the store opens another."""
 
-    __slots__ = ("_errors", "dbapi", "dialect", "is_postgresql", "lost")
+    __slots__ = ("_pipeline", "dbapi", "dialect", "errors", "is_postgresql", "lost")
 
     def __init__(self, dbapi: Any, dialect: str, errors: type[Exception]):
         self.dbapi = dbapi  # sqlite3.Connection or psycopg.Connection
         self.dialect = dialect  # "sqlite" | "postgresql"
         self.is_postgresql = dialect == "postgresql"
         self.lost = False
-        self._errors = errors  # the driver's base error class
+        self.errors = errors  # the driver's base error class
+        self._pipeline: tuple[Any, Any] | None = None  # (psycopg's Pipeline, its context) while pipelined
+
+    @property
+    def pipelined(self) -> bool:
+        return self._pipeline is not None
+
+    def pipeline(self) -> None:
+        """From now until the transaction ends, send statements without waiting for their
+        answers (PostgreSQL's pipeline mode): a statement whose rows or row count are asked
+        for waits for its answer, and those of everything sent before it, in one round trip.
+        Not on SQLite (no round trips), nor where libpq cannot."""
+        if not self.is_postgresql or self._pipeline is not None or not _pipeline_supported():
+            return
+        context = self.dbapi.pipeline()
+        self._pipeline = (context.__enter__(), context)
+
+    def sync(self) -> None:
+        """Wait for the answers of every pipelined statement sent so far."""
+        assert self._pipeline is not None, "sync outside pipeline mode"
+        try:
+            self._pipeline[0].sync()
+        except self.errors as exc:
+            raise self.failed(exc) from exc
+
+    def settle(self) -> None:
+        """Leave pipeline mode once every statement sent is answered (a failure is raised)."""
+        try:
+            self._unpipeline()
+        except self.errors as exc:
+            raise self.failed(exc) from exc
+
+    def _unpipeline(self) -> None:
+        """Leave pipeline mode, once every statement is answered; a statement that failed
+        raises the driver's error."""
+        pipeline, self._pipeline = self._pipeline, None
+        if pipeline is not None:
+            pipeline[1].__exit__(None, None, None)
 
     def run(self, sql: str, params: Mapping[str, Any] | None = None) -> Cursor:
         """Text in this driver's parameter style; `Statement.execute` is what the store calls."""
         try:
             cursor: Cursor = self.dbapi.execute(sql) if params is None else self.dbapi.execute(sql, params)
-        except self._errors as exc:
-            raise self._failed(exc) from exc
+        except self.errors as exc:
+            raise self.failed(exc) from exc
         return cursor
 
     def run_many(self, sql: str, rows: Iterable[Mapping[str, Any]]) -> None:
         try:
             self.dbapi.cursor().executemany(sql, rows)
-        except self._errors as exc:
-            raise self._failed(exc) from exc
+        except self.errors as exc:
+            raise self.failed(exc) from exc
 
     @property
     def explicit(self) -> bool:
@@ -118,8 +175,8 @@ class Connection:
             while cursor.nextset():
                 counts.append(cursor.rowcount)
             return counts
-        except self._errors as exc:
-            raise self._failed(exc) from exc
+        except self.errors as exc:
+            raise self.failed(exc) from exc
 
     def begin(self, sqlite_begin: str) -> None:
         if not self.is_postgresql:
@@ -141,15 +198,16 @@ class Connection:
         if self.lost:
             return  # its transaction went with it
         try:
+            self._unpipeline()  # a pipelined statement that failed fails the commit
             if self.is_postgresql and self.explicit:
                 end = "COMMIT" if commit else "ROLLBACK"
                 self.dbapi.execute(f"{before}; {end}" if before and commit else end)
             else:
                 assert before is None, "a statement sent with COMMIT needs an explicit transaction"
                 self.dbapi.commit() if commit else self.dbapi.rollback()
-        except self._errors as exc:
+        except self.errors as exc:
             self.close()  # a transaction that could not be ended must not stay open on it
-            raise self._failed(exc) from exc
+            raise self.failed(exc) from exc
 
     def usable(self) -> bool:
         if self.lost:
@@ -165,13 +223,23 @@ class Connection:
 
     def close(self) -> None:
         self.lost = True
+        self._pipeline = None  # it goes with the connection
         with suppress(Exception):  # already broken, or closed by another thread
             self.dbapi.close()
 
-    def _failed(self, exc: Exception) -> StoreError:
+    def failed(self, exc: Exception) -> StoreError:
+        """The driver's error as the store's."""
         if self.is_postgresql and self.dbapi.closed:
             self.lost = True  # the server connection is gone: the store must not reuse it
         return StoreError(str(exc))
+
+
+@functools.cache
+def _pipeline_supported() -> bool:
+    """Whether psycopg's libpq has pipeline mode (14 and later)."""
+    import psycopg
+
+    return bool(psycopg.Pipeline.is_supported())
 
 
 # `:name` outside string literals and `::` casts becomes psycopg's `%(name)s`; every `%`
@@ -202,13 +270,17 @@ class Statement:
 
     def execute(self, conn: Connection, params: Mapping[str, Any] | None = None) -> Result:
         # psycopg reads `%%` only when given parameters: always give it some
-        cursor = conn.run(self.text(conn), params or _NO_PARAMS)
-        make = self._rows.get(conn.dialect)
+        return Result(conn.run(self.text(conn), params or _NO_PARAMS), self, conn)
+
+    def row_type(self, dialect: str, cursor: Cursor) -> Callable[[Sequence[Any]], Row]:
+        """What makes this statement's rows named tuples: built from the first answer that
+        has rows (a pipelined statement's columns are known only once it is answered)."""
+        make = self._rows.get(dialect)
         if make is None:
             columns = [d[0] for d in cursor.description or ()]
             row_type: Any = namedtuple("Row", columns, rename=True)  # type: ignore[misc]  # columns known at run time
-            make = self._rows[conn.dialect] = row_type._make
-        return Result(cursor, make)
+            make = self._rows[dialect] = row_type._make
+        return make
 
     def execute_many(self, conn: Connection, rows: Iterable[Mapping[str, Any]]) -> None:
         conn.run_many(self.text(conn), rows)

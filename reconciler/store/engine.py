@@ -27,7 +27,7 @@ from .connect import (
     sqlite_path,
     state_home,
 )
-from .dbapi import Connection, Statement, StoreError
+from .dbapi import Connection, Result, Statement, StoreError
 from .listen import Listener, Wakeups, listening
 
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
@@ -73,6 +73,7 @@ class Tx:
         self.store = store
         self._rv: int | None = None
         self.discarded = False
+        self._unchecked: list[tuple[Result, str]] = []  # (a write that must change one row, what it wrote)
         # what is read once per transaction: it holds the store-wide write lock, so what only
         # other writers change (the notifiers) stays as read until it ends
         self.memo: dict[str, Any] = {}
@@ -80,6 +81,22 @@ class Tx:
     def discard(self) -> None:
         """Roll back instead of committing (dry runs)."""
         self.discarded = True
+
+    def check_later(self, result: Result, what: str) -> bool:
+        """Whether the caller may leave `result`'s row count (which must be 1) to be checked
+        at commit: so on a pipelined connection, where asking now would wait a round trip."""
+        if not self.session.pipelined:
+            return False
+        self._unchecked.append((result, what))
+        return True
+
+    def verify(self) -> None:
+        """Before commit: every write left to `check_later` changed its one row. One that did
+        not means the store-wide write lock did not hold (a bug): nothing is committed."""
+        checks, self._unchecked = self._unchecked, []
+        for result, what in checks:
+            if result.rowcount != 1:
+                raise StoreError(f"{what} changed {result.rowcount} rows under the write lock, not 1")
 
     def rv(self) -> int:
         if self._rv is None:
@@ -323,6 +340,8 @@ class Store:
         """Commit; on PostgreSQL a change is announced (NOTIFY, which listen.py hears) in the
         same round trip. The payload is the resourceVersion and, for the controller's own
         writes, this store's origin: digits and hex, safe in the statement's text."""
+        conn.settle()
+        tx.verify()
         if self.is_sqlite or not tx.changed:
             conn.end(commit=True)
             return
@@ -456,6 +475,9 @@ class Store:
         except BaseException:
             self._writer.release()
             raise
+        # the batch's statements are pipelined (PostgreSQL): a write whose answer no step reads
+        # travels with the next statement that is read, instead of a round trip of its own
+        conn.pipeline()
         batch.conn, batch.tx, batch.opened = conn, Tx(conn, self), time.monotonic()
 
     def _abandon(self, batch: Batch) -> None:

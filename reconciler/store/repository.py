@@ -371,9 +371,12 @@ def update_object(
     annotations: dict[str, str] | None = None,
     status: dict[str, Any] | None = None,
     deleted_at: float | None = None,
+    certain: bool = False,
 ) -> StoredObject:
     """Compare-and-swap: succeeds only if the row still has `current.resource_version`.
-    A spec change bumps `generation`; anything else does not."""
+    A spec change bumps `generation`; anything else does not. `certain`: `current` was read
+    in this transaction, under the write lock every writer takes, so the swap cannot fail:
+    on a pipelined connection its row count is checked at commit, not waited for now."""
     values: dict[str, Any] = {"resource_version": tx.rv()}
     generation = current.generation
     if spec is not None and (text := canonical(spec)) != current.spec_text:
@@ -393,7 +396,10 @@ def update_object(
     result = _update(tuple(values)).execute(
         tx.session, {**values, "k": current.kind, "n": current.name, "old": current.resource_version}
     )
-    if result.rowcount != 1:
+    if (
+        not (certain and tx.check_later(result, f"the update of {current.kind} {current.name}"))
+        and result.rowcount != 1
+    ):
         raise Conflict(
             f'Operation cannot be fulfilled on {current.kind.lower()} "{current.name}": '
             "the object has been modified; please apply your changes to the latest version and try again"
