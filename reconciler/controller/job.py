@@ -139,8 +139,9 @@ class JobReconciler:
             if ctx.phase == Phase.SUSPENDED:
                 return DONE
             self.probes.forget(ctx.name)
+            if ctx.phase == Phase.QUEUED:  # only a job stored Queued holds a place in line
+                ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
             ctx.move(Phase.SUSPENDED, "Suspended", "suspended: no new run is admitted")
-            ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
             self.endings.write(ctx)
             return DONE
         if ctx.phase == Phase.SUSPENDED:

@@ -60,6 +60,35 @@ def test_every_job_that_ends_leaves_the_line(any_env):
         assert Statement("SELECT job_name FROM queue").execute(conn).all() == []
 
 
+def _in_line(env) -> list[tuple[str, float]]:
+    with env.store.read() as conn:
+        return [tuple(r) for r in Statement("SELECT job_name, eligible_at FROM queue ORDER BY job_name").execute(conn)]
+
+
+def test_a_suspended_job_leaves_the_line_and_resumed_takes_its_place_again(any_env):
+    """Only a job stored Queued holds a queue row: suspending it deletes the row (the suspend
+    of a job that never queued deletes nothing), and resuming it puts it back at its old
+    eligibleAt."""
+    env, go = any_env, any_env.root / "go"
+    _hold_the_only_slot(env, go)
+    queued = job_yaml("queued", "command: ['true']\npool: solo")
+    never_queued = job_yaml("held", "command: ['true']\npool: solo\nsuspend: true")
+    env.apply("suspend.yaml", docs(queued, never_queued))
+    env.wait_phase("held", "Suspended")
+    [(name, eligible)] = wait_until(lambda: _in_line(env), message="the queued job's row")
+    assert name == "queued"
+    env.ok("suspend", "job/queued")
+    env.wait_phase("queued", "Suspended")
+    assert _in_line(env) == []
+    env.ok("resume", "job/queued")
+    env.wait_phase("queued", "Queued")
+    assert _in_line(env) == [("queued", eligible)]
+    go.touch()
+    env.ok("resume", "job/held")
+    env.wait_completed()
+    assert _in_line(env) == []
+
+
 def test_priority_then_eligible_order(env):
     go = env.root / "go"
     _hold_the_only_slot(env, go)
