@@ -53,7 +53,7 @@ class Result:
 
     @property
     def rowcount(self) -> int:
-        if self._conn.pipelined:
+        if self._conn.pipelined and getattr(self._cursor, "pgresult", None) is None:  # not answered yet
             self._conn.sync()
         return self._cursor.rowcount
 
