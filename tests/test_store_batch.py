@@ -211,6 +211,14 @@ def test_a_batch_on_postgresql_pipelines_and_still_answers_row_counts(pg_url):
                 repo.get(conn, kind="Job", name="a")  # the next answer read: the failure comes here
         assert batch.lost
         assert _phase_elsewhere(store, "a") == "Waiting"
+        with pytest.raises(StoreError, match="duplicate key"), store.batch() as batch:
+            _set_phase(store, a, "Queued")
+            with store.write(known=True) as tx:  # the batch's last statement: its failure comes at commit
+                Statement("INSERT INTO meta (key, value) VALUES ('seq', 0)").execute(tx.session)
+        assert batch.lost
+        assert _phase_elsewhere(store, "a") == "Waiting"
+        _set_phase(store, a, "Running")  # the store goes on
+        assert _phase_elsewhere(store, "a") == "Running"
     finally:
         store.dispose()
 

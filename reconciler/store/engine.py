@@ -73,7 +73,7 @@ class Tx:
         self.store = store
         self._rv: int | None = None
         self.discarded = False
-        self._unchecked: list[tuple[Result, str]] = []  # (a write that must change one row, what it wrote)
+        self._unchecked: list[tuple[Result, str, str]] = []  # (an object's update, its kind, its name)
         # what is read once per transaction: it holds the store-wide write lock, so what only
         # other writers change (the notifiers) stays as read until it ends
         self.memo: dict[str, Any] = {}
@@ -82,21 +82,24 @@ class Tx:
         """Roll back instead of committing (dry runs)."""
         self.discarded = True
 
-    def check_later(self, result: Result, what: str) -> bool:
-        """Whether the caller may leave `result`'s row count (which must be 1) to be checked
-        at commit: so on a pipelined connection, where asking now would wait a round trip."""
+    def check_later(self, result: Result, kind: str, name: str) -> bool:
+        """Whether the caller may leave the row count of `result`, an update of one object
+        that must change its row, to be checked at commit: so on a pipelined connection,
+        where asking now would wait a round trip."""
         if not self.session.pipelined:
             return False
-        self._unchecked.append((result, what))
+        self._unchecked.append((result, kind, name))
         return True
 
     def verify(self) -> None:
         """Before commit: every write left to `check_later` changed its one row. One that did
         not means the store-wide write lock did not hold (a bug): nothing is committed."""
         checks, self._unchecked = self._unchecked, []
-        for result, what in checks:
+        for result, kind, name in checks:
             if result.rowcount != 1:
-                raise StoreError(f"{what} changed {result.rowcount} rows under the write lock, not 1")
+                raise StoreError(
+                    f"the update of {kind} {name} changed {result.rowcount} rows under the write lock, not 1"
+                )
 
     def rv(self) -> int:
         if self._rv is None:
@@ -339,7 +342,8 @@ class Store:
     def _commit(self, conn: Connection, tx: Tx, *, known: bool) -> None:
         """Commit; on PostgreSQL a change is announced (NOTIFY, which listen.py hears) in the
         same round trip. The payload is the resourceVersion and, for the controller's own
-        writes, this store's origin: digits and hex, safe in the statement's text."""
+        writes, this store's origin: digits and hex, safe in the statement's text. First every
+        pipelined statement is answered and the updates left to `Tx.verify` are checked."""
         conn.settle()
         tx.verify()
         if self.is_sqlite or not tx.changed:

@@ -396,10 +396,8 @@ def update_object(
     result = _update(tuple(values)).execute(
         tx.session, {**values, "k": current.kind, "n": current.name, "old": current.resource_version}
     )
-    if (
-        not (certain and tx.check_later(result, f"the update of {current.kind} {current.name}"))
-        and result.rowcount != 1
-    ):
+    checked_at_commit = certain and tx.check_later(result, current.kind, current.name)
+    if not checked_at_commit and result.rowcount != 1:
         raise Conflict(
             f'Operation cannot be fulfilled on {current.kind.lower()} "{current.name}": '
             "the object has been modified; please apply your changes to the latest version and try again"
