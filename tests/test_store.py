@@ -951,3 +951,33 @@ def test_the_rows_of_an_insert_land_whole_and_in_order_however_many(store):
             assert [(e.reason, e.message, e.uid) for e in found] == [
                 (f"R{i}", f"it's {i}: 50%", "u:1") for i in range(size)
             ]
+
+
+def test_a_queue_row_and_pool_facts_asked_together_are_what_each_read_gives(store):
+    """`queued_with_pools` sends both reads before reading either answer (one round trip
+    when pipelined); the answers are those of `queued` and `pool_facts`, also for a job
+    with no row."""
+    with store.write() as tx:
+        repo.create(tx, kind="Pool", name="gpu", spec={"slots": 2, "maxBypass": 5}, labels={}, annotations={})
+        sched.admit(tx, uid="u1", name="running", pool="gpu", slots=1, node="n1", run_number=1)
+        sched.enqueue(
+            tx,
+            uid="u2",
+            name="waiting",
+            pool="gpu",
+            slots=1,
+            priority=3,
+            eligible_at=12.5,
+            bypass_count=1,
+            node_name=None,
+            node_selector={"disk": "ssd"},
+            cpu=1.0,
+            memory=1 << 20,
+        )
+    with store.batch(), store.read() as conn:
+        found = {uid: sched.queued_with_pools(conn, uid, ["global", "gpu"]) for uid in ("u2", "nobody")}
+        for uid, (entry, facts) in found.items():
+            assert entry == sched.queued(conn, uid)
+            assert facts == {p: sched.pool_facts(conn, p) for p in ("global", "gpu")}
+    assert found["u2"][0] is not None and found["u2"][0].name == "waiting" and found["nobody"][0] is None
+    assert found["u2"][1]["gpu"].capacity == 2 and found["u2"][1]["gpu"].used == 1

@@ -394,11 +394,11 @@ class JobReconciler:
         """A cheap read: might_admit is False when a finite scope has no room for this job,
         its queue row is in place and its status already says so; an admission attempt could
         then only repeat "wait", so the write lock is spared."""
+        pools = ["global"] + ([ctx.spec.pool] if ctx.spec.pool else [])
         with self.store.read() as session:
-            entry = sched.queued(session, ctx.uid)
-            if entry is None:
-                return _Look(True, None, {})  # restore the row (after a restart) through the full step
-            facts = {p: sched.pool_facts(session, p) for p in ["global"] + ([ctx.spec.pool] if ctx.spec.pool else [])}
+            entry, facts = sched.queued_with_pools(session, ctx.uid, pools)
+        if entry is None:
+            return _Look(True, None, {})  # restore the row (after a restart) through the full step
         scopes = [admission.Scope(p, f.capacity, f.used, f.max_bypass, None) for p, f in facts.items()]
         verdict = admission.decide(admission.Request(ctx.uid, ctx.name, ctx.spec.slots), scopes)
         said = (ctx.status.get("reason"), ctx.status.get("message"))

@@ -13,7 +13,7 @@ from typing import Any
 
 from ..api.node import heartbeat_fresh
 from ..api.quantity import format_cpu, format_size, parse_cpu, parse_size
-from .dbapi import Connection, Row, Statement
+from .dbapi import Connection, Result, Row, Statement
 from .engine import COUNT_UP, META, Tx
 
 # Statements built once: on the reconcile loop's path, building a statement per call costs
@@ -231,7 +231,22 @@ def count_bypass(tx: Tx, uid: str) -> None:
 
 
 def pool_facts(session: Connection, name: str) -> PoolFacts:
-    spec_text, used = _POOL_FACTS[name == "global"].execute(session, {"name": name}).one()
+    return _pool_facts(name, _POOL_FACTS[name == "global"].execute(session, {"name": name}))
+
+
+def queued_with_pools(
+    session: Connection, uid: str, pools: list[str]
+) -> tuple[QueueEntry | None, dict[str, PoolFacts]]:
+    """The job's queue row and the facts of these pools, all asked before any answer is read:
+    one round trip on a pipelined connection, instead of one each."""
+    entry = _QUEUED.execute(session, {"uid": uid})
+    facts = {p: _POOL_FACTS[p == "global"].execute(session, {"name": p}) for p in pools}
+    row = entry.first()
+    return (QueueEntry.from_row(row) if row else None), {p: _pool_facts(p, r) for p, r in facts.items()}
+
+
+def _pool_facts(name: str, result: Result) -> PoolFacts:
+    spec_text, used = result.one()
     spec = json.loads(spec_text) if spec_text else {}
     slots = spec.get("slots", "unlimited")
     return PoolFacts(name, None if slots == "unlimited" else int(slots), int(spec.get("maxBypass", 3)), int(used))
