@@ -143,9 +143,16 @@ class Connection:
             pipeline[1].__exit__(None, None, None)
 
     def run(self, sql: str, params: Mapping[str, Any] | None = None) -> Cursor:
-        """Text in this driver's parameter style; `Statement.execute` is what the store calls."""
+        """Text in this driver's parameter style; `Statement.execute` is what the store calls.
+        On PostgreSQL a statement with parameters is prepared on the server at its first use
+        (connect.py); text without them may be several statements, which cannot be."""
         try:
-            cursor: Cursor = self.dbapi.execute(sql) if params is None else self.dbapi.execute(sql, params)
+            if params is not None:
+                cursor: Cursor = self.dbapi.execute(sql, params)
+            elif self.is_postgresql:
+                cursor = self.dbapi.execute(sql, prepare=False)
+            else:
+                cursor = self.dbapi.execute(sql)
         except self.errors as exc:
             raise self.failed(exc) from exc
         return cursor
@@ -201,7 +208,7 @@ class Connection:
             self._unpipeline()  # a pipelined statement that failed fails the commit
             if self.is_postgresql and self.explicit:
                 end = "COMMIT" if commit else "ROLLBACK"
-                self.dbapi.execute(f"{before}; {end}" if before and commit else end)
+                self.dbapi.execute(f"{before}; {end}" if before and commit else end, prepare=False)
             else:
                 assert before is None, "a statement sent with COMMIT needs an explicit transaction"
                 self.dbapi.commit() if commit else self.dbapi.rollback()
