@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .api.annotations import MANAGED_BY, system_annotations, user_annotations
+from .api.job import JobSpec
 from .api.kinds import KINDS, KindInfo
 from .api.meta import dump, format_time, utcnow
 from .api.pool import GLOBAL_POOL
@@ -158,7 +159,9 @@ def _apply_one(
     meta = m.obj.metadata
     annotations = {**user_annotations(meta.annotations), MANAGED_BY: "apply"}
     if current is None:
-        status = dict(new_job_status(format_time(utcnow()))) if m.kind.kind == "Job" else None
+        status = None
+        if isinstance(spec_model, JobSpec):
+            status = dict(new_job_status(format_time(utcnow()), [d.job for d in spec_model.depends_on]))
         change = Change(m.kind, m.name, "created")  # `new` is filled in once the object is created
         creation = dict(
             kind=m.kind.kind, name=m.name, spec=spec, labels=meta.labels, annotations=annotations, status=status

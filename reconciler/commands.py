@@ -107,7 +107,7 @@ def run_job(store: Store, one_off: OneOff) -> str:
             spec=dump(job)["spec"],
             labels=job.metadata.labels,
             annotations={CREATED_BY: "run"},
-            status=dict(new_job_status(format_time(utcnow()))),
+            status=dict(new_job_status(format_time(utcnow()), [d.job for d in job.spec.depends_on])),
         )
         repo.record_events(tx, repo.ObjectEvent(obj, "Created", "job created by run"))
     return job.metadata.name

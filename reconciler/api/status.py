@@ -9,6 +9,7 @@ more than the step's SQL. A test holds the two views to the same fields."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any, Literal, TypedDict
 
@@ -300,9 +301,16 @@ _REVISION_FIELDS = (
 _REVISION_CONDITIONS = frozenset({"Completed", "Succeeded"})
 
 
-def new_job_status(accepted_at: str) -> JobStatusDict:
-    """The status of a job just stored: Waiting at revision 1."""
-    return {"phase": Phase.WAITING, "revision": 1, "acceptedAt": accepted_at}
+def new_job_status(accepted_at: str, depends_on: Sequence[str] = ()) -> JobStatusDict:
+    """The status of a job just stored: Waiting at revision 1. A job with dependencies is
+    stored as the controller's first look finds it while none of them has completed (no
+    receipt yet, waiting for each, in order), so that look writes nothing: on a DAG it was a
+    write for each job (controller/job.py `waiting`; a test holds the two equal)."""
+    status: JobStatusDict = {"phase": Phase.WAITING, "revision": 1, "acceptedAt": accepted_at}
+    if depends_on:
+        status["dependencies"], status["waits"] = [], []
+        status["reason"], status["message"] = "WaitingForDependencies", "waiting for " + ", ".join(depends_on)
+    return status
 
 
 def next_revision(status: JobStatusDict, accepted_at: str) -> None:

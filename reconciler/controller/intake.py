@@ -128,6 +128,7 @@ class _Batch:
         self.known[message.id] = name
         annotations = {**job.metadata.annotations, CREATED_BY: self.created_by, MESSAGE_ID: message.id}
         self.specs.append(job.spec)
+        deps = [d.job for d in job.spec.depends_on]
         self.rows.append(
             {
                 "kind": "Job",
@@ -135,7 +136,7 @@ class _Batch:
                 "spec": spec,
                 "labels": job.metadata.labels,
                 "annotations": annotations,
-                "status": self.status,
+                "status": self.status if not deps else dict(new_job_status(self.accepted_at, deps)),
             }
         )
         return Verdict(message, "created", job=name)

@@ -66,3 +66,39 @@ def test_dependency_outcomes_and_receipts(env):
         assert r["revision"] == 1 and r["outcome"] == jobs[dep]["status"]["outcome"], (name, r)
         assert r["satisfied"] is satisfied, (name, r)
         assert epoch(r["observedAt"]) >= epoch(jobs[dep]["status"]["completionTime"]) - STAMP, (name, r)
+
+
+def test_a_job_is_stored_as_the_first_look_finds_it_waiting_for_its_dependencies(store_url, tmp_path):
+    """apply stores a job with dependencies already waiting for them (reason, message, no
+    receipt), so the controller's first look, while none has completed, writes nothing; the
+    look after one completes records its receipt and waits for the rest."""
+    from reconciler.store import repository as repo
+    from tests.integration.wired import drive, wired_controller
+
+    manifests = docs(
+        job_yaml("first", "command: ['true']"),
+        job_yaml("second", "command: ['true']\nsuspend: true"),
+        job_yaml("after", "command: ['true']\ndependsOn: [first, second]"),
+    )
+
+    def stored():
+        with wired.store.read() as session:
+            obj = repo.get(session, kind="Job", name="after")
+        assert obj is not None
+        return obj.resource_version, obj.status
+
+    with wired_controller(store_url, tmp_path, manifests) as wired:
+        version, status = stored()
+        assert (status["phase"], status["reason"], status["message"]) == (
+            "Waiting",
+            "WaitingForDependencies",
+            "waiting for first, second",
+        )
+        wired.jobs("after")
+        assert stored() == (version, status)  # the first look found what apply stored
+
+        drive(wired, "first", "Completed")
+        wired.jobs("after")
+        version, status = stored()
+        assert status["message"] == "waiting for second"
+        assert [(r["job"], r["satisfied"]) for r in status["dependencies"]] == [("first", True)]
