@@ -72,8 +72,10 @@ def test_a_job_is_stored_as_the_first_look_finds_it_waiting_for_its_dependencies
     """apply stores a job with dependencies already waiting for them (reason, message, no
     receipt), so the controller's first look, while none has completed, writes nothing; the
     look after one completes records its receipt and waits for the rest."""
+    from reconciler.reads import job_statuses
     from reconciler.store import repository as repo
-    from tests.integration.wired import drive, wired_controller
+    from tests.helpers import wait_until
+    from tests.integration.wired import wired_controller
 
     manifests = docs(
         job_yaml("first", "command: ['true']"),
@@ -97,7 +99,11 @@ def test_a_job_is_stored_as_the_first_look_finds_it_waiting_for_its_dependencies
         wired.jobs("after")
         assert stored() == (version, status)  # the first look found what apply stored
 
-        drive(wired, "first", "Completed")
+        def first_completed() -> bool:  # its run must exit, which takes what it takes
+            wired.jobs("first")
+            return job_statuses(wired.store, ["first"])["first"].get("phase") == "Completed"
+
+        wait_until(first_completed, message="first completed")
         wired.jobs("after")
         version, status = stored()
         assert status["message"] == "waiting for second"
