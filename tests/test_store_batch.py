@@ -245,3 +245,19 @@ def test_a_certain_swap_is_checked_at_commit_and_a_stale_one_loses_the_batch(sto
     assert batch.lost is (not store.is_sqlite)
     assert _phase_elsewhere(store, "a") == fresh.status["phase"] == "Queued"
     assert _phase_elsewhere(store, "b") == ("Queued" if store.is_sqlite else "Waiting")
+
+
+def test_each_transaction_of_a_batch_takes_the_next_resource_version_and_the_sequence_follows(store):
+    """On PostgreSQL the lock reads the change sequence, so a transaction's resourceVersion is
+    known without asking and its write is pipelined; on both stores each transaction takes the
+    next one, and the sequence stored is the last one taken."""
+    a = _create(store, "a")
+    seq = store.change_seq()
+    with store.batch():
+        first = _set_phase(store, a, "Queued")
+        store.flush()
+        second = _set_phase(store, first, "Starting")
+    assert (first.resource_version, second.resource_version) == (seq + 1, seq + 2)
+    assert store.change_seq() == seq + 2
+    with store.read() as conn:
+        assert repo.get(conn, kind="Job", name="a").resource_version == seq + 2

@@ -37,8 +37,10 @@ META = Statement("SELECT value FROM meta WHERE key = :key")
 _LOCK_SEQ = Statement("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE")
 # a leader's write: the same lock, and the term of the controller lease in the same round trip
 _LOCK_SEQ_TERM = Statement(
-    "SELECT (SELECT term FROM leases WHERE name = 'controller') AS term FROM meta WHERE key = 'seq' FOR UPDATE"
+    "SELECT value, (SELECT term FROM leases WHERE name = 'controller') AS term FROM meta WHERE key = 'seq' FOR UPDATE"
 )
+# the next resourceVersion, when the transaction read the change sequence under its lock
+_SET_SEQ = Statement("UPDATE meta SET value = :value WHERE key = 'seq'")
 _TERM = Statement("SELECT term FROM leases WHERE name = 'controller'")  # SQLite: BEGIN IMMEDIATE is the lock
 
 
@@ -68,10 +70,11 @@ class Tx:
     """One write transaction; `rv()` allocates its resourceVersion once, on first use.
     `session` is the writer's connection: run `Statement`s on it."""
 
-    def __init__(self, session: Connection, store: Store):
+    def __init__(self, session: Connection, store: Store, seq: int | None = None):
         self.session = session
         self.store = store
         self._rv: int | None = None
+        self._seq = seq  # the change sequence as the lock read it (PostgreSQL), else None
         self.discarded = False
         self._unchecked: list[tuple[Result, str, str]] = []  # (an object's update, its kind, its name)
         # what is read once per transaction: it holds the store-wide write lock, so what only
@@ -103,7 +106,13 @@ class Tx:
 
     def rv(self) -> int:
         if self._rv is None:
-            self._rv = int(COUNT_UP.execute(self.session, {"key": "seq"}).scalar())
+            if self._seq is None:
+                self._rv = int(COUNT_UP.execute(self.session, {"key": "seq"}).scalar())
+            else:
+                # the lock holds the row since it was read: the next value is known, and on a
+                # pipelined connection its write waits for no answer
+                self._rv = self._seq + 1
+                _SET_SEQ.execute(self.session, {"value": self._rv})
         return self._rv
 
     @property
@@ -301,10 +310,10 @@ class Store:
             self.flush()  # any other write is a transaction of its own, after the batch's
         with self._writer:
             conn = self._writer_connection()
-            self._begin(conn, self.fence if known else None)
+            seq = self._begin(conn, self.fence if known else None)
             commit = False
             try:
-                tx = Tx(conn, self)
+                tx = Tx(conn, self, seq)
                 yield tx
                 commit = not tx.discarded
             finally:
@@ -317,20 +326,23 @@ class Store:
         if commit and tx.changed:
             self._announce(known=known)
 
-    def _begin(self, conn: Connection, fence: Fence | None) -> None:
+    def _begin(self, conn: Connection, fence: Fence | None) -> int | None:
         """Begin a write transaction holding the store-wide write lock (SQLite's BEGIN
         IMMEDIATE; PostgreSQL's row lock on the change sequence, BEGIN and the lock in one round
-        trip), and check a leader's term under it. On failure nothing stays open."""
+        trip), and check a leader's term under it. On failure nothing stays open. Returns the
+        change sequence the lock read (PostgreSQL), from which `Tx.rv` takes the next value."""
         if fence is not None and fence.broken.is_set():
             raise Fenced("this server does not lead (it holds no controller lease): the write is refused")
         try:
+            seq = None
             if self.is_sqlite:
                 conn.begin("BEGIN IMMEDIATE")
                 term = _TERM.execute(conn).scalar() if fence is not None else None
             else:
                 lock = _LOCK_SEQ_TERM if fence is not None else _LOCK_SEQ
                 row = conn.script(f"BEGIN; {lock.text(conn)}").fetchone()
-                term = row[0] if fence is not None and row is not None else None
+                seq = None if row is None else int(row[0])
+                term = row[1] if fence is not None and row is not None else None
             if fence is not None and term != fence.term:
                 fence.broken.set()
                 raise Fenced(f"the controller lease is in term {term}, not {fence.term}: another server leads")
@@ -338,6 +350,7 @@ class Store:
             with suppress(StoreError):
                 conn.end(commit=False)
             raise
+        return seq
 
     def _commit(self, conn: Connection, tx: Tx, *, known: bool) -> None:
         """Commit; on PostgreSQL a change is announced (NOTIFY, which listen.py hears) in the
@@ -475,14 +488,14 @@ class Store:
         self._writer.acquire()
         try:
             conn = self._writer_connection()
-            self._begin(conn, self.fence)
+            seq = self._begin(conn, self.fence)
         except BaseException:
             self._writer.release()
             raise
         # the batch's statements are pipelined (PostgreSQL): a write whose answer no step reads
         # travels with the next statement that is read, instead of a round trip of its own
         conn.pipeline()
-        batch.conn, batch.tx, batch.opened = conn, Tx(conn, self), time.monotonic()
+        batch.conn, batch.tx, batch.opened = conn, Tx(conn, self, seq), time.monotonic()
 
     def _abandon(self, batch: Batch) -> None:
         """Roll back the batch's open transaction (its writes are lost) and free the lock."""
