@@ -309,8 +309,13 @@ def new_job_status(accepted_at: str, depends_on: Sequence[str] = ()) -> JobStatu
     status: JobStatusDict = {"phase": Phase.WAITING, "revision": 1, "acceptedAt": accepted_at}
     if depends_on:
         status["dependencies"], status["waits"] = [], []
-        status["reason"], status["message"] = "WaitingForDependencies", "waiting for " + ", ".join(depends_on)
+        status["reason"], status["message"] = waiting_for(depends_on)
     return status
+
+
+def waiting_for(pending: Sequence[str]) -> tuple[str, str]:
+    """The reason and message of a job waiting for these dependencies, in their order."""
+    return "WaitingForDependencies", "waiting for " + ", ".join(pending)
 
 
 def next_revision(status: JobStatusDict, accepted_at: str) -> None:

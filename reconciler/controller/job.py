@@ -18,7 +18,7 @@ from ..agent.probe import Probes
 from ..api import revisions
 from ..api.job import JobSpec, WaitCondition
 from ..api.meta import from_epoch, to_epoch
-from ..api.status import Phase, phase_of
+from ..api.status import Phase, phase_of, waiting_for
 from ..clock import Clock
 from ..errors import Conflict
 from ..store import Store, StoredObject
@@ -225,7 +225,7 @@ class JobReconciler:
             ctx.move(Phase.QUEUED, "Eligible", "dependencies and waits are satisfied")
             return self.queued(ctx)  # eligibility and the admission attempt share one transaction
         if verdict.pending:
-            reason, message = "WaitingForDependencies", "waiting for " + ", ".join(verdict.pending)
+            reason, message = waiting_for(verdict.pending)
         else:
             reason, message = "WaitingForConditions", "; ".join(c.message for c in checks if not c.satisfied)
         status["reason"], status["message"] = reason, message
