@@ -56,10 +56,21 @@ class Usage:
 
 
 def _read(path: Path) -> str | None:
+    # os calls, not Path.read_text: a run's end reads a few of these files, and pathlib's
+    # and io's layers cost more than the reads
     try:
-        return path.read_text()
-    except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
         return None
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    except ProcessLookupError:  # cgroup.procs of a cgroup removed meanwhile
+        return None
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
 
 
 def _write(path: Path, value: str) -> None:

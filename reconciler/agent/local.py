@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import psutil
 
@@ -98,6 +98,10 @@ class LocalAgent:
         self.state_dir = Path(state_dir)
         make_private_dirs(self.state_dir / "runs")
         self._legacy_runs = has_legacy_runs(self.state_dir)  # else run_dir needs no look at the disk
+        # Paths a run's steps ask for again and again, made once (pathlib's joins were a tenth
+        # of the reconcile loop's time): run dirs by (job, uid, number), cgroups by name.
+        self._run_dirs: dict[tuple[str, str, int], Path] = {}
+        self._groups: dict[str, RunCgroup] = {}
         self._on_exit = on_exit
         self._watcher = ExitWatcher()
         self._watched: set[ProcessIdentity] = set()
@@ -128,7 +132,14 @@ class LocalAgent:
         return f"{job}.{uid}.{number}"
 
     def run_dir(self, job: str, uid: str, number: int) -> Path:
-        return run_dir(self.state_dir, job, uid, number, legacy=self._legacy_runs)
+        if self._legacy_runs:  # a run may be in the earlier layout: looked for on the disk
+            return run_dir(self.state_dir, job, uid, number)
+        key = (job, uid, number)
+        found = self._run_dirs.get(key)
+        if found is None:
+            found = self._run_dirs[key] = run_dir(self.state_dir, job, uid, number, legacy=False)
+            _bound(self._run_dirs)
+        return found
 
     def start(self, job: str, uid: str, number: int, spec: JobSpec, revision: int) -> Started:
         """Spawn run `number` in its own cgroup with the spec's limits (or, where none can be
@@ -145,6 +156,8 @@ class LocalAgent:
         run_dir = self.run_dir(job, uid, number)
         limits = Limits(spec.resources.cpu, spec.resources.memory)
         group, degraded = self._make_cgroup(self.cgroup_name(job, uid, number), limits)
+        if group is not None:
+            self._groups[group.name] = group
         try:
             if group is not None:
                 identity = self._spawn(spec, env, run_dir, join=group.procs_files)
@@ -180,7 +193,11 @@ class LocalAgent:
     def _cgroup(self, name: str | None) -> RunCgroup | None:
         if name is None or self._hierarchy is None:
             return None
-        return self._hierarchy.open(name)
+        group = self._groups.get(name)
+        if group is None:
+            group = self._groups[name] = self._hierarchy.open(name)
+            _bound(self._groups)
+        return group
 
     def existing_cgroup(self, job: str, uid: str, number: int) -> str | None:
         """The run's cgroup if it was made (a run spawned before a crash, adopted now)."""
@@ -196,7 +213,12 @@ class LocalAgent:
     def remove_cgroup(self, cgroup: str | None) -> bool:
         """The run is over and its cgroup empty: removed (False while a process is left)."""
         group = self._cgroup(cgroup)
-        return group is None or group.remove()
+        if group is None:
+            return True
+        if group.remove():
+            self._groups.pop(group.name, None)
+            return True
+        return False
 
     def _spawn(
         self,
@@ -373,6 +395,13 @@ class LocalAgent:
             artifacts = self._artifacts
         if artifacts is not None:
             artifacts.close()
+
+
+def _bound(cache: dict[Any, Any], size: int = 4096) -> None:
+    """A cache of paths stays small: emptied when it outgrows `size` (far more runs than a
+    node holds at once)."""
+    if len(cache) > size:
+        cache.clear()
 
 
 def _signal_outside(pid: int, pgid: int, sig: int) -> None:

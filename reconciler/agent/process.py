@@ -178,9 +178,13 @@ def spawn_run(
 def read_exit(run_dir: pathlib.Path) -> ExitRecord | None:
     """The exit record the wrapper left, or None while there is none (yet)."""
     try:
-        text = (pathlib.Path(run_dir) / "exit").read_text()
+        fd = os.open(os.path.join(run_dir, "exit"), os.O_RDONLY | os.O_CLOEXEC)
     except (FileNotFoundError, NotADirectoryError):  # no run dir, or something else in its place
         return None
+    try:
+        text = os.read(fd, 64).decode(errors="replace")  # a few digits and a newline
+    finally:
+        os.close(fd)
     if not text.endswith("\n"):
         return None  # not written yet (or lost to a machine crash without fsync_exit): no record
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import re
+import time
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
@@ -74,7 +75,21 @@ def to_epoch(text: str) -> float:
 
 
 def from_epoch(epoch: float) -> str:
-    return format_time(datetime.fromtimestamp(epoch, UTC))
+    """`format_time(datetime.fromtimestamp(epoch, UTC))`, the same text, without the datetime:
+    every step stamps its changes with it. The microseconds round half to even, as
+    fromtimestamp rounds them, and the milliseconds are cut from them, as isoformat cuts."""
+    if epoch < 0:
+        return format_time(datetime.fromtimestamp(epoch, UTC))
+    second = int(epoch)
+    micros = round((epoch - second) * 1e6)
+    if micros >= 1_000_000:
+        second, micros = second + 1, micros - 1_000_000
+    return f"{_second_text(second)}.{micros // 1000:03d}Z"
+
+
+@functools.lru_cache(maxsize=256)
+def _second_text(second: int) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
 
 
 def _aware(value: datetime) -> datetime:
