@@ -60,13 +60,13 @@ def _read(path: Path) -> str | None:
     # and io's layers cost more than the reads
     try:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):
+    except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
         return None
     try:
         chunks = []
         while chunk := os.read(fd, 65536):
             chunks.append(chunk)
-    except ProcessLookupError:  # cgroup.procs of a cgroup removed meanwhile
+    except ProcessLookupError:  # a cgroup removed meanwhile
         return None
     finally:
         os.close(fd)
