@@ -102,7 +102,7 @@ class RemoteSteps:
             message = str(report["startFailed"])
             if retryable and ctx.spec.type != "service":  # as a local artifact's failure says it
                 message += f" (attempt {len(ctx.runs_this_revision())} of {ctx.spec.retry.limit + 1})"
-            return self.runs.finish(ctx, run, end, exit_code=None, reason=reason, message=message)
+            return self.runs.ends.finish(ctx, run, end, exit_code=None, reason=reason, message=message)
         if report is not None and report.get("startedAt"):
             identity = _identity(report)
             run = self.runs.new_run(ctx, held.run_number, identity, report["startedAt"], node=node.name)
@@ -129,7 +129,7 @@ class RemoteSteps:
             # not started as far as anyone knows: the slots go back now; should the agent
             # start it after all, its report names an admission that is gone (409) and it
             # stops the process
-            return self.runs.after_stop(ctx, stop, run=None)
+            return self.runs.ends.after_stop(ctx, stop, run=None)
         lost = self._lost(ctx, node, held.run_number)
         if lost is not None:
             return self.runs.unstarted(ctx, lost)
@@ -142,7 +142,7 @@ class RemoteSteps:
         if report.get("finishedAt"):
             return self._ended(ctx, run, report)
         if (lost := self._lost(ctx, node)) is not None:
-            return self.runs.after_stop(ctx, lost, run=run)
+            return self.runs.ends.after_stop(ctx, lost, run=run)
         stop = self.runs.stop_reason(ctx)
         run_deadline = deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"]))
         if stop is None and deadlines.passed(run_deadline, ctx.now):
@@ -165,7 +165,7 @@ class RemoteSteps:
         if report.get("gone"):
             message = f"the agent of node {run.get('node')} found run {run['number']} gone without an exit record"
             end = RunEnd(RunOutcome.LOST, reason="NodeLost")
-            return self.runs.finish(
+            return self.runs.ends.finish(
                 ctx, run, end, exit_code=None, reason="NodeLost", message=message, finished_at=finished
             )
         code, signal = report.get("exitCode"), report.get("signal")
@@ -173,11 +173,13 @@ class RemoteSteps:
             limit = format_size(ctx.spec.resources.memory or 0)
             message = f"the kernel killed {report['oomKills']} process(es) of the run at its memory limit ({limit})"
             end = RunEnd(RunOutcome.FAILED, code, reason="OOMKilled")
-            return self.runs.finish(
+            return self.runs.ends.finish(
                 ctx, run, end, exit_code=code, signal=signal, reason="OOMKilled", message=message, finished_at=finished
             )
         outcome = RunOutcome.SUCCEEDED if code == 0 else RunOutcome.FAILED
-        return self.runs.finish(ctx, run, RunEnd(outcome, code), exit_code=code, signal=signal, finished_at=finished)
+        return self.runs.ends.finish(
+            ctx, run, RunEnd(outcome, code), exit_code=code, signal=signal, finished_at=finished
+        )
 
     def _begin_stop(self, ctx: Ctx, stop: Stop) -> Result:
         """The agent sees the job Stopping in its node's admissions and stops the process
@@ -202,14 +204,14 @@ class RemoteSteps:
             self._heard(ctx, node.name)
             _usage(run, report)
             if report.get("gone"):
-                return self.runs.after_stop(ctx, why, run=run, lost="its agent found the process gone")
+                return self.runs.ends.after_stop(ctx, why, run=run, lost="its agent found the process gone")
             exited = ExitRecord(report.get("exitCode"), report.get("signal"))
-            return self.runs.after_stop(ctx, why, run=run, exited=exited, finished_at=report["finishedAt"])
+            return self.runs.ends.after_stop(ctx, why, run=run, exited=exited, finished_at=report["finishedAt"])
         if (lost := self._lost(ctx, node)) is not None:
             # nobody can finish the stop, and it need not be: the run is Lost, and the job
             # goes where its stop leads (a stop of the run itself ends in NodeLost)
             stop_of: Stop = lost if why[0] in ("RunTimeout", "NodeLost") else why
-            return self.runs.after_stop(ctx, stop_of, run=run, lost=lost[1])
+            return self.runs.ends.after_stop(ctx, stop_of, run=run, lost=lost[1])
         self._reachability(ctx, node)
         return requeue_after(self._due(ctx, node, None))
 

@@ -1,59 +1,52 @@
-"""Steps of a job whose process may be alive: Starting (spawn or adopt), Running (watch,
-time out), Stopping (SIGTERM, then SIGKILL after the grace period), and what follows a run.
+"""Steps of a job whose process may be alive: Starting (spawn or adopt) and Running (watch,
+time out). A run that is over or must stop goes to `RunEnds` (runends.py): Stopping, the
+record of its end, and where the job goes next.
 
 Process facts come from the agent: the wrapper's exit record, the process identity (pid +
 start time). A job never completes while a process of its run is known alive."""
 
 from __future__ import annotations
 
-import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..agent.local import (
-    ExitRecord,
     LocalAgent,
     ProcessIdentity,
     Started,
     StartFailed,
-    Usage,
 )
 from ..agent.probe import Probes
 from ..api.annotations import LOST_RUN
 from ..api.meta import from_epoch, to_epoch
 from ..api.node import heartbeat_fresh
-from ..api.quantity import format_size
 from ..api.status import Phase, RunDict, RunOutcome
 from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
 from ..store.engine import Fenced
 from . import deadlines, faults
-from .context import RETRY_SCHEDULED, Ctx
+from .context import Ctx
 from .endings import Endings
 from .owners import released
 from .remote import RemoteSteps
-from .retry import RunEnd, after_run, restart_delay
-from .runtime import AGAIN, DONE, Result, requeue_after
-from .services import ServiceSteps, lifetimes, sooner
+from .retry import RunEnd
+from .runends import OTHER_AGENT_POLL, STOP_POLL, RunEnds, run_identity
+from .runtime import AGAIN, Result, requeue_after
+from .services import ServiceSteps, sooner
 from .stops import Stop, drained
 from .transitions import set_condition
 
 if TYPE_CHECKING:
     from ..agent.artifacts import Preparation
 
-STOP_POLL = 0.05  # while stopping, look this often (a stop lasts at most the grace period)
 ORPHAN_POLL = 1.0  # a run whose wrapper was killed while its group lives on: look this often
-WRAPPER_GRACE = 2.0  # after SIGKILL, how long the wrapper gets to record before it is killed too
-OTHER_AGENT_POLL = 5.0
 # A run spawned here is written Running once it has lived this long, or with its end if that
 # comes first: a short run's start and end are one status write, not two. Until then the job
 # shows Starting; a crash meanwhile finds the run by its folder, as after any spawn.
 START_REPORT = 0.2
-
-log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -78,6 +71,7 @@ class RunSteps:
         self.rand = rand
         self.remote = RemoteSteps(self)
         self.services = ServiceSteps(self)
+        self.ends = RunEnds(self)
         self.spawned: dict[str, Spawned] = {}  # job uid -> its run spawned here, start not yet written
 
     def step(self, ctx: Ctx) -> Result:
@@ -85,7 +79,7 @@ class RunSteps:
             return self.starting(ctx)
         if ctx.phase == Phase.RUNNING:
             return self.running(ctx)
-        return self.stopping(ctx)
+        return self.ends.stopping(ctx)
 
     def stop_reason(self, ctx: Ctx) -> Stop | None:
         """Why a live run must stop now, in order of precedence."""
@@ -152,7 +146,7 @@ class RunSteps:
             if (stop := self.stop_reason(ctx)) is not None:
                 if ctx.spec.artifact is not None:
                     self.agent.discard_work(run_dir)  # a fetch or an unpacked folder nobody will use
-                return self.after_stop(ctx, stop, run=None)
+                return self.ends.after_stop(ctx, stop, run=None)
             if (lost := drained(ctx, number, held.node)) is not None:
                 if ctx.spec.artifact is not None:
                     self.agent.discard_work(run_dir)  # its next admission may be on another node
@@ -166,7 +160,7 @@ class RunSteps:
                 # more than a commit on SQLite.)
                 self.store.flush()
             faults.point("after-admission")
-            self._leading()
+            self.leading()
             try:
                 started = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
                 identity = started.identity
@@ -180,7 +174,7 @@ class RunSteps:
                     )
             except StartFailed as exc:
                 run = self.new_run(ctx, number, None)
-                return self.finish(
+                return self.ends.finish(
                     ctx, run, RunEnd(RunOutcome.START_FAILED), exit_code=None, reason="StartFailed", message=str(exc)
                 )
         elif identity is not None:  # spawned before a crash: adopt it, with its real start (runTimeout counts from it)
@@ -206,7 +200,7 @@ class RunSteps:
         if self.agent.alive(identity, run.get("cgroup")):
             self.endings.write(ctx)
             return AGAIN
-        return self._ended(ctx, run, self.agent.exit_of(self.run_dir(ctx, spawned.number)))
+        return self.ends.ended(ctx, run, self.agent.exit_of(self.run_dir(ctx, spawned.number)))
 
     def _record_start(
         self,
@@ -252,7 +246,7 @@ class RunSteps:
         if prep.retryable and ctx.spec.type != "service":  # a service is restarted without a limit
             message += f" (attempt {len(ctx.runs_this_revision())} of {ctx.spec.retry.limit + 1})"
         end = RunEnd(RunOutcome.START_FAILED, reason=prep.reason, retryable=prep.retryable)
-        return self.finish(ctx, run, end, exit_code=None, reason=prep.reason, message=message)
+        return self.ends.finish(ctx, run, end, exit_code=None, reason=prep.reason, message=message)
 
     def _claim(self, ctx: Ctx, held: sched.Admission) -> bool:
         """Only one agent may start (or adopt) a given admission's run, even with two
@@ -265,7 +259,7 @@ class RunSteps:
             tx.store.mark(ctx.uid)
             return sched.claim_spawn(tx, ctx.uid, self.owner, take_over_from=held.owner)
 
-    def _leading(self) -> None:
+    def leading(self) -> None:
         """Before acting on processes (no write to fence it): a server that may have lost
         the controller lease unseen (paused past its period) acts on nothing."""
         fence = self.store.fence
@@ -318,7 +312,7 @@ class RunSteps:
         start there. Not an attempt (no process ran): the slots go back and the job returns
         to its old place in line. The request is spent with this write, for the next
         admission will carry the same run number."""
-        self.release(ctx)
+        self.ends.release(ctx)
         ctx.annotations = {k: v for k, v in ctx.obj.annotations.items() if k != LOST_RUN}
         message = f"{lost[1]}; it had not started, so it goes back in line"
         ctx.move(Phase.QUEUED, "NodeDrained", message)
@@ -338,14 +332,14 @@ class RunSteps:
         if run.get("node") != self.agent.node:
             lost = drained(ctx, run["number"], run.get("node"))
             if lost is not None and not self.node_served(run.get("node"), ctx.now):
-                return self.after_stop(ctx, lost, run=run)  # nobody to stop it: the operator's word suffices
+                return self.ends.after_stop(ctx, lost, run=run)  # nobody to stop it: the operator's word suffices
             return requeue_after(OTHER_AGENT_POLL)  # only the run's own agent can see its processes
-        identity, run_dir = _identity(run), self.run_dir(ctx, run["number"])
+        identity, run_dir = run_identity(run), self.run_dir(ctx, run["number"])
         cgroup = run.get("cgroup")
         alive = identity is not None and self.agent.alive(identity, cgroup)
         exited = self.agent.exit_of(run_dir)
         if identity is None or not alive:
-            return self._ended(ctx, run, exited)
+            return self.ends.ended(ctx, run, exited)
         self.agent.trim_logs(run_dir, ctx.spec.kept_log_bytes)  # again after a restart: the run outlived us
         # A wrapper killed from outside leaves its group orphaned: nothing will tell when the
         # rest ends (a pidfd of a dead process fires at once), so it is looked at on a timer.
@@ -355,7 +349,7 @@ class RunSteps:
         if exited is not None and not self.agent.leftovers(identity, cgroup):
             return requeue_after(STOP_POLL)  # the wrapper is writing its record and about to exit; the watcher wakes us
         if exited is not None:  # the command exited but left processes in its group
-            return self._begin_stop(
+            return self.ends.begin_stop(
                 ctx, identity, ("Exited", "the command exited; stopping what it left running"), cgroup
             )
         stop = self.stop_reason(ctx)
@@ -363,263 +357,10 @@ class RunSteps:
         if stop is None and deadlines.passed(run_deadline, ctx.now):
             stop = ("RunTimeout", f"run {run['number']} exceeded its runTimeout of {ctx.spec.run_timeout:g}s")
         if stop is not None:
-            return self._begin_stop(ctx, identity, stop, cgroup)
+            return self.ends.begin_stop(ctx, identity, stop, cgroup)
         due = deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline())
         if ctx.spec.type == "service":
             due = sooner(due, self.services.health(ctx, run))
         if orphaned:
             return requeue_after(ORPHAN_POLL if due is None else min(due, ORPHAN_POLL))
         return requeue_after(due)
-
-    def _ended(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result:
-        faults.point("before-exit-record", self.store.flush)
-        if (exited is None or exited.exit_code != 0) and (oom := self._oom_killed(ctx, run, exited)) is not None:
-            return oom
-        if exited is None:
-            return self.finish(
-                ctx,
-                run,
-                RunEnd(RunOutcome.LOST, reason="ProcessLost"),
-                exit_code=None,
-                reason="ProcessLost",
-                message=f"run {run['number']} ended without recording an exit status",
-            )
-        outcome = RunOutcome.SUCCEEDED if exited.exit_code == 0 else RunOutcome.FAILED
-        return self.finish(
-            ctx, run, RunEnd(outcome, exited.exit_code), exit_code=exited.exit_code, signal=exited.signal
-        )
-
-    def _oom_killed(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result | None:
-        """A run that failed (or whose wrapper was killed before it could record) after the
-        kernel killed a process of its cgroup at the memory limit ends Failed/OOMKilled. The
-        cgroup's own count decides, not a guess from 137: a run killed by SIGKILL from
-        elsewhere is no OOM, and a run whose command survived a killed child is no failure."""
-        usage = self.agent.usage(run.get("cgroup"))
-        if usage is None or not usage.oom_kills:
-            return None
-        limit = format_size(ctx.spec.resources.memory or 0)
-        message = f"the kernel killed {usage.oom_kills} process(es) of the run at its memory limit ({limit})"
-        code, sig = (exited.exit_code, exited.signal) if exited is not None else (None, None)
-        end = RunEnd(RunOutcome.FAILED, code, reason="OOMKilled")
-        return self.finish(ctx, run, end, exit_code=code, signal=sig, reason="OOMKilled", message=message)
-
-    def _begin_stop(self, ctx: Ctx, identity: ProcessIdentity, stop: Stop, cgroup: str | None) -> Result:
-        reason, message = stop
-        self._leading()
-        self.agent.terminate(identity, cgroup)
-        ctx.status["stop"] = {
-            "reason": reason,
-            "message": message,
-            "requestedAt": ctx.now_text,
-            "killAt": ctx.now + ctx.spec.stop_grace_period,
-        }
-        ctx.move(
-            Phase.STOPPING,
-            reason if reason != "Exited" else "Cleanup",
-            message,
-            event="Stopping" if reason != "RunTimeout" else "RunTimeout",
-        )
-        self.endings.write(ctx)
-        return requeue_after(STOP_POLL)
-
-    # -- Stopping ------------------------------------------------------------------------
-    def stopping(self, ctx: Ctx) -> Result:
-        run, stop = ctx.open_run(), ctx.status.get("stop") or {}
-        if run is not None and run.get("node") != self.agent.node:
-            if (node := self.remote.node(run.get("node"), ctx.now)) is not None:
-                return self.remote.stopping(ctx, run, node)
-            lost = drained(ctx, run["number"], run.get("node"))
-            if lost is not None and not self.node_served(run.get("node"), ctx.now):
-                # the stop cannot be finished by anyone, and need not be: the run is Lost, and
-                # the job goes where its stop leads (a stop of the run itself ends in NodeLost)
-                why = stop.get("reason", "Cancelled")
-                stop_of: Stop = lost if why in ("RunTimeout", "Exited", "NodeLost") else (why, stop.get("message", ""))
-                return self.after_stop(ctx, stop_of, run=run, lost=lost[1])
-            return requeue_after(OTHER_AGENT_POLL)
-        identity = _identity(run) if run else None
-        cgroup = run.get("cgroup") if run else None
-        if run is not None and identity is not None and self.agent.alive(identity, cgroup):
-            self.agent.trim_logs(self.run_dir(ctx, run["number"]), ctx.spec.kept_log_bytes)
-            kill_at = float(stop.get("killAt", ctx.now))
-            if ctx.now >= kill_at:
-                if not stop.get("killed"):
-                    stop["killed"] = True
-                    ctx.note(
-                        "Killing",
-                        f"grace period over; SIGKILL to the process group of run {run['number']}",
-                        warning=True,
-                    )
-                    self.endings.write(ctx)
-                self.agent.kill(identity, cgroup, wrapper_too=ctx.now >= kill_at + WRAPPER_GRACE)
-            return requeue_after(STOP_POLL)
-        reason = (stop.get("reason", "Cancelled"), stop.get("message", ""))
-        if run is None:
-            return self.after_stop(ctx, reason, run=None)
-        exited = self.agent.exit_of(self.run_dir(ctx, run["number"]))
-        if reason[0] == "Exited":
-            return self._ended(ctx, run, exited)
-        return self.after_stop(ctx, reason, run=run, exited=exited)
-
-    def after_stop(
-        self,
-        ctx: Ctx,
-        stop: Stop,
-        run: RunDict | None,
-        exited: ExitRecord | None = None,
-        *,
-        lost: str | None = None,
-        finished_at: str | None = None,
-    ) -> Result:
-        """The run (if any) is over and its processes are gone: record it, release the slots,
-        then go where the stop reason leads. `lost` says why the run is recorded Lost
-        (NodeLost) whatever stopped it: `drain --force` proved it gone where nobody could."""
-        reason, message = stop
-        if reason == "NodeLost":
-            if run is None:
-                return self.unstarted(ctx, stop)
-            lost = message
-        if run is not None:
-            if lost is not None:
-                code, sig = (exited.exit_code, exited.signal) if exited else (None, None)
-                self._close_run(ctx, run, RunOutcome.LOST, code, sig, "NodeLost", finished_at)
-                ctx.note("Exited", f"run {run['number']} ended Lost: {lost}", warning=True)
-            elif reason in ("RunTimeout", "DeadlineExceeded"):
-                self._timed_out(ctx, run)
-                self._close_run(ctx, run, RunOutcome.TIMED_OUT, -1, None, reason, finished_at)
-            else:
-                code = exited.exit_code if exited else None
-                signal = exited.signal if exited else None
-                self._close_run(ctx, run, RunOutcome.CANCELLED, code, signal, reason, finished_at)
-        ctx.status.pop("stop", None)
-        if (
-            reason == "RunTimeout"
-            and run is not None
-            and self.services.restarts_in_place(ctx, RunEnd(RunOutcome.TIMED_OUT))
-        ):
-            return self.services.restart_later(ctx, run)
-        self.release(ctx)
-        if reason == "RunTimeout":
-            return self._decide(ctx, RunEnd(RunOutcome.TIMED_OUT, -1), message)
-        if reason == "NodeLost":  # counts against retry.limit like any failed attempt; retried per onLost
-            return self._decide(ctx, RunEnd(RunOutcome.LOST, reason="NodeLost"), message)
-        if reason == "Deleted":
-            return self.endings.finalize_delete(ctx)
-        if reason == "Suspended":
-            ctx.move(
-                Phase.SUSPENDED, "Suspended", "suspended; the run was stopped and the job keeps its queue position"
-            )
-            self.endings.write(ctx)
-            return DONE
-        if reason == "SpecChanged":
-            return self.endings.start_revision(ctx)
-        outcome = "TimedOut" if reason == "DeadlineExceeded" else "Cancelled"
-        return self.endings.complete(ctx, outcome, reason, message)
-
-    def _timed_out(self, ctx: Ctx, run: RunDict) -> None:
-        """The stderr line the seed scheduler wrote for timed-out runs (a remote agent writes
-        its own when it stops a run for RunTimeout)."""
-        if run.get("node") != self.agent.node:
-            return
-        self.agent.note_stderr(self.run_dir(ctx, run["number"]), "job timed out")
-
-    # -- after a run ---------------------------------------------------------------------
-    def release(self, ctx: Ctx) -> None:
-        if ctx.status.pop("admission", None) is not None or ctx.phase in (
-            Phase.STARTING,
-            Phase.RUNNING,
-            Phase.STOPPING,
-        ):
-            ctx.ops.append(lambda tx: sched.release(tx, ctx.uid))
-            ctx.released(ctx.spec.pool, ctx.spec.slots)
-
-    def finish(
-        self,
-        ctx: Ctx,
-        run: RunDict,
-        end: RunEnd,
-        *,
-        exit_code: int | None,
-        signal: int | None = None,
-        reason: str | None = None,
-        message: str = "",
-        finished_at: str | None = None,
-    ) -> Result:
-        """`finished_at`: when the run ended as its remote agent saw it (else now)."""
-        outcome = end.outcome
-        self._close_run(ctx, run, outcome, exit_code, signal, reason, finished_at)
-        code = f" with exit code {exit_code}" if exit_code is not None else ""
-        detail = f": {message}" if message else ""
-        ctx.note("Exited", f"run {run['number']} ended {outcome}{code}{detail}", warning=outcome != "Succeeded")
-        if self.services.restarts_in_place(ctx, end):
-            return self.services.restart_later(ctx, run)
-        self.release(ctx)
-        return self._decide(ctx, end, message)
-
-    def _close_run(
-        self,
-        ctx: Ctx,
-        run: RunDict,
-        outcome: str,
-        code: int | None,
-        signal: int | None,
-        reason: str | None,
-        finished_at: str | None = None,
-    ) -> None:
-        if run.get("node") == self.agent.node:  # a remote run's files are its agent's
-            run_dir = self.run_dir(ctx, run["number"])
-            self.agent.stop_trimming(run_dir)
-            self.agent.discard_work(run_dir)  # an artifact's unpacked folder goes with the run
-        if (cgroup := run.get("cgroup")) is not None and run.get("node") == self.agent.node:
-            _record_usage(run, self.agent.usage(cgroup))
-            if not self.agent.remove_cgroup(cgroup):  # cannot be: its processes were proven gone
-                log.warning("the cgroup %s of job %s could not be removed", cgroup, ctx.name)
-        _close_run(ctx, run, outcome, code, signal, reason)
-        if finished_at is not None:
-            run["finishedAt"] = finished_at
-
-    def _decide(self, ctx: Ctx, end: RunEnd, message: str) -> Result:
-        stop = self.stop_reason(ctx)
-        service = ctx.spec.type == "service"
-        decision = after_run(
-            ctx.spec.retry,
-            end,
-            attempts=len(ctx.runs_this_revision()),
-            cancelled=stop is not None and stop[0] in ("Cancelled", "Deleted"),
-            deadline_passed=stop is not None and stop[0] == "DeadlineExceeded",
-            rand=self.rand.random,
-            restart=restart_delay(ctx.spec.restart_policy, lifetimes(ctx)).delay if service else None,
-        )
-        if not decision.retry:
-            assert decision.outcome is not None  # a decision not to retry names the outcome
-            return self.endings.complete(
-                ctx, decision.outcome, decision.reason or decision.outcome, message or decision.message
-            )
-        ctx.status["nextRunAt"] = from_epoch(ctx.now + decision.delay)
-        ctx.move(Phase.BACKOFF, RETRY_SCHEDULED, decision.message)
-        self.endings.write(ctx)
-        faults.point("during-backoff", self.store.flush)
-        return AGAIN if decision.delay <= 0 else requeue_after(decision.delay)
-
-
-def _identity(run: RunDict) -> ProcessIdentity | None:
-    if run.get("pid") is None:
-        return None
-    return ProcessIdentity(int(run["pid"]), float(run["processStartTime"]))
-
-
-def _record_usage(run: RunDict, usage: Usage | None) -> None:
-    """What `describe` shows of a run: the most memory it held at once, its CPU time."""
-    if usage is None:
-        return
-    if usage.peak_memory is not None:
-        run["peakMemory"] = usage.peak_memory
-    if usage.cpu_seconds is not None:
-        run["cpuSeconds"] = round(usage.cpu_seconds, 3)
-
-
-def _close_run(ctx: Ctx, run: RunDict, outcome: str, code: int | None, signal: int | None, reason: str | None) -> None:
-    run["finishedAt"], run["outcome"], run["exitCode"] = ctx.now_text, outcome, code
-    if signal:
-        run["signal"] = signal
-    if reason:
-        run["reason"] = reason

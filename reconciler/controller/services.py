@@ -63,7 +63,7 @@ class ServiceSteps:
         in place (the admission's run number moves on) once nextRunAt has come."""
         runs = self.runs
         if (stop := runs.stop_reason(ctx)) is not None:
-            return runs.after_stop(ctx, stop, run=None)
+            return runs.ends.after_stop(ctx, stop, run=None)
         held = runs.endings.admitted.pop(ctx.uid, None)
         if held is None:
             with runs.store.read() as session:
@@ -73,7 +73,7 @@ class ServiceSteps:
         if (lost := drained(ctx, held.run_number, held.node)) is not None:
             # nothing runs there to stop: the slots go back, and the service goes back in line
             # (through Backoff, due now) to be placed again, maybe elsewhere
-            runs.release(ctx)
+            runs.ends.release(ctx)
             ctx.annotations = {k: v for k, v in ctx.obj.annotations.items() if k != LOST_RUN}
             ctx.status["nextRunAt"] = ctx.now_text
             ctx.move(Phase.BACKOFF, "NodeDrained", f"{lost[1]}; the service was between runs: placed again")
