@@ -78,13 +78,16 @@ def from_epoch(epoch: float) -> str:
     """`format_time(datetime.fromtimestamp(epoch, UTC))`, the same text, without the datetime:
     every step stamps its changes with it. The microseconds round half to even, as
     fromtimestamp rounds them, and the milliseconds are cut from them, as isoformat cuts."""
-    if epoch < 0:
+    if not 0 <= epoch < _YEAR_10000:  # before 1970, or past what RFC 3339 spells: as datetime does
         return format_time(datetime.fromtimestamp(epoch, UTC))
     second = int(epoch)
     micros = round((epoch - second) * 1e6)
     if micros >= 1_000_000:
         second, micros = second + 1, micros - 1_000_000
     return f"{_second_text(second)}.{micros // 1000:03d}Z"
+
+
+_YEAR_10000 = 253_402_300_800  # 10000-01-01T00:00:00Z
 
 
 @functools.lru_cache(maxsize=256)
