@@ -28,6 +28,8 @@ from pathlib import Path
 
 import psutil
 
+from ..files import read_small
+
 log = logging.getLogger(__name__)
 
 DEFAULT_ROOT = Path("/sys/fs/cgroup")
@@ -53,24 +55,6 @@ class Usage:
     peak_memory: int | None  # bytes, the most the cgroup was charged at once (None: not kept here)
     cpu_seconds: float | None
     oom_kills: int  # processes the kernel killed for the cgroup's memory limit
-
-
-def _read(path: Path) -> str | None:
-    # os calls, not Path.read_text: a run's end reads a few of these files, and pathlib's
-    # and io's layers cost more than the reads
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError, ProcessLookupError):
-        return None
-    try:
-        chunks = []
-        while chunk := os.read(fd, 65536):
-            chunks.append(chunk)
-    except ProcessLookupError:  # a cgroup removed meanwhile
-        return None
-    finally:
-        os.close(fd)
-    return b"".join(chunks).decode()
 
 
 def _write(path: Path, value: str) -> None:
@@ -120,7 +104,7 @@ class RunCgroup(ABC):
         """Every process in the cgroup (any hierarchy: a process joins them one after another)."""
         found: set[int] = set()
         for d in self.dirs:
-            found.update(int(p) for p in (_read(d / "cgroup.procs") or "").split())
+            found.update(int(p) for p in (read_small(d / "cgroup.procs") or "").split())
         return sorted(found)
 
     def signal(self, sig: int, *, spare: int | None = None) -> int:
@@ -165,13 +149,13 @@ class V1Cgroup(RunCgroup):
         self.memory, self.cpu, self.cpuacct = memory, cpu, cpuacct
 
     def usage(self) -> Usage:
-        usage_ns = _int(_read(self.cpuacct / "cpuacct.usage"))
-        oom_control = _read(self.memory / "memory.oom_control")
+        usage_ns = _int(read_small(self.cpuacct / "cpuacct.usage"))
+        oom_control = read_small(self.memory / "memory.oom_control")
         kills = _keyed(oom_control, "oom_kill")
         if kills is None:  # kernels before 4.13 count no kills: an OOM in progress is all there is
             kills = _keyed(oom_control, "under_oom") or 0
         return Usage(
-            peak_memory=_int(_read(self.memory / "memory.max_usage_in_bytes")),
+            peak_memory=_int(read_small(self.memory / "memory.max_usage_in_bytes")),
             cpu_seconds=None if usage_ns is None else usage_ns / 1e9,
             oom_kills=kills,
         )
@@ -185,11 +169,11 @@ class V2Cgroup(RunCgroup):
         self.path = path
 
     def usage(self) -> Usage:
-        usage_us = _keyed(_read(self.path / "cpu.stat"), "usage_usec")
+        usage_us = _keyed(read_small(self.path / "cpu.stat"), "usage_usec")
         return Usage(
-            peak_memory=_int(_read(self.path / "memory.peak")),  # Linux 5.19 and later
+            peak_memory=_int(read_small(self.path / "memory.peak")),  # Linux 5.19 and later
             cpu_seconds=None if usage_us is None else usage_us / 1e6,
-            oom_kills=_keyed(_read(self.path / "memory.events"), "oom_kill") or 0,
+            oom_kills=_keyed(read_small(self.path / "memory.events"), "oom_kill") or 0,
         )
 
     def kill_all(self) -> None:
@@ -414,7 +398,7 @@ class Spares:
 
 
 def _enable(subtree_control: Path, controllers: tuple[str, ...]) -> None:
-    enabled = set((_read(subtree_control) or "").split())
+    enabled = set((read_small(subtree_control) or "").split())
     missing = [c for c in controllers if c not in enabled]
     if missing:
         _write(subtree_control, " ".join(f"+{c}" for c in missing))
@@ -432,7 +416,7 @@ def detect(root: Path = DEFAULT_ROOT) -> Hierarchy:
     Writability is found out by `create`."""
     if _UNSAFE.intersection(str(root)):
         raise CgroupUnavailable(f"{root} cannot hold cgroups the run wrapper joins (a blank or a wildcard)")
-    controllers = _read(root / "cgroup.controllers")
+    controllers = read_small(root / "cgroup.controllers")
     if controllers is not None:
         offered = set(controllers.split())
         if {"memory", "cpu"} <= offered:

@@ -27,7 +27,7 @@ from reconciler.agent.groups import (
 )
 from reconciler.agent.identity import ProcessIdentity, is_alive, same_process
 from reconciler.agent.wrapper import wrapper_argv
-from reconciler.files import make_private_dirs
+from reconciler.files import make_private_dirs, read_small
 
 
 @dataclass(frozen=True)
@@ -177,14 +177,9 @@ def spawn_run(
 
 def read_exit(run_dir: pathlib.Path) -> ExitRecord | None:
     """The exit record the wrapper left, or None while there is none (yet)."""
-    try:
-        fd = os.open(os.path.join(run_dir, "exit"), os.O_RDONLY | os.O_CLOEXEC)
-    except (FileNotFoundError, NotADirectoryError):  # no run dir, or something else in its place
+    text = read_small(os.path.join(run_dir, "exit"))
+    if text is None:  # no run dir, or something else in its place
         return None
-    try:
-        text = os.read(fd, 64).decode(errors="replace")  # a few digits and a newline
-    finally:
-        os.close(fd)
     if not text.endswith("\n"):
         return None  # not written yet (or lost to a machine crash without fsync_exit): no record
     try:
