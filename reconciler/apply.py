@@ -25,7 +25,7 @@ from .store import Store, StoredObject, ingested, outbox
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.dbapi import Connection
-from .store.engine import Tx
+from .store.transactions import Tx
 
 
 @dataclass

@@ -22,7 +22,7 @@ from .selectors import Requirement, matches
 from .store import Store, StoredObject
 from .store import repository as repo
 from .store import scheduling as sched
-from .store.engine import Tx
+from .store.transactions import Tx
 
 
 def _job(tx: Tx, name: str) -> StoredObject:

@@ -11,11 +11,11 @@ from typing import Any
 from .api.meta import ObjectMeta
 from .api.node import Capacity, heartbeat_fresh, heartbeat_status
 from .errors import Conflict, InvalidInput
-from .store import Store
+from .store import Store, placements
 from .store import repository as repo
 from .store import scheduling as sched
 
-Report = sched.Report  # an agent's report of one run, named by its admission
+Report = placements.Report  # an agent's report of one run, named by its admission
 
 MANAGED_BY = "reconciler.dev/managed-by"
 REMOTE_AGENT = "remote-agent"  # a Node an agent registered: its labels and capacity follow the agent's flags
@@ -87,7 +87,7 @@ def placed(store: Store, node: str) -> list[dict[str, Any]]:
     that run), each with its epoch and the job's spec. Only what the agent acts on is in
     an item, so its long poll is answered when that changes, not on every status write."""
     with store.read() as session:
-        rows = sched.placed_on(session, node)
+        rows = placements.placed_on(session, node)
     items = []
     for row in rows:
         reported = row.report or {}
@@ -114,7 +114,7 @@ def placement_keys(store: Store) -> dict[str, list[tuple[Any, ...]]]:
     """Per node, a key that changes whenever what its agent acts on in `placed(store, node)`
     may have changed (not whether a start or end is reported); one query for every node."""
     with store.read() as session:
-        return sched.placement_keys(session)
+        return placements.placement_keys(session)
 
 
 def report_many(store: Store, node: str, reports: list[Report]) -> list[bool]:
@@ -124,14 +124,14 @@ def report_many(store: Store, node: str, reports: list[Report]) -> list[bool]:
     if not reports:
         return []
     with store.write() as tx:
-        return sched.record_reports(tx, node, reports)
+        return placements.record_reports(tx, node, reports)
 
 
 def report(store: Store, node: str, job: str, *, uid: str, run: int, epoch: int, facts: dict[str, Any]) -> None:
     """Keep the agent's report on the admission it names; Conflict (409) when that admission
     is no longer current: the run was declared lost, retried elsewhere, or stopped."""
     with store.write() as tx:
-        if not sched.record_report(tx, uid=uid, node=node, run=run, epoch=epoch, report=facts):
+        if not placements.record_report(tx, uid=uid, node=node, run=run, epoch=epoch, report=facts):
             raise Conflict(stale_message(job, node, run, epoch))
 
 

@@ -1,4 +1,4 @@
-"""The controller lease and the term fence (store/lease.py, engine.Fence), on both stores:
+"""The controller lease and the term fence (store/lease.py, transactions.Fence), on both stores:
 who may take the lease and when, and that a former leader's writes are refused once the
 lease changed hands while everyone else's go on."""
 
@@ -14,7 +14,7 @@ from reconciler.controller.owners import controller_owner, released, term_of
 from reconciler.store import Store
 from reconciler.store import lease as leases
 from reconciler.store import repository as repo
-from reconciler.store.engine import Fence, Fenced
+from reconciler.store.transactions import Fence, Fenced
 from tests.helpers import wait_until
 
 

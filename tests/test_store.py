@@ -420,6 +420,7 @@ def test_a_version_6_store_gets_admission_epochs_and_keeps_its_admissions(store_
     """Schema 7: admissions carry an epoch and a remote agent's report. One made before has
     neither (no agent can report on it); a new admission gets its epoch, and a report names
     it: one for another epoch is refused."""
+    from reconciler.store import placements
     from reconciler.store import scheduling as sched
 
     s = Store(store_url)
@@ -440,11 +441,11 @@ def test_a_version_6_store_gets_admission_epochs_and_keeps_its_admissions(store_
             sched.admit(tx, uid="u2", name="new", pool=None, slots=1, node="n2", run_number=1)
             epoch = tx.rv()
         with upgraded.write() as tx:
-            assert not sched.record_report(tx, uid="u2", node="n2", run=1, epoch=epoch + 1, report={"pid": 1})
-            assert sched.record_report(tx, uid="u2", node="n2", run=1, epoch=epoch, report={"pid": 1})
+            assert not placements.record_report(tx, uid="u2", node="n2", run=1, epoch=epoch + 1, report={"pid": 1})
+            assert placements.record_report(tx, uid="u2", node="n2", run=1, epoch=epoch, report={"pid": 1})
         with upgraded.read() as conn:
             assert sched.admission(conn, "u2") == sched.Admission("n2", 1, None, epoch, {"pid": 1})
-            assert [name for name, _ in sched.reported_since(conn, epoch)] == ["new"]
+            assert [name for name, _ in placements.reported_since(conn, epoch)] == ["new"]
     finally:
         upgraded.dispose()
 
@@ -773,7 +774,7 @@ def test_a_write_inside_a_read_fails(store):
     """Read transactions refuse writes on both stores (SQLite: query_only; PostgreSQL: READ
     ONLY), through the repository and through plain SQL, and the connection reads on."""
     from reconciler.store.dbapi import StoreError
-    from reconciler.store.engine import Tx
+    from reconciler.store.transactions import Tx
 
     obj = _create(store, "kept")
     seq = store.change_seq()

@@ -21,7 +21,7 @@ from . import deadlines, notices
 from .transitions import Event, move
 
 if TYPE_CHECKING:
-    from ..store.engine import Tx
+    from ..store.transactions import Tx
 
 RETRY_SCHEDULED = "BackoffScheduled"  # the reason of a move to Backoff after a failed run: notifiers' Retrying
 

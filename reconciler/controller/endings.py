@@ -22,7 +22,7 @@ from .runtime import AGAIN, DONE, Result
 
 if TYPE_CHECKING:
     from ..agent.probe import Probes
-    from ..store.engine import Tx
+    from ..store.transactions import Tx
     from .pathwatch import PathWatch
 
 

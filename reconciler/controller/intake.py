@@ -20,7 +20,7 @@ from ..api.status import new_job_status
 from ..api.validation import Built, validate_apply
 from ..store import Store, StoredObject, ingested
 from ..store import repository as repo
-from ..store.engine import Tx
+from ..store.transactions import Tx
 from . import specs
 from .messages import Draft
 

@@ -24,7 +24,7 @@ from ..errors import Conflict
 from ..store import Store, StoredObject
 from ..store import repository as repo
 from ..store import scheduling as sched
-from ..store.engine import Tx
+from ..store.transactions import Tx
 from . import admission, deadlines, dependencies, specs, waits
 from .context import Ctx, commit
 from .endings import Endings

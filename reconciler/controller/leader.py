@@ -4,7 +4,7 @@ once the lease expires (or at once, when it was released or its holder is proven
 this host).
 
 The leader renews the lease every third of its period. Its controller's writes check the
-term inside their transaction (engine.Fence), so once another server has taken the lease a
+term inside their transaction (transactions.Fence), so once another server has taken the lease a
 former leader cannot write: its steps fail with `Fenced`, and it stops its controller and
 becomes a follower again. A renewal that fails (the database unreachable) is retried; the
 controller stops when the lease may have run out unseen (its `valid_until`). Its runs are
@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from ..agent.local import owner_gone, process_owner
 from ..store import Store, StoreError
 from ..store import lease as leases
-from ..store.engine import Fence
+from ..store.transactions import Fence
 from ..threads import critical
 
 log = logging.getLogger("reconciler.leader")

@@ -15,8 +15,8 @@ from ..agent.local import LocalAgent
 from ..clock import Clock, RealClock
 from ..store import Store
 from ..store import scheduling as sched
-from ..store.engine import Fenced
 from ..store.feed import ChangeFeed, poll_interval
+from ..store.transactions import Fenced
 from ..threads import critical, fatal
 from . import faults
 from .job import JobReconciler

@@ -22,7 +22,7 @@ from ..store import outbox
 
 if TYPE_CHECKING:
     from ..store import StoredObject
-    from ..store.engine import Tx
+    from ..store.transactions import Tx
 
 log = logging.getLogger("reconciler.controller")
 

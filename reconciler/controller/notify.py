@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 
     from ..store import Store
     from ..store.dbapi import Row
-    from ..store.engine import Tx
+    from ..store.transactions import Tx
 
 log = logging.getLogger("reconciler.notify")
 

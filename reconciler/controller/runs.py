@@ -26,7 +26,7 @@ from ..api.status import Phase, RunDict, RunOutcome
 from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
-from ..store.engine import Fenced
+from ..store.transactions import Fenced
 from . import deadlines, faults
 from .context import Ctx
 from .endings import Endings

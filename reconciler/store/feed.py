@@ -9,6 +9,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import InvalidInput
+from . import placements
 from . import scheduling as sched
 from .engine import Store
 
@@ -76,7 +77,7 @@ class ChangeFeed:
         with self.store.read() as session:
             rows = sched.changed_since(session, self.seq)
             if self.reports:
-                rows += [("Job", name, rv) for name, rv in sched.reported_since(session, self.seq)]
+                rows += [("Job", name, rv) for name, rv in placements.reported_since(session, self.seq)]
         changes = [Change(kind, name, rv) for kind, name, rv in rows]
         self.seq = max([current, *(c.resource_version for c in changes)])
         if self.skip_known:

@@ -9,7 +9,7 @@ import functools
 from collections.abc import Iterable
 
 from .dbapi import Connection, Statement
-from .engine import Tx
+from .transactions import Tx
 
 _FIND = Statement("SELECT job FROM ingested WHERE source = :source AND message_id = :message_id")
 _ADD = Statement(

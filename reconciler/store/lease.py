@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .dbapi import Connection, Statement
-from .engine import Tx
+from .transactions import Tx
 
 NAME = "controller"
 

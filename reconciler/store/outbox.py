@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from .dbapi import Connection, Row, Statement
-from .engine import Tx
+from .transactions import Tx
 
 _NOTIFIERS = Statement("SELECT name, spec FROM objects WHERE kind = 'Notifier' ORDER BY name")
 _NOTIFIER_SPEC = Statement("SELECT spec FROM objects WHERE kind = 'Notifier' AND name = :name")

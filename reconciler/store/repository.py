@@ -17,7 +17,7 @@ from ..api.pool import GLOBAL_POOL
 from ..errors import Conflict
 from ..jsontext import canonical
 from .dbapi import Connection, Row, Statement
-from .engine import Tx
+from .transactions import Tx
 
 
 def new_uid() -> str:

@@ -1,0 +1,111 @@
+"""What is placed on a node and what its agent reports: the admissions a remote node agent
+runs (with their jobs' specs and statuses), the cheap key its long poll compares, and its
+reports of each run's start and end, kept on the admission they name and refused as stale
+when that admission is no longer current (released, another run, another epoch)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .dbapi import Connection, Statement
+from .transactions import Tx
+
+_PLACED_ON = Statement(
+    "SELECT a.job_uid, a.job_name, a.run_number, a.epoch, a.report, o.spec, o.phase, o.status FROM admissions AS a"
+    " JOIN objects AS o ON o.kind = 'Job' AND o.uid = a.job_uid WHERE a.node = :node ORDER BY a.job_name"
+)
+_REPORT = Statement(
+    "UPDATE admissions SET report = :report, reported_rv = :rv"
+    " WHERE job_uid = :uid AND node = :node AND run_number = :run AND epoch = :epoch"
+)
+_PLACEMENT_KEYS = Statement(
+    "SELECT a.node, a.job_uid, a.run_number, a.epoch,"
+    " CASE WHEN o.phase = 'Stopping' THEN o.resource_version ELSE 0 END AS stopping"
+    " FROM admissions AS a JOIN objects AS o ON o.kind = 'Job' AND o.uid = a.job_uid"
+    " WHERE a.node IS NOT NULL ORDER BY a.node, a.job_uid"
+)
+_REPORTED_SINCE = Statement("SELECT job_name, reported_rv FROM admissions WHERE reported_rv > :rv")
+
+
+@dataclass(frozen=True)
+class Placed:
+    """An admission on a node, with its job's stored spec and status (JSON text) and phase:
+    what the node's agent is to run, or stop."""
+
+    uid: str
+    name: str
+    run_number: int
+    epoch: int | None
+    report: dict[str, Any] | None
+    spec: str
+    phase: str | None
+    status: str | None
+
+
+def placed_on(session: Connection, node: str) -> list[Placed]:
+    return [
+        Placed(
+            r.job_uid,
+            r.job_name,
+            r.run_number,
+            r.epoch,
+            json.loads(r.report) if r.report else None,
+            r.spec,
+            r.phase,
+            r.status,
+        )
+        for r in _PLACED_ON.execute(session, {"node": node}).all()
+    ]
+
+
+def placement_keys(session: Connection) -> dict[str, list[tuple[Any, ...]]]:
+    """Per node, what changes when anything its agent acts on may have changed (an admission,
+    its epoch, its job Stopping or written while Stopping), without the specs and without
+    the reports (the agent made those itself): the one cheap look the long polls of every
+    node share after a write."""
+    keys: dict[str, list[tuple[Any, ...]]] = {}
+    for row in _PLACEMENT_KEYS.execute(session).all():
+        keys.setdefault(row.node, []).append((row.job_uid, row.run_number, row.epoch, row.stopping))
+    return keys
+
+
+def record_report(tx: Tx, *, uid: str, node: str, run: int, epoch: int, report: dict[str, Any]) -> bool:
+    """Keep an agent's report on the admission it names; False when that admission is no
+    longer current (released, another run, another epoch): the report is stale."""
+    params = {"uid": uid, "node": node, "run": run, "epoch": epoch, "report": json.dumps(report, sort_keys=True)}
+    return _REPORT.execute(tx.session, {**params, "rv": tx.rv()}).rowcount == 1
+
+
+@dataclass(frozen=True)
+class Report:
+    """An agent's report of one run, named by its admission (uid, node, run, epoch)."""
+
+    uid: str
+    run: int
+    epoch: int
+    facts: dict[str, Any]
+
+
+def record_reports(tx: Tx, node: str, reports: list[Report]) -> list[bool]:
+    """`record_report` of each, in this one transaction (on PostgreSQL one round trip for
+    all): per report, whether it was kept (False: stale, as `record_report` says)."""
+    rv = tx.rv()
+    rows = [
+        {
+            "uid": r.uid,
+            "node": node,
+            "run": r.run,
+            "epoch": r.epoch,
+            "rv": rv,
+            "report": json.dumps(r.facts, sort_keys=True),
+        }
+        for r in reports
+    ]
+    return [count == 1 for count in _REPORT.execute_each(tx.session, rows)]
+
+
+def reported_since(session: Connection, rv: int) -> list[tuple[str, int]]:
+    """(job name, resourceVersion) of the reports written after `rv`: the jobs to look at."""
+    return [(r.job_name, r.reported_rv) for r in _REPORTED_SINCE.execute(session, {"rv": rv}).all()]

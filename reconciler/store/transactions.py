@@ -1,0 +1,127 @@
+"""A write transaction (`Tx`: its resourceVersion, allocated once, and the swaps it checks at
+commit), a thread's batch of them (`Batch`, the controller's group commit, which `Store.batch`
+drives) and the fence a leader's writes carry (`Fence`). The `Store` (engine.py) opens,
+commits and rolls them back."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any
+
+from .dbapi import Connection, Result, Statement, StoreError
+
+if TYPE_CHECKING:
+    from .engine import Store
+
+COUNT_UP = Statement("UPDATE meta SET value = value + 1 WHERE key = :key RETURNING value")  # a store-wide counter
+# the next resourceVersion, when the transaction read the change sequence under its lock
+_SET_SEQ = Statement("UPDATE meta SET value = :value WHERE key = 'seq'")
+
+
+class Fenced(StoreError):
+    """A leader's write found another term: the lease changed hands, this process no
+    longer leads, and the write was rolled back."""
+
+
+class Fence:
+    """The term of the controller lease this process leads in (`serve`, controller/leader.py).
+    The controller's writes (`Store.write(known=True)`) compare it with the lease row inside
+    their transaction, under the lock every write takes, so a write either lands before the
+    lease changed hands or fails with `Fenced`: a former leader (paused, cut off) cannot write.
+    `valid_until` (time.monotonic) is when the lease may have expired unseen: what is not a
+    write (spawning a process) asks `holds()` first."""
+
+    def __init__(self, term: int, valid_until: float):
+        self.term = term
+        self.valid_until = valid_until
+        self.broken = threading.Event()  # set when a write found another term
+
+    def holds(self) -> bool:
+        return not self.broken.is_set() and time.monotonic() < self.valid_until
+
+
+class Tx:
+    """One write transaction; `rv()` allocates its resourceVersion once, on first use.
+    `session` is the writer's connection: run `Statement`s on it."""
+
+    def __init__(self, session: Connection, store: Store, seq: int | None = None):
+        self.session = session
+        self.store = store
+        self._rv: int | None = None
+        self._seq = seq  # the change sequence as the lock read it (PostgreSQL), else None
+        self.discarded = False
+        self._unchecked: list[tuple[Result, str, str]] = []  # (an object's update, its kind, its name)
+        # what is read once per transaction: it holds the store-wide write lock, so what only
+        # other writers change (the notifiers) stays as read until it ends
+        self.memo: dict[str, Any] = {}
+
+    def discard(self) -> None:
+        """Roll back instead of committing (dry runs)."""
+        self.discarded = True
+
+    def check_later(self, result: Result, kind: str, name: str) -> bool:
+        """Whether the caller may leave the row count of `result`, an update of one object
+        that must change its row, to be checked at commit: so on a pipelined connection,
+        where asking now would wait a round trip."""
+        if not self.session.pipelined:
+            return False
+        self._unchecked.append((result, kind, name))
+        return True
+
+    def verify(self) -> None:
+        """Before commit: every write left to `check_later` changed its one row. One that did
+        not means the store-wide write lock did not hold (a bug): nothing is committed."""
+        checks, self._unchecked = self._unchecked, []
+        for result, kind, name in checks:
+            if result.rowcount != 1:
+                raise StoreError(
+                    f"the update of {kind} {name} changed {result.rowcount} rows under the write lock, not 1"
+                )
+
+    def rv(self) -> int:
+        if self._rv is None:
+            if self._seq is None:
+                self._rv = int(COUNT_UP.execute(self.session, {"key": "seq"}).scalar())
+            else:
+                # the lock holds the row since it was read: the next value is known, and on a
+                # pipelined connection its write waits for no answer
+                self._rv = self._seq + 1
+                _SET_SEQ.execute(self.session, {"value": self._rv})
+        return self._rv
+
+    @property
+    def changed(self) -> bool:
+        return self._rv is not None
+
+
+class Batch:
+    """A thread's batch (`Store.batch`): its reads and controller writes share one write
+    transaction, opened by the first of them and committed by `flush` (at the batch's end, or
+    before something outside the store must see them: a spawn). `lost` is set when a
+    transaction of the batch was rolled back or could not be committed: the writes since the
+    previous flush are gone."""
+
+    __slots__ = ("after", "conn", "lost", "opened", "pending", "tx")
+
+    def __init__(self) -> None:
+        self.conn: Connection | None = None  # the writer's connection, while a transaction is open
+        self.tx: Tx | None = None
+        self.opened = 0.0  # time.monotonic() when it was opened
+        self.after: list[Callable[[], None]] = []  # what waits for the commit (wake-ups)
+        self.pending: set[str] = set()  # what the open transaction wrote, as its writers named it (`mark`)
+        self.lost = False
+
+
+@contextmanager
+def transaction(conn: Connection, sqlite_begin: str) -> Iterator[None]:
+    """Commits when the block ends normally, else rolls back."""
+    conn.begin(sqlite_begin)
+    done = False
+    try:
+        yield
+        done = True
+    finally:
+        conn.end(commit=done)
