@@ -2,12 +2,12 @@
 
 `JobReconciler(name)` reads one job, takes the step its phase calls for, and either goes on
 to the next step at once (a step's `Result.again`) or returns when it wants to be called
-again. Steps that concern a live process (Starting, Running, Stopping) are in runs.py; the
-writes that end a job's revision (completion, deletion, a new revision) in endings.py."""
+again. The Queued step (admission and placement) is in queued.py; steps that concern a live
+process (Starting, Running, Stopping) are in runs.py and runends.py; the writes that end a
+job's revision (completion, deletion, a new revision) in endings.py."""
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from collections import defaultdict
 from collections.abc import Callable
@@ -24,18 +24,14 @@ from ..errors import Conflict
 from ..store import Store, StoredObject
 from ..store import repository as repo
 from ..store import scheduling as sched
-from ..store.transactions import Tx
-from . import admission, deadlines, dependencies, specs, waits
-from .context import Ctx, commit
+from . import deadlines, dependencies, specs, waits
+from .context import Ctx
 from .endings import Endings
 from .pathwatch import PathWatch
-from .placement import NodeView, place
+from .queued import SAFETY_POLL, QueuedSteps
 from .runs import RunSteps
 from .runtime import AGAIN, DONE, Result, requeue_after
 
-_NONE: frozenset[int] = frozenset()
-PORT_POLL = 2.0  # a service that found its port taken everywhere looks again this often
-SAFETY_POLL = 120.0  # a queued or waiting job looks again at least this often (jittered), whatever wakes it
 PATH_SAFETY_POLL = 600.0  # the same for a job whose paths the path watcher checks for it
 WAIT_STATUS_REFRESH = 30.0  # unchanged wait results are written back at most this often
 MAX_STEPS = 12
@@ -66,6 +62,7 @@ class JobReconciler:
         self.probes = Probes(wake)
         self.endings = Endings(store, paths=self.paths, probes=self.probes, wake=wake)
         self.runs = RunSteps(store, agent, self.endings, self.probes, owner=owner, rand=self.rand)
+        self.admit = QueuedSteps(store, agent, self.endings, wake=wake, owner=owner, rand=self.rand)
 
     def forget(self) -> None:
         """A batch's writes were lost (its commit failed): drop what was remembered of them."""
@@ -149,7 +146,7 @@ class JobReconciler:
         if ctx.phase == Phase.WAITING:
             return self.waiting(ctx)
         if ctx.phase == Phase.QUEUED:
-            return self.queued(ctx)
+            return self.admit.queued(ctx)
         return self.backoff(ctx)
 
     def after_commit(self, ctx: Ctx) -> None:
@@ -223,7 +220,7 @@ class JobReconciler:
             self.endings.stop_watching(ctx.name)
             status.setdefault("eligibleAt", ctx.now_text)
             ctx.move(Phase.QUEUED, "Eligible", "dependencies and waits are satisfied")
-            return self.queued(ctx)  # eligibility and the admission attempt share one transaction
+            return self.admit.queued(ctx)  # eligibility and the admission attempt share one transaction
         if verdict.pending:
             reason, message = waiting_for(verdict.pending)
         else:
@@ -284,188 +281,7 @@ class JobReconciler:
             return requeue_after(deadlines.soonest(ctx.now, at, ctx.job_deadline()))
         ctx.status.pop("nextRunAt", None)
         ctx.move(Phase.QUEUED, "BackoffElapsed", "backoff elapsed; queued at its old position")
-        return self.queued(ctx)
-
-    # -- Queued: admission and placement, one short transaction ---------------------------
-    def queued(self, ctx: Ctx) -> Result:
-        spec, status = ctx.spec, ctx.status
-        look = None if ctx.changed() else self._look(ctx)
-        if look is not None and not look.might_admit:
-            # no room in a finite scope: the decision can only be "wait", so spare the write
-            # lock; a release of slots wakes the first in line
-            return self._wait_in_line(ctx)
-        with self.store.write(known=True) as tx:
-            current = ctx.current(self.store)  # then so is what the look read, in the same transaction
-            if not current and repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
-                raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
-            seen = look if current else None
-            if seen is not None and seen.entry is not None:
-                me = seen.entry
-            else:
-                me = self.endings.enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
-            ports = self._ports_taken(tx, spec.port)
-            nodes = [_view(n, ports.get(n.name, _NONE)) for n in sched.node_facts(tx.session, ctx.now)]
-            scopes = self._scopes(tx.session, me, nodes, dict(seen.facts) if seen is not None else {})
-            decision = admission.decide(admission.Request(me.uid, me.name, me.slots, me.bypass_count), scopes)
-            placed = None
-            if decision.admit:
-                strategy = spec.placement.chosen_strategy
-                round_robin = strategy == "round-robin"
-                placed = place(
-                    nodes,
-                    slots=spec.slots,
-                    node_name=spec.placement.node_name,
-                    selector=spec.placement.node_selector,
-                    strategy=strategy,
-                    turn=sched.round_robin_next(tx.session) if round_robin else 0,
-                    port=spec.port,
-                    cpu=spec.resources.cpu or 0.0,
-                    memory=spec.resources.memory or 0,
-                )
-                if round_robin and placed.node is not None:
-                    sched.round_robin_turn(tx)  # taken only by a job placed: the rotation survives restarts
-            if placed is not None and placed.node is not None:
-                number = max((r["number"] for r in status.get("runs", [])), default=0) + 1
-                owner = self.owner if placed.node == self.agent.node else None
-                admitted_at = sched.admit(
-                    tx,
-                    uid=ctx.uid,
-                    name=ctx.name,
-                    pool=spec.pool,
-                    slots=spec.slots,
-                    node=placed.node,
-                    run_number=number,
-                    owner=owner,
-                    port=spec.port,
-                    cpu=spec.resources.cpu or 0.0,
-                    memory=spec.resources.memory or 0,
-                )
-                for passed in decision.bypassed:
-                    sched.count_bypass(tx, passed.uid)
-                status["admission"] = {"pool": spec.pool, "slots": spec.slots, "admittedAt": from_epoch(admitted_at)}
-                status["nodeName"] = placed.node
-                status["bypassCount"] = me.bypass_count
-                in_pool = f" in pool {spec.pool}" if spec.pool else ""
-                ctx.move(Phase.STARTING, "Admitted", f"run {number}: {spec.slots} slot(s) granted{in_pool}")
-                ctx.note("Scheduled", placed.message)
-                commit(tx, ctx)
-                # what Starting would read back at once: it is what this transaction wrote
-                self.endings.admitted[ctx.uid] = sched.Admission(placed.node, number, owner)
-                return AGAIN
-            if placed is not None:
-                reason, message = "Unschedulable", placed.message
-            else:
-                reason, message = decision.reason, decision.message
-            said = (status.get("reason"), status.get("message"))
-            # a move within the line alone is not written (see _IN_LINE); with another change it is
-            moved_in_line_only = not ctx.changed() and _both_in_line(said[0], reason)
-            if said != (reason, message) and not moved_in_line_only:
-                status["reason"], status["message"] = reason, message
-                if reason == "Unschedulable":
-                    ctx.note("FailedScheduling", message, warning=True)
-            if ctx.changed() or ctx.ops:
-                commit(tx, ctx)
-        for scope in scopes:  # a head that fits must not wait for a timer
-            if scope.head is not None and scope.head_fits and scope.head.uid != ctx.uid:
-                self.wake(scope.head.name, urgent=True)
-        if spec.port is not None and placed is not None:
-            # a port is freed by processes nothing here hears of: looked at again soon
-            return requeue_after(deadlines.soonest(ctx.now, ctx.now + PORT_POLL, ctx.job_deadline()))
-        return self._wait_in_line(ctx)
-
-    def _ports_taken(self, tx: Tx, port: int | None) -> dict[str, frozenset[int]]:
-        """For a service with a port: the ports services hold on each node and, on this
-        controller's own node, whether another process listens on it (a bind test)."""
-        if port is None:
-            return {}
-        taken = {node: frozenset(held) for node, held in sched.ports_taken(tx.session).items()}
-        mine = taken.get(self.agent.node, _NONE)
-        if port not in mine and not self.agent.port_free(port):
-            taken[self.agent.node] = mine | {port}
-        return taken
-
-    def _wait_in_line(self, ctx: Ctx) -> Result:
-        """Until a release of slots wakes the job, or the jittered safety poll, or its deadline;
-        the jitter keeps a deep queue from being re-checked in one burst."""
-        safety = SAFETY_POLL * (0.5 + self.rand.random())
-        return requeue_after(deadlines.soonest(ctx.now, ctx.now + safety, ctx.job_deadline()))
-
-    def _look(self, ctx: Ctx) -> _Look:
-        """A cheap read: might_admit is False when a finite scope has no room for this job,
-        its queue row is in place and its status already says so; an admission attempt could
-        then only repeat "wait", so the write lock is spared."""
-        pools = ["global"] + ([ctx.spec.pool] if ctx.spec.pool else [])
-        with self.store.read() as session:
-            entry, facts = sched.queued_with_pools(session, ctx.uid, pools)
-        if entry is None:
-            return _Look(True, None, {})  # restore the row (after a restart) through the full step
-        scopes = [admission.Scope(p, f.capacity, f.used, f.max_bypass, None) for p, f in facts.items()]
-        verdict = admission.decide(admission.Request(ctx.uid, ctx.name, ctx.spec.slots), scopes)
-        said = (ctx.status.get("reason"), ctx.status.get("message"))
-        if verdict.admit:
-            return _Look(True, entry, facts)
-        might = said != (verdict.reason, verdict.message) and not _both_in_line(said[0], verdict.reason)
-        return _Look(might, entry, facts)
-
-    def _scopes(
-        self, session: Any, me: sched.QueueEntry, nodes: list[NodeView], facts_cache: dict[str, sched.PoolFacts]
-    ) -> list[admission.Scope]:
-        """The finite scopes the job queues in, each with its head of line; `facts_cache`
-        holds the pools' facts already read in this transaction."""
-        scopes = []
-
-        def facts(pool: str) -> sched.PoolFacts:
-            if pool not in facts_cache:
-                facts_cache[pool] = sched.pool_facts(session, pool)
-            return facts_cache[pool]
-
-        def fits_now(entry: sched.QueueEntry) -> bool:
-            own = [facts("global")] + ([facts(entry.pool)] if entry.pool else [])
-            room = all(f.capacity is None or entry.slots <= f.capacity - f.used for f in own)
-            placed = place(nodes, **_needs(entry))
-            return room and placed.node is not None
-
-        # A queued job that no node could take even empty (pinned to a missing, cordoned or
-        # NotReady node, a selector nobody matches, more slots than any node has) is
-        # Unschedulable, not short of slots: it does not hold its scope's line, or once passed
-        # maxBypass times it would stop every younger job until a node for it turns up.
-        empty = [dataclasses.replace(n, allocated=0, cpu_allocated=0.0, memory_allocated=0) for n in nodes]
-
-        def could_place(entry: sched.QueueEntry) -> bool:
-            placed = place(empty, **_needs(entry))
-            return placed.node is not None
-
-        for scope_name in ["global"] + ([me.pool] if me.pool else []):
-            f = facts(scope_name)
-            if f.capacity is None:
-                continue
-            line = sched.in_line(session, me.pool, scope_is_pool=scope_name != "global")
-            head = next((e for e in line if e.uid == me.uid or could_place(e)), None)
-            head_fits = head is not None and head.uid != me.uid and fits_now(head)
-            scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head), head_fits))
-        return scopes
-
-
-@dataclasses.dataclass(frozen=True)
-class _Look:
-    """What the read before an admission attempt found: whether it might admit, and the
-    job's queue row and its scopes' pool facts, which the attempt reuses when it runs in the
-    same transaction."""
-
-    might_admit: bool
-    entry: sched.QueueEntry | None
-    facts: dict[str, sched.PoolFacts]
-
-
-# Queued behind an older job that fits first, or short of slots: the one flips to the other
-# each time a slot frees and the head of the line takes it. A job already queued for one is
-# not rewritten for the other (a status write each, for nothing a user acts on); what holds
-# it now is in the live view of the line that `get` and `describe` show (status.queue).
-_IN_LINE = frozenset({"WaitingForTurn", "InsufficientSlots"})
-
-
-def _both_in_line(said: str | None, now: str) -> bool:
-    return said in _IN_LINE and now in _IN_LINE and said != now
+        return self.admit.queued(ctx)
 
 
 def _read_dep_states(session: Any, names: list[str]) -> DepStates:
@@ -473,34 +289,3 @@ def _read_dep_states(session: Any, names: list[str]) -> DepStates:
     exist), in one snapshot."""
     found = repo.statuses(session, kind="Job", names=names) if names else {}
     return {name: revisions.seen_by_dependents(o) if (o := found.get(name)) else None for name in names}
-
-
-def _view(n: sched.NodeFacts, ports: frozenset[int]) -> NodeView:
-    return NodeView(
-        n.name,
-        n.ready,
-        n.unschedulable,
-        n.capacity,
-        n.allocated,
-        n.labels,
-        ports,
-        n.cpu,
-        n.memory,
-        n.cpu_allocated,
-        n.memory_allocated,
-    )
-
-
-def _needs(entry: sched.QueueEntry) -> dict[str, Any]:
-    """What a queued job asks of a node, as `place` takes it."""
-    return {
-        "slots": entry.slots,
-        "node_name": entry.node_name,
-        "selector": entry.node_selector,
-        "cpu": entry.cpu,
-        "memory": entry.memory,
-    }
-
-
-def _request(entry: sched.QueueEntry | None) -> admission.Request | None:
-    return None if entry is None else admission.Request(entry.uid, entry.name, entry.slots, entry.bypass_count)

@@ -1,4 +1,4 @@
-"""A queued job's status is not rewritten while it only waits its turn (controller/job.py,
+"""A queued job's status is not rewritten while it only waits its turn (controller/queued.py,
 _both_in_line): behind an older job that fits first, or short of slots, are one condition to
 its user, and each freed slot used to flip the one to the other and back, two status writes
 of every job queued behind a busy pool. A wired controller, never started, is driven by hand."""
