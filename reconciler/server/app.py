@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-import math
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -14,10 +13,8 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import Body, FastAPI, Query, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException
+from fastapi import Body, FastAPI, Query
+from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from .. import apply as applying
 from .. import commands, reads
@@ -25,11 +22,11 @@ from .. import converge as converging
 from .. import graph as graphs
 from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
-from ..errors import InvalidInput, NotFound, ReconcilerError
+from ..errors import InvalidInput, NotFound
 from ..manifests import Loaded, documents, invalid
 from ..selectors import Requirement
 from ..selectors import parse as parse_selector
-from ..store import Store, StoreError
+from ..store import Store
 from ..wire import (
     LIST_KINDS,
     PREFIX,
@@ -39,7 +36,6 @@ from ..wire import (
     RunRequest,
     change_doc,
     deleted_doc,
-    error_status,
     event_doc,
     graph_doc,
     object_list,
@@ -48,8 +44,9 @@ from ..wire import (
 from . import agents, dashboard, seed
 from .agents import Wake
 from .auth import Tokens
+from .errors import answer_errors
 from .guard import MAX_BODY, Guard
-from .watch import Broadcaster, Expired, stream
+from .watch import Broadcaster, watch_lines
 
 ACTIONS = ("cancel", "suspend", "resume", "rerun")
 ObjectBody = Annotated[
@@ -88,7 +85,7 @@ def create_app(
         redoc_url=None,
         lifespan=lifespan,
     )
-    _errors(app)
+    answer_errors(app)
     agents.routes(app, store, wake)
     _routes(app, store, broadcaster, tokens)
     if leader is not None:
@@ -108,39 +105,6 @@ def create_app(
 def _json(document: Any, code: int = 200) -> Response:
     """JSON written by the standard encoder: thousands of objects without walking them twice."""
     return Response(json.dumps(document, separators=(",", ":")), status_code=code, media_type="application/json")
-
-
-def _errors(app: FastAPI) -> None:
-    @app.exception_handler(ReconcilerError)
-    async def verb_error(_: Request, exc: ReconcilerError) -> Response:
-        document = error_status(exc)
-        return JSONResponse(document, status_code=document["code"])
-
-    @app.exception_handler(StoreError)
-    async def store_error(_: Request, exc: StoreError) -> Response:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return JSONResponse(status(503, f"the store cannot be used: {first}"), status_code=503)
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(_: Request, exc: RequestValidationError) -> Response:
-        errors = exc.errors()
-        if any(e.get("type") == "json_invalid" for e in errors):
-            return JSONResponse(status(400, "the request body is not valid JSON"), status_code=400)
-        causes = [
-            {
-                "reason": "FieldValueInvalid",
-                "field": ".".join(str(p) for p in e.get("loc", ()) if p != "body"),
-                "message": str(e.get("msg", "")),
-            }
-            for e in errors
-        ]
-        message = "; ".join(f"{c['field']}: {c['message']}" for c in causes)
-        return JSONResponse(status(422, message, causes=causes), status_code=422)
-
-    @app.exception_handler(HTTPException)
-    async def http_error(_: Request, exc: HTTPException) -> Response:
-        message = "the server could not find the requested resource" if exc.status_code == 404 else str(exc.detail)
-        return JSONResponse(status(exc.status_code, message), status_code=exc.status_code, headers=exc.headers)
 
 
 def _kind(plural: str) -> KindInfo:
@@ -355,7 +319,7 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
             return _json(object_list(info.kind, seq, listing.objects))
         since = _version(resource_version)
         return StreamingResponse(
-            _watch(broadcaster, store, info, selector, since, timeout_seconds, allow_watch_bookmarks),
+            watch_lines(broadcaster, store, info, selector, since, timeout_seconds, allow_watch_bookmarks),
             media_type="application/json",
         )
 
@@ -457,50 +421,6 @@ def _version(text: str | None) -> int | None:
     if not text.isdecimal():
         raise InvalidInput(f"resourceVersion {text!r}: use the one a list answered")
     return int(text)
-
-
-async def _watch(
-    broadcaster: Broadcaster,
-    store: Store,
-    info: KindInfo,
-    selector: list[Requirement] | None,
-    since: int | None,
-    timeout: float | None,
-    bookmarks: bool,
-) -> AsyncIterator[str]:
-    """The JSON lines of one watch; 410 as an ERROR event when the client is too far behind;
-    with `bookmarks`, a BOOKMARK after each batch of changes (its resourceVersion: watch again
-    from there and nothing is missed)."""
-    skip: dict[str, int] = {}
-    try:
-        sub = broadcaster.subscribe(since)
-    except Expired as exc:
-        yield _line("ERROR", status(410, str(exc)))
-        return
-    if since is None:  # Kubernetes' "most recent": what exists now, as ADDED, then the changes
-        listing = await anyio.to_thread.run_sync(reads.objects, store, info.plural, [], selector)
-        for o in listing.objects:
-            skip[o.name] = o.resource_version
-            yield _line("ADDED", o.manifest())
-    with anyio.move_on_after(timeout if timeout is not None else math.inf):
-        async for event in stream(broadcaster, sub, info.kind, selector, skip):
-            if event is None:
-                yield _line("ERROR", status(410, "this watch fell too far behind; list and watch again"))
-                return
-            if isinstance(event, int):
-                if bookmarks:
-                    bookmark = {
-                        "kind": info.kind,
-                        "apiVersion": API_VERSION,
-                        "metadata": {"resourceVersion": str(event)},
-                    }
-                    yield _line("BOOKMARK", bookmark)
-                continue
-            yield _line(event.type, event.document)
-
-
-def _line(kind: str, document: dict[str, Any]) -> str:
-    return json.dumps({"type": kind, "object": document}, separators=(",", ":")) + "\n"
 
 
 async def _in_threads(pieces: Iterator[str], stop: threading.Event | None = None) -> AsyncIterator[str]:

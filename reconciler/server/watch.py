@@ -4,25 +4,31 @@ changes out, so a hundred watchers cost what one does (no poll per client).
 Each change becomes an event (ADDED when the object was created since the last look,
 MODIFIED, DELETED) kept in a bounded history, so a client watching from the resourceVersion
 of a list it just took gets what changed since, exactly; one whose resourceVersion is older
-than the history gets 410 Gone and lists again, as Kubernetes answers a compacted version."""
+than the history gets 410 Gone and lists again, as Kubernetes answers a compacted version.
+`watch_lines` is one client's stream, as the route sends it."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import logging
+import math
 import threading
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..api.kinds import KINDS
+import anyio
+
+from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
 from ..reads import ChangeReader, objects, poll_interval
 from ..selectors import Requirement, matches
 from ..store import Store, StoredObject
 from ..threads import critical
+from ..wire import status
 
 log = logging.getLogger("reconciler.server")
 
@@ -252,3 +258,47 @@ async def stream(
 
 def _as(event: Event, kind: str) -> Event:
     return Event(event.resource_version, kind, event.kind, event.name, event.content, event.labels, event.old_labels)
+
+
+async def watch_lines(
+    broadcaster: Broadcaster,
+    store: Store,
+    info: KindInfo,
+    selector: list[Requirement] | None,
+    since: int | None,
+    timeout: float | None,
+    bookmarks: bool,
+) -> AsyncIterator[str]:
+    """The JSON lines of one watch; 410 as an ERROR event when the client is too far behind;
+    with `bookmarks`, a BOOKMARK after each batch of changes (its resourceVersion: watch again
+    from there and nothing is missed)."""
+    skip: dict[str, int] = {}
+    try:
+        sub = broadcaster.subscribe(since)
+    except Expired as exc:
+        yield _line("ERROR", status(410, str(exc)))
+        return
+    if since is None:  # Kubernetes' "most recent": what exists now, as ADDED, then the changes
+        listing = await anyio.to_thread.run_sync(objects, store, info.plural, [], selector)
+        for o in listing.objects:
+            skip[o.name] = o.resource_version
+            yield _line("ADDED", o.manifest())
+    with anyio.move_on_after(timeout if timeout is not None else math.inf):
+        async for event in stream(broadcaster, sub, info.kind, selector, skip):
+            if event is None:
+                yield _line("ERROR", status(410, "this watch fell too far behind; list and watch again"))
+                return
+            if isinstance(event, int):
+                if bookmarks:
+                    bookmark = {
+                        "kind": info.kind,
+                        "apiVersion": API_VERSION,
+                        "metadata": {"resourceVersion": str(event)},
+                    }
+                    yield _line("BOOKMARK", bookmark)
+                continue
+            yield _line(event.type, event.document)
+
+
+def _line(kind: str, document: dict[str, Any]) -> str:
+    return json.dumps({"type": kind, "object": document}, separators=(",", ":")) + "\n"
