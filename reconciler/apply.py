@@ -21,7 +21,7 @@ from .errors import Conflict
 from .jsontext import canonical
 from .manifests import Loaded, Manifest, invalid, paused_gc
 from .selectors import Requirement, matches
-from .store import Store, StoredObject, ingested, outbox
+from .store import Store, StoredObject, ingested, outbox, specview
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.dbapi import Connection
@@ -99,7 +99,7 @@ def _apply(
         stored = {(i.kind, o.name): o for i in KINDS.values() for o in repo.list_objects(session, kind=i.kind)}
     else:
         stored = {(o.kind, o.name): o for o in _named_objects(session, manifests)}
-    problems = loaded.problems + validate_apply(manifests, repo.SpecView(session, stored.values()), loaded.refused)
+    problems = loaded.problems + validate_apply(manifests, specview.SpecView(session, stored.values()), loaded.refused)
     if problems:
         raise invalid(problems)
 
@@ -209,7 +209,7 @@ def delete_object(tx: Tx, obj: StoredObject) -> str:
     controller stops the process tree first (like a Kubernetes finalizer). Returns what happened."""
     if obj.kind == "Pool":
         # no job names the global pool: it limits every job, and can go whenever
-        users = [] if obj.name == GLOBAL_POOL else [name for name, _ in repo.jobs_in_pool(tx.session, obj.name)]
+        users = [] if obj.name == GLOBAL_POOL else [name for name, _ in specview.jobs_in_pool(tx.session, obj.name)]
         if users:
             raise Conflict(f'pool "{obj.name}" is used by job(s) {", ".join(users[:5])}; delete or move them first')
     phase = (obj.status or {}).get("phase")

@@ -19,7 +19,7 @@ from .api.validation import Built, validate_apply
 from .errors import Conflict, InvalidInput, NotFound
 from .manifests import field_problems
 from .selectors import Requirement, matches
-from .store import Store, StoredObject
+from .store import Store, StoredObject, specview
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.transactions import Tx
@@ -97,7 +97,7 @@ def run_job(store: Store, one_off: OneOff) -> str:
             job.metadata.name = f"job-{max(numbers, default=0) + 1}"
         elif repo.version(tx.session, kind="Job", name=job.metadata.name) is not None:
             raise Conflict(f'jobs "{job.metadata.name}" already exists')
-        problems = validate_apply([Built(KINDS["Job"], job)], repo.SpecView(tx.session))
+        problems = validate_apply([Built(KINDS["Job"], job)], specview.SpecView(tx.session))
         if problems:
             raise InvalidInput(problems[0], problems)
         obj = repo.create(

@@ -55,7 +55,7 @@ def _capacity(pool_spec: dict[str, Any] | None) -> int | None:
 
 class Stored(Protocol):
     """What the checks read of the store, asked for by name so that an apply reads only what
-    it touches (a store's repository.SpecView is one)."""
+    it touches (a store's specview.SpecView is one)."""
 
     def job(self, name: str) -> dict[str, Any] | None: ...
     def pool(self, name: str) -> dict[str, Any] | None: ...

@@ -18,7 +18,7 @@ from ..api.kinds import KINDS
 from ..api.meta import dump, from_epoch
 from ..api.status import new_job_status
 from ..api.validation import Built, validate_apply
-from ..store import Store, StoredObject, ingested
+from ..store import Store, StoredObject, ingested, specview
 from ..store import repository as repo
 from ..store.transactions import Tx
 from . import specs
@@ -74,7 +74,7 @@ class _Batch:
         self.created_by = f"source/{source}"
         self.accepted_at = from_epoch(now)
         self.known = ingested.jobs_of(tx.session, source, (m.id for m, _ in batch))
-        self.view = repo.SpecView(tx.session)
+        self.view = specview.SpecView(tx.session)
         self.next_number = next_number
         # every name this batch may take or ask for, checked in one statement
         unnamed = sum(1 for _, d in batch if d.job is not None and not d.named)

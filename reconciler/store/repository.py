@@ -13,7 +13,6 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..api.meta import API_VERSION, format_time
-from ..api.pool import GLOBAL_POOL
 from ..errors import Conflict
 from ..jsontext import canonical
 from .dbapi import Connection, Row, Statement
@@ -180,54 +179,6 @@ def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[st
         )
         for row in rows
     }
-
-
-_SPEC = Statement("SELECT spec FROM objects WHERE kind = :kind AND name = :name")
-# A job's canonical spec spells its pool `"pool":"NAME"` (names are DNS labels: no LIKE wildcards)
-_JOBS_IN_POOL = Statement("SELECT name, spec FROM objects WHERE kind = 'Job' AND spec LIKE :pattern ORDER BY name")
-_JOB_SPECS = Statement("SELECT name, spec FROM objects WHERE kind = 'Job' ORDER BY name")
-
-
-def jobs_in_pool(session: Connection, pool: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(name, spec) of the jobs that name `pool` (every job, for the global pool)."""
-    if pool == GLOBAL_POOL:
-        rows = _JOB_SPECS.execute(session).all()
-    else:
-        rows = _JOBS_IN_POOL.execute(session, {"pattern": f'%"pool":"{pool}"%'}).all()
-    for row in rows:
-        spec = json.loads(row.spec)
-        if pool == GLOBAL_POOL or spec.get("pool") == pool:  # the text matched; the spec decides
-            yield row.name, spec
-
-
-class SpecView:
-    """Stored specs by name, each read when first asked for and then kept: what the checks
-    of an apply read (api.validation.Stored), so that an apply reads what it touches, not
-    the whole store."""
-
-    def __init__(self, session: Connection, known: Iterable[StoredObject] = ()):
-        self._session = session
-        self._specs: dict[tuple[str, str], dict[str, Any] | None] = {(o.kind, o.name): o.spec for o in known}
-
-    def _spec(self, kind: str, name: str) -> dict[str, Any] | None:
-        key = (kind, name)
-        if key not in self._specs:
-            row = _SPEC.execute(self._session, {"kind": kind, "name": name}).first()
-            self._specs[key] = json.loads(row.spec) if row else None
-        return self._specs[key]
-
-    def job(self, name: str) -> dict[str, Any] | None:
-        return self._spec("Job", name)
-
-    def remember(self, kind: str, name: str, spec: dict[str, Any]) -> None:
-        """An object this transaction stores later: what is checked after it sees it."""
-        self._specs[(kind, name)] = spec
-
-    def pool(self, name: str) -> dict[str, Any] | None:
-        return self._spec("Pool", name)
-
-    def jobs_in_pool(self, pool: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        return jobs_in_pool(self._session, pool)
 
 
 _NAMES_STARTING = Statement("SELECT name FROM objects WHERE kind = :kind AND name LIKE :pattern")
