@@ -17,7 +17,7 @@ from .api.oneoff import OneOff as OneOff  # where the verbs and the wire have al
 from .api.status import Outcome, Phase, new_job_status
 from .api.validation import Built, validate_apply
 from .errors import Conflict, InvalidInput, NotFound
-from .manifests import field_problems
+from .problems import field_problems
 from .selectors import Requirement, matches
 from .store import Store, StoredObject, specview
 from .store import repository as repo

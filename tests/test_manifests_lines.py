@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from reconciler.api.kinds import KINDS
-from reconciler.manifests import Loader, Manifest, load, locate, parse_text
+from reconciler.manifests import Loader, Manifest, load, parse_text
+from reconciler.problems import locate
 from tests.data.inprocess import cli
 
 JOB = """apiVersion: reconciler.dev/v1alpha1

@@ -18,7 +18,8 @@ from ..api.job import Job
 from ..api.meta import API_VERSION
 from ..api.oneoff import JobRequest
 from ..api.source import job_defaults
-from ..manifests import field_problems, resolve_working_dir
+from ..manifests import resolve_working_dir
+from ..problems import field_problems
 from ..yamldoc import MAX_NODES, ManifestLoader, construct, expanded_size, surely_small
 
 MAX_BODY = 1024 * 1024  # bytes: a job is a few hundred; a larger body is refused unread
