@@ -88,6 +88,7 @@ class Broadcaster:
         self._history: deque[Event] = deque()
         self._history_size = history
         self._floor = 0  # every event after this resourceVersion is in the history
+        self._seq = 0  # every event up to this resourceVersion is in the history (or older than it)
         self._known: dict[tuple[str, str], _Known] = {}
         self._subscriptions: list[Subscription] = []
         self._lock = threading.Lock()
@@ -102,7 +103,7 @@ class Broadcaster:
             for o in objects(self.store, info.kind, [], None).objects:
                 self._known[(o.kind, o.name)] = _Known(o.uid, o.labels, o.resource_version)
         self._reader = reader
-        self._floor = reader.seq
+        self._floor = self._seq = reader.seq
         self._thread.start()
         return self
 
@@ -116,19 +117,23 @@ class Broadcaster:
 
     @property
     def seq(self) -> int:
-        return self._reader.seq if self._reader is not None else 0
+        """Up to where the history holds every change: moved on only with the events it read
+        (the reader's own sequence runs ahead while a look is building them, and a stream
+        subscribed then would be told "up to here" before it has them)."""
+        with self._lock:
+            return self._seq
 
     def subscribe(self, since: int | None) -> Subscription:
         """Events after `since` (None: from now), the history's first; Expired when `since`
         is older than the history."""
         with self._lock:
-            start = self.seq if since is None else since
+            start = self._seq if since is None else since
             if start < self._floor:
                 raise Expired(
                     f"too old resource version: {start} (the oldest this server can watch from is {self._floor})"
                 )
             sub = Subscription(start, asyncio.get_running_loop())
-            sub.backlog = Batch([e for e in self._history if e.resource_version > start], max(start, self.seq))
+            sub.backlog = Batch([e for e in self._history if e.resource_version > start], max(start, self._seq))
             self._subscriptions.append(sub)
             return sub
 
@@ -155,11 +160,14 @@ class Broadcaster:
         events = [e for o in changes.written for e in self._written(o)]
         events += [e for kind, name, rv in changes.deleted if (e := self._deleted(kind, name, rv)) is not None]
         if not events:
+            with self._lock:
+                self._seq = max(self._seq, changes.seq)
             return
         events.sort(key=lambda e: e.resource_version)
         batch = Batch(events, changes.seq)
         with self._lock:
             self._history.extend(events)
+            self._seq = max(self._seq, changes.seq)
             while len(self._history) > self._history_size:
                 self._floor = max(self._floor, self._history.popleft().resource_version)
             for sub in self._subscriptions:

@@ -4,6 +4,7 @@ resourceVersion older than the kept history answered as expired (410), not silen
 from __future__ import annotations
 
 import asyncio
+import threading
 from pathlib import Path
 
 import pytest
@@ -57,5 +58,42 @@ def test_a_resource_version_older_than_the_history_is_expired(sqlite_url):
         recent = asyncio.run(subscribe(latest - 1))
         assert [(e.name, e.type) for e in recent.backlog.events] == [("d", "ADDED")]
     finally:
+        broadcaster.stop()
+        store.dispose()
+
+
+def test_a_stream_subscribed_while_a_look_is_under_way_is_not_told_of_changes_it_lacks(sqlite_url):
+    # the look is held after it has read the feed and before its events reach the history:
+    # the window in which the reader's own sequence is ahead of what a stream can be given
+    store = Store(sqlite_url)
+    broadcaster = Broadcaster(store, history=100, interval=0.01).start()
+    reached, go_on = threading.Event(), threading.Event()
+    written = broadcaster._written
+
+    def held(obj):
+        reached.set()
+        go_on.wait(10)
+        return written(obj)
+
+    broadcaster._written = held
+    try:
+        start = broadcaster.seq
+        apply_manifests(store, documents([job_manifest("a")], Path.cwd()))
+        assert reached.wait(10), "the broadcaster did not look"
+
+        async def subscribe():
+            return broadcaster.subscribe(start)
+
+        early = asyncio.run(subscribe())
+        # a bookmark is "every change up to here is given": nothing was given yet
+        assert early.backlog.events == []
+        assert early.backlog.seq == start
+        go_on.set()
+        wait_until(lambda: broadcaster.seq > start, message="the look ended")
+        late = asyncio.run(subscribe())
+        assert [(e.name, e.type) for e in late.backlog.events] == [("a", "ADDED")]
+        assert late.backlog.seq == broadcaster.seq
+    finally:
+        go_on.set()
         broadcaster.stop()
         store.dispose()
