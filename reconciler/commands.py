@@ -198,7 +198,7 @@ DRAIN_EVENT_RUNS = 10  # runs named in the node's event; each job's own event na
 
 @dataclass(frozen=True)
 class Drained:
-    """What `drain` did in its one transaction; the waiting is `converge.wait_drained`."""
+    """What `drain` did in its one transaction; the waiting is `drain.wait_drained`."""
 
     node: str
     cordoned: str  # cordoned | unchanged

@@ -45,7 +45,7 @@ def drain(
 ) -> None:
     """Cordon nodes, then wait until no run holds slots on them (exit 1 naming the runs
     still there when the timeout passes). --force stops those runs and records them Lost."""
-    from ..converge import HeldRun
+    from ..drain import HeldRun
 
     names = [_node_name(r) for r in refs]
     limit = duration_of(timeout, "--timeout") or None

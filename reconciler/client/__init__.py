@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from ..apply import Change, Deleted
     from ..commands import Drained, OneOff
-    from ..converge import Converged, HeldRun, Until, WaitResult
+    from ..converge import Converged, Until, WaitResult
+    from ..drain import HeldRun
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
     from ..reads import Listing

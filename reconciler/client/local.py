@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ..apply import Change, Deleted
     from ..commands import Drained, OneOff
-    from ..converge import Converged, HeldRun, Until, WaitResult
+    from ..converge import Converged, Until, WaitResult
+    from ..drain import HeldRun
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
     from ..reads import Listing, RunLogs
@@ -93,7 +94,7 @@ class LocalClient:
     def wait_drained(
         self, names: list[str], timeout: float | None, on_change: Callable[[list[HeldRun]], None]
     ) -> list[HeldRun]:
-        from ..converge import wait_drained
+        from ..drain import wait_drained
 
         return wait_drained(self.store, names, timeout, on_change)
 

@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from ..api.status import JobStatusDict
     from ..apply import Change, Deleted
     from ..commands import Drained, OneOff
-    from ..converge import Converged, HeldRun, Until, WaitResult, Watched
+    from ..converge import Converged, Until, WaitResult, Watched
+    from ..drain import HeldRun
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
     from ..reads import Listing
@@ -208,9 +209,9 @@ class RemoteClient:
     def wait_drained(
         self, names: list[str], timeout: float | None, on_change: Callable[[list[HeldRun]], None]
     ) -> list[HeldRun]:
-        """As converge.wait_drained, by asking the server what still holds slots there on a
+        """As drain.wait_drained, by asking the server what still holds slots there on a
         timer (a drain is an operator's wait of seconds to minutes: a look every 0.5 s)."""
-        from ..converge import HeldRun
+        from ..drain import HeldRun
 
         def look() -> list[HeldRun]:
             items = [self.http.call("GET", f"{PREFIX}/nodes/{n}/held")["items"] for n in names]

@@ -18,7 +18,7 @@ from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from .. import apply as applying
 from .. import commands, reads
-from .. import converge as converging
+from .. import drain as draining
 from .. import graph as graphs
 from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
@@ -278,7 +278,7 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
     @app.get(PREFIX + "/nodes/{name}/held", tags=["verbs"])
     def held(name: str) -> Response:
         """The runs holding slots on the node, as `drain` waits for them to leave."""
-        items = [dataclasses.asdict(h) for h in converging.runs_on(store, [name])]
+        items = [dataclasses.asdict(h) for h in draining.runs_on(store, [name])]
         return _json({"items": items})
 
     @app.get(PREFIX + "/jobs/{name}/log", tags=["resources"], response_class=PlainTextResponse)

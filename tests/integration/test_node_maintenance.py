@@ -18,7 +18,7 @@ from reconciler.apply import apply_manifests
 from reconciler.commands import cancel, drain, set_unschedulable
 from reconciler.controller.manager import Controller
 from reconciler.controller.nodes import heartbeat, local_node_name
-from reconciler.converge import runs_on
+from reconciler.drain import runs_on
 from reconciler.manifests import parse_text
 from reconciler.reads import job_statuses
 from reconciler.store import Store
