@@ -61,6 +61,7 @@ class JobReconciler:
         self.paths = PathWatch(wake, clock)
         self.probes = Probes(wake)
         self.endings = Endings(store, paths=self.paths, probes=self.probes, wake=wake)
+        self._waiting_on: dict[str, list[str]] = {}  # job -> its dependencies, while last seen waiting for them
         self.runs = RunSteps(store, agent, self.endings, self.probes, owner=owner, rand=self.rand)
         self.admit = QueuedSteps(store, agent, self.endings, wake=wake, owner=owner, rand=self.rand)
 
@@ -81,13 +82,25 @@ class JobReconciler:
             deps: DepStates | None = None
             if obj is None:
                 with self.store.read() as session:
-                    obj = repo.get(session, kind="Job", name=name)
+                    # a job last seen waiting for dependencies is most likely woken by one of
+                    # them: their states are asked for with the job (one round trip on
+                    # PostgreSQL), and used if its dependencies are still those
+                    guess = self._waiting_on.get(name)
+                    if guess is None:
+                        obj, found = repo.get(session, kind="Job", name=name), None
+                    else:
+                        obj, found = repo.get_with_statuses(session, kind="Job", name=name, names=guess)
                     spec = self.spec_of(obj) if obj is not None else None
                     if obj is not None and spec is not None and phase_of(obj.status) == Phase.WAITING:
                         # what the Waiting step reads next, in the same snapshot
-                        deps = _read_dep_states(session, [d.job for d in spec.depends_on])
+                        names = [d.job for d in spec.depends_on]
+                        if found is not None and names == guess:
+                            deps = _dep_states(found, names)
+                        else:
+                            deps = _read_dep_states(session, names)
                 seen_in = self.store.transaction()
                 if obj is None or spec is None:
+                    self._waiting_on.pop(name, None)
                     self.endings.stop_watching(name)
                     self.endings.wake_dependents(name)
                     return DONE
@@ -99,6 +112,10 @@ class JobReconciler:
             except Conflict:
                 obj = None
                 continue  # someone wrote the job meanwhile: observe again
+            if ctx.phase == Phase.WAITING and spec.depends_on:
+                self._waiting_on[name] = [d.job for d in spec.depends_on]
+            else:
+                self._waiting_on.pop(name, None)
             self.after_commit(ctx)
             if not result.again:
                 return result
@@ -287,5 +304,8 @@ class JobReconciler:
 def _read_dep_states(session: Any, names: list[str]) -> DepStates:
     """The states of the named jobs as their dependents see them (None for a job that does not
     exist), in one snapshot."""
-    found = repo.statuses(session, kind="Job", names=names) if names else {}
+    return _dep_states(repo.statuses(session, kind="Job", names=names) if names else {}, names)
+
+
+def _dep_states(found: dict[str, repo.Observed], names: list[str]) -> DepStates:
     return {name: revisions.seen_by_dependents(o) if (o := found.get(name)) else None for name in names}

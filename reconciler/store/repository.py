@@ -118,6 +118,18 @@ def get(session: Connection, *, kind: str, name: str) -> StoredObject | None:
     return _from_mapping(row) if row else None
 
 
+def get_with_statuses(
+    session: Connection, *, kind: str, name: str, names: list[str]
+) -> tuple[StoredObject | None, dict[str, Observed]]:
+    """`get` of one object and `statuses` of others, in one snapshot; on a pipelined
+    PostgreSQL connection in one round trip, as the object's query is sent before the
+    statuses' answer is read."""
+    sent = _GET.execute(session, {"kind": kind, "name": name})
+    found = statuses(session, kind=kind, names=names)
+    row = sent.first()
+    return (_from_mapping(row) if row else None), found
+
+
 _VERSION = Statement("SELECT resource_version FROM objects WHERE kind = :kind AND name = :name")
 
 

@@ -108,3 +108,40 @@ def test_a_job_is_stored_as_the_first_look_finds_it_waiting_for_its_dependencies
         version, status = stored()
         assert status["message"] == "waiting for second"
         assert [(r["job"], r["satisfied"]) for r in status["dependencies"]] == [("first", True)]
+
+
+def test_a_waiting_job_whose_dependencies_changed_is_judged_on_its_new_ones(store_url, tmp_path):
+    """The loop asks for a waiting job's dependencies together with the job, by the names it
+    last saw it wait for (one round trip on PostgreSQL). A job whose dependencies were changed
+    meanwhile is judged on its new ones, read afresh, not on the states read by the old names."""
+    from pathlib import Path
+
+    from reconciler.apply import apply_manifests
+    from reconciler.manifests import parse_text
+    from reconciler.reads import job_statuses
+    from tests.helpers import wait_until
+    from tests.integration.wired import wired_controller
+
+    manifests = docs(
+        job_yaml("never", "command: ['true']\nsuspend: true"),
+        job_yaml("done", "command: ['true']"),
+        job_yaml("after", "command: ['true']\ndependsOn: [never]"),
+    )
+    with wired_controller(store_url, tmp_path, manifests) as wired:
+        wired.jobs("after")  # seen waiting for `never`
+
+        def done_completed() -> bool:
+            wired.jobs("done")
+            return job_statuses(wired.store, ["done"])["done"].get("phase") == "Completed"
+
+        wait_until(done_completed, message="done completed")
+        changed, problems = parse_text(
+            docs(job_yaml("after", "command: ['true']\ndependsOn: [done]")), "a.yaml", Path(tmp_path)
+        )
+        assert not problems
+        apply_manifests(wired.store, changed)
+        for _ in range(3):  # the new revision, then its look at the dependencies
+            wired.jobs("after")
+        status = job_statuses(wired.store, ["after"])["after"]
+        assert [(r["job"], r["satisfied"]) for r in status.get("dependencies", [])] == [("done", True)], status
+        assert status["phase"] != "Waiting", status
