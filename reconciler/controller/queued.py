@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..agent.local import LocalAgent
@@ -68,8 +68,20 @@ class QueuedSteps:
             else:
                 me = self.endings.enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
             ports = self._ports_taken(tx, spec.port)
+            # on a pipelined connection (PostgreSQL), the pools' facts not read yet and the
+            # lines of the scopes that may be finite are asked before the nodes' answer is
+            # read: one round trip for all (SQLite, with no round trips, reads them as needed)
+            facts = dict(seen.facts) if seen is not None else {}
+            names = (["global"] + ([me.pool] if me.pool else [])) if tx.session.pipelined else []
+            asked = {s: sched.pool_facts_asked(tx.session, s) for s in names if s not in facts}
+            lines = {
+                s: sched.in_line(tx.session, me.pool, scope_is_pool=s != "global")
+                for s in names
+                if s not in facts or facts[s].capacity is not None
+            }
             nodes = [_view(n, ports.get(n.name, _NONE)) for n in sched.node_facts(tx.session, ctx.now)]
-            scopes = self._scopes(tx.session, me, nodes, dict(seen.facts) if seen is not None else {})
+            facts.update((s, read()) for s, read in asked.items())
+            scopes = self._scopes(tx.session, me, nodes, facts, lines)
             decision = admission.decide(admission.Request(me.uid, me.name, me.slots, me.bypass_count), scopes)
             placed = None
             if decision.admit:
@@ -172,10 +184,16 @@ class QueuedSteps:
         return _Look(might, entry, facts)
 
     def _scopes(
-        self, session: Any, me: sched.QueueEntry, nodes: list[NodeView], facts_cache: dict[str, sched.PoolFacts]
+        self,
+        session: Any,
+        me: sched.QueueEntry,
+        nodes: list[NodeView],
+        facts_cache: dict[str, sched.PoolFacts],
+        lines: dict[str, Iterator[sched.QueueEntry]],
     ) -> list[admission.Scope]:
         """The finite scopes the job queues in, each with its head of line; `facts_cache`
-        holds the pools' facts already read in this transaction."""
+        holds the pools' facts already read in this transaction, `lines` the scopes' lines
+        already asked for."""
         scopes = []
 
         def facts(pool: str) -> sched.PoolFacts:
@@ -203,7 +221,7 @@ class QueuedSteps:
             f = facts(scope_name)
             if f.capacity is None:
                 continue
-            line = sched.in_line(session, me.pool, scope_is_pool=scope_name != "global")
+            line = lines.get(scope_name) or sched.in_line(session, me.pool, scope_is_pool=scope_name != "global")
             head = next((e for e in line if e.uid == me.uid or could_place(e)), None)
             head_fits = head is not None and head.uid != me.uid and fits_now(head)
             scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head), head_fits))

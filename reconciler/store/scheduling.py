@@ -7,7 +7,7 @@ import functools
 import itertools
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -204,17 +204,24 @@ _AFTER = "(rank, eligible_at, job_uid) > (:rank, :eligible_at, :uid)"
 
 def in_line(session: Connection, pool: str | None, *, scope_is_pool: bool, batch: int = 16) -> Iterator[QueueEntry]:
     """The queue of one scope in admission order, read `batch` rows at a time as the caller
-    goes on (most callers stop at the first entry or two)."""
-    params: dict[str, Any] = {"pool": pool}
-    query = _line(scope_is_pool, False, batch)
+    goes on (most callers stop at the first entry or two). The first page is asked for at
+    once, its answer read when the caller first looks: on a pipelined connection it travels
+    with whatever is read before that."""
+    first = _line(scope_is_pool, False, batch).execute(session, {"pool": pool})
+    return _pages(session, pool, scope_is_pool, batch, first)
+
+
+def _pages(
+    session: Connection, pool: str | None, scope_is_pool: bool, batch: int, result: Result
+) -> Iterator[QueueEntry]:
     while True:
-        rows = query.execute(session, params).all()
+        rows = result.all()
         yield from (QueueEntry.from_row(row) for row in rows)
         if len(rows) < batch:
             return
         last = rows[-1]
         params = {"pool": pool, "rank": last.rank, "eligible_at": last.eligible_at, "uid": last.job_uid}
-        query = _line(scope_is_pool, True, batch)
+        result = _line(scope_is_pool, True, batch).execute(session, params)
 
 
 def first_in_line(session: Connection, pool: str | None, limit: int) -> list[str]:
@@ -232,7 +239,14 @@ def count_bypass(tx: Tx, uid: str) -> None:
 
 
 def pool_facts(session: Connection, name: str) -> PoolFacts:
-    return _pool_facts(name, _POOL_FACTS[name == "global"].execute(session, {"name": name}))
+    return pool_facts_asked(session, name)()
+
+
+def pool_facts_asked(session: Connection, name: str) -> Callable[[], PoolFacts]:
+    """`pool_facts`, asked now and read when called: on a pipelined connection it travels
+    with whatever is read before that."""
+    result = _POOL_FACTS[name == "global"].execute(session, {"name": name})
+    return lambda: _pool_facts(name, result)
 
 
 def queued_with_pools(

@@ -45,3 +45,34 @@ def test_a_job_waiting_its_turn_is_not_rewritten_when_a_slot_frees_for_an_older_
             "Queued",
             "InsufficientSlots",
         )
+
+
+def test_in_a_batch_the_head_of_the_line_is_admitted_and_the_younger_waits(store_url, tmp_path):
+    """The loop's admissions in its batches (on PostgreSQL pipelined: the pools' facts, the
+    lines and the nodes asked together): the freed slot goes to the head of the line, by
+    priority, whichever of the two is looked at first."""
+    with wired_controller(store_url, tmp_path, pool_of_one("first", "older:1", "younger")) as wired:
+        store = wired.store
+
+        def in_a_batch(*names: str) -> None:
+            with store.batch():
+                for name in names:
+                    wired.jobs(name)
+
+        def phase(name: str) -> str:
+            return str(job_statuses(store, [name])[name].get("phase"))
+
+        in_a_batch("first")  # admitted and spawned: it holds the pool's only slot
+        assert phase("first") in ("Starting", "Running", "Completed")
+        in_a_batch("younger", "older")  # both eligible now, and queued behind it
+        assert (phase("younger"), phase("older")) == ("Queued", "Queued")
+
+        def first_completed() -> bool:
+            in_a_batch("first")
+            return phase("first") == "Completed"
+
+        wait_until(first_completed, message="the exit of `first` was not recorded")
+        in_a_batch("younger", "older")
+        assert phase("older") in ("Starting", "Running", "Completed")
+        younger = job_statuses(store, ["younger"])["younger"]
+        assert (younger["phase"], younger["reason"]) in (("Queued", "WaitingForTurn"), ("Queued", "InsufficientSlots"))
