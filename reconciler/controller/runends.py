@@ -196,7 +196,7 @@ class RunEnds:
             Phase.RUNNING,
             Phase.STOPPING,
         ):
-            ctx.ops.append(lambda tx: sched.release(tx, ctx.uid))
+            ctx.ops.append(lambda tx: sched.free(tx, ctx.uid))
             ctx.released(ctx.spec.pool, ctx.spec.slots)
 
     def finish(

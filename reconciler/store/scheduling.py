@@ -49,6 +49,7 @@ _ADMIT = Statement(
 _PORTS = Statement("SELECT node, port, job_name FROM admissions WHERE port IS NOT NULL")
 _ADMISSION = Statement("SELECT node, run_number, owner, epoch, report FROM admissions WHERE job_uid = :uid")
 _RELEASE = Statement("DELETE FROM admissions WHERE job_uid = :uid RETURNING pool, slots")
+_FREE = Statement("DELETE FROM admissions WHERE job_uid = :uid")
 _COUNT_BYPASS = Statement("UPDATE queue SET bypass_count = bypass_count + 1 WHERE job_uid = :uid")
 _CLAIM = Statement("UPDATE admissions SET owner = :owner WHERE job_uid = :uid AND owner IS NULL")
 _TAKE_OVER = Statement("UPDATE admissions SET owner = :owner WHERE job_uid = :uid AND owner = :previous")
@@ -380,6 +381,12 @@ def release(tx: Tx, uid: str) -> tuple[str | None, int] | None:
     """Free the slots; returns (pool, slots) held, so the caller can wake who waits for them."""
     row = _RELEASE.execute(tx.session, {"uid": uid}).first()
     return None if row is None else (row.pool, row.slots)
+
+
+def free(tx: Tx, uid: str) -> None:
+    """`release` for a caller that knows what the job held: nothing waits for the answer
+    (on a pipelined connection the delete travels with the next statement read)."""
+    _FREE.execute(tx.session, {"uid": uid})
 
 
 def round_robin_turn(tx: Tx) -> int:
