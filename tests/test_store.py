@@ -1013,3 +1013,21 @@ def test_postgresql_statements_are_prepared_once_and_planned_for_the_tables_as_t
     finally:
         store.dispose()
     assert "objects_pkey" in plan and "Filter" not in plan, plan
+
+
+def test_enqueue_gives_its_row_when_asked_and_a_row_already_there_wins(store):
+    """`enqueue` sends its insert and reads the answer only when the row is asked for (on
+    PostgreSQL in a batch, with whatever is read before); a job already in line keeps its
+    row, bypass count and place, and that is the row given."""
+    args = dict(pool=None, slots=1, priority=0, node_name=None, node_selector={})
+    with store.batch(), store.write(known=True) as tx:
+        first = sched.enqueue(tx, uid="u1", name="a", eligible_at=1.0, bypass_count=2, fresh=True, **args)
+        again = sched.enqueue(tx, uid="u1", name="a", eligible_at=9.0, bypass_count=0, fresh=True, **args)
+        other = sched.enqueue(tx, uid="u2", name="b", eligible_at=5.0, bypass_count=0, fresh=True, **args)
+        line = [e.name for e in sched.in_line(tx.session, None, scope_is_pool=False)]
+        assert (first().eligible_at, first().bypass_count) == (1.0, 2)
+        assert (again().eligible_at, again().bypass_count) == (1.0, 2)  # the row that was there
+        assert other().name == "b"
+        assert line == ["a", "b"]
+    with store.read() as conn:
+        assert sched.queued(conn, "u1") == first()

@@ -112,11 +112,14 @@ class Endings:
         return AGAIN
 
     def enqueue(self, ctx: Ctx) -> None:
-        """Put the job in line, with the status write (idempotent: a queued job keeps its row)."""
+        """Put the job in line, with the status write (idempotent: a queued job keeps its row;
+        nothing here reads the row, so the insert's answer is not waited for)."""
         ctx.ops.append(self.enqueue_op(ctx))
 
     @staticmethod
-    def enqueue_op(ctx: Ctx) -> Callable[[Tx], sched.QueueEntry]:
+    def enqueue_op(ctx: Ctx) -> Callable[[Tx], Callable[[], sched.QueueEntry]]:
+        """The job's queue row put in place in a transaction; what the operation returns
+        gives the row when called (its answer read then)."""
         spec, status = ctx.spec, ctx.status
         eligible = to_epoch(status.get("eligibleAt") or ctx.now_text)
         fresh = phase_of(ctx.obj.status) != Phase.QUEUED  # a job not stored as Queued has no row, as a rule

@@ -63,24 +63,26 @@ class QueuedSteps:
             if not current and repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
                 raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
             seen = look if current else None
-            if seen is not None and seen.entry is not None:
-                me = seen.entry
-            else:
-                me = self.endings.enqueue_op(ctx)(tx)  # idempotent: restores the row after a restart or a resume
+            known = seen.entry if seen is not None else None
+            # idempotent: restores the row after a restart or a resume; the insert's answer is
+            # read with the nodes' below (the lines asked after it see the row)
+            asked_row = self.endings.enqueue_op(ctx)(tx) if known is None else None
             ports = self._ports_taken(tx, spec.port)
             # on a pipelined connection (PostgreSQL), the pools' facts not read yet and the
             # lines of the scopes that may be finite are asked before the nodes' answer is
             # read: one round trip for all (SQLite, with no round trips, reads them as needed)
             facts = dict(seen.facts) if seen is not None else {}
-            names = (["global"] + ([me.pool] if me.pool else [])) if tx.session.pipelined else []
+            names = (["global"] + ([spec.pool] if spec.pool else [])) if tx.session.pipelined else []
             asked = {s: sched.pool_facts_asked(tx.session, s) for s in names if s not in facts}
             lines = {
-                s: sched.in_line(tx.session, me.pool, scope_is_pool=s != "global")
+                s: sched.in_line(tx.session, spec.pool, scope_is_pool=s != "global")
                 for s in names
                 if s not in facts or facts[s].capacity is not None
             }
             nodes = [_view(n, ports.get(n.name, _NONE)) for n in sched.node_facts(tx.session, ctx.now)]
             facts.update((s, read()) for s, read in asked.items())
+            me = known if asked_row is None else asked_row()
+            assert me is not None
             scopes = self._scopes(tx.session, me, nodes, facts, lines)
             decision = admission.decide(admission.Request(me.uid, me.name, me.slots, me.bypass_count), scopes)
             placed = None

@@ -149,36 +149,43 @@ def enqueue(
     cpu: float = 0.0,
     memory: int = 0,
     fresh: bool = False,
-) -> QueueEntry:
-    """Idempotent: a job already queued keeps its row (and its bypass count). Returns the row.
-    `fresh`: the caller expects no row (a job just eligible), so the insert is tried first and
-    the row read only if one was there; otherwise it is read first."""
-    entry = None if fresh else queued(tx.session, uid)
-    if entry is None:
-        entry = QueueEntry(
-            uid, name, pool, slots, -priority, eligible_at, bypass_count, node_name, dict(node_selector), cpu, memory
-        )
-        inserted = _ENQUEUE.execute(
-            tx.session,
-            {
-                "job_uid": uid,
-                "job_name": name,
-                "pool": pool,
-                "slots": slots,
-                "rank": -priority,
-                "eligible_at": eligible_at,
-                "bypass_count": bypass_count,
-                "node_name": node_name,
-                "node_selector": json.dumps(node_selector, sort_keys=True),
-                "cpu": cpu,
-                "memory": memory,
-            },
-        ).rowcount
-        if not inserted:
-            found = queued(tx.session, uid)
-            assert found is not None, "the queue row that the insert collided with is gone"
-            entry = found
-    return entry
+) -> Callable[[], QueueEntry]:
+    """Idempotent: a job already queued keeps its row (and its bypass count). Returns what
+    gives the row when called. `fresh`: the caller expects no row (a job just eligible), so
+    the insert is tried first, its answer read only when the row is asked for (on a
+    pipelined connection it travels with whatever is read before), and the row read only if
+    one was there; otherwise it is read first."""
+    known = None if fresh else queued(tx.session, uid)
+    if known is not None:
+        return lambda: known
+    entry = QueueEntry(
+        uid, name, pool, slots, -priority, eligible_at, bypass_count, node_name, dict(node_selector), cpu, memory
+    )
+    inserted = _ENQUEUE.execute(
+        tx.session,
+        {
+            "job_uid": uid,
+            "job_name": name,
+            "pool": pool,
+            "slots": slots,
+            "rank": -priority,
+            "eligible_at": eligible_at,
+            "bypass_count": bypass_count,
+            "node_name": node_name,
+            "node_selector": json.dumps(node_selector, sort_keys=True),
+            "cpu": cpu,
+            "memory": memory,
+        },
+    )
+
+    def row() -> QueueEntry:
+        if inserted.rowcount:
+            return entry
+        found = queued(tx.session, uid)
+        assert found is not None, "the queue row that the insert collided with is gone"
+        return found
+
+    return row
 
 
 def dequeue(tx: Tx, uid: str) -> None:
