@@ -89,10 +89,10 @@ def queue_depth(store) -> int:
 
 def line(store) -> tuple[str, str]:
     """(head, tail) names of pool p's queue in admission order."""
-    from reconciler.store import scheduling as sched
+    from reconciler.store import queuing
 
     with store.read() as session:
-        head = sched.first_in_line(session, "p", 1)[0]
+        head = queuing.first_in_line(session, "p", 1)[0]
     tail = sql_scalar(
         store, "SELECT job_name FROM queue WHERE pool = 'p' ORDER BY rank DESC, eligible_at DESC, job_uid DESC LIMIT 1"
     )

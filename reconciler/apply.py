@@ -21,9 +21,8 @@ from .errors import Conflict
 from .jsontext import canonical
 from .manifests import Loaded, Manifest, invalid, paused_gc
 from .selectors import Requirement, matches
-from .store import Store, StoredObject, ingested, outbox, specview
+from .store import Store, StoredObject, ingested, outbox, queuing, specview
 from .store import repository as repo
-from .store import scheduling as sched
 from .store.dbapi import Connection
 from .store.transactions import Tx
 
@@ -222,7 +221,7 @@ def delete_object(tx: Tx, obj: StoredObject) -> str:
         return "deleting"
     repo.remove(tx, obj)  # first: it allocates the resourceVersion, which ends a read-only attempt before any write
     if obj.kind == "Job":
-        sched.dequeue(tx, obj.uid)  # a deleted job must not hold its place in line
+        queuing.dequeue(tx, obj.uid)  # a deleted job must not hold its place in line
     elif obj.kind == "Notifier":
         outbox.drop(tx, obj.name)  # its pending events go with it
     elif obj.kind == "Source":

@@ -17,7 +17,7 @@ from .api.node import heartbeat_fresh, observed_status
 from .api.status import Phase, RunDict
 from .errors import InvalidInput, NotFound, ReconcilerError
 from .selectors import Requirement, matches
-from .store import Store, StoredObject, outbox
+from .store import Store, StoredObject, outbox, queuing
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.feed import Change, ChangeFeed
@@ -249,7 +249,7 @@ def queue_places(session: Any) -> dict[str, dict[str, Any]]:
     """uid -> {pool, position, length} of every queued job: its place in its pool's line
     (the global line for a job without a pool), in admission order."""
     lines: dict[str | None, list[str]] = {}
-    for entry in sched.in_line(session, None, scope_is_pool=False, batch=QUEUE_PAGE):
+    for entry in queuing.in_line(session, None, scope_is_pool=False, batch=QUEUE_PAGE):
         lines.setdefault(entry.pool, []).append(entry.uid)
     return {
         uid: {"pool": pool, "position": n, "length": len(uids)}
@@ -280,7 +280,7 @@ def pool_queues(store: Store, limit: int) -> dict[str | None, tuple[int, list[St
     (with their place): what the dashboard's pools page lists. Key None: the global line."""
     with store.read() as session:
         lines: dict[str | None, list[str]] = {}
-        for entry in sched.in_line(session, None, scope_is_pool=False, batch=QUEUE_PAGE):
+        for entry in queuing.in_line(session, None, scope_is_pool=False, batch=QUEUE_PAGE):
             lines.setdefault(entry.pool, []).append(entry.name)
     shown = [name for names in lines.values() for name in names[:limit]]
     found = {o.name: o for o in objects(store, "jobs", shown, None, strict=False).objects}

@@ -13,7 +13,7 @@ from ..api.annotations import DOWNSTREAM_SUFFIX, RERUN
 from ..api.meta import to_epoch
 from ..api.revisions import rerun_token
 from ..api.status import Phase, next_revision, phase_of
-from ..store import Store
+from ..store import Store, queuing
 from ..store import repository as repo
 from ..store import scheduling as sched
 from . import faults
@@ -72,7 +72,7 @@ class Endings:
         self.admitted.pop(ctx.uid, None)
         self._completed_here.add(ctx.name)
         if phase_of(ctx.obj.status) not in _ADMITTED:  # an admission took the job's queue row with it
-            ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
+            ctx.ops.append(lambda tx: queuing.dequeue(tx, ctx.uid))
         ctx.move(Phase.COMPLETED, reason, message, outcome=outcome)
         self.write(ctx)
         faults.point("after-completion", self.store.flush)  # completed, its notifications in the outbox, none delivered
@@ -84,7 +84,7 @@ class Endings:
         self.admitted.pop(ctx.uid, None)
         with self.store.write(known=True) as tx:
             repo.remove(tx, ctx.obj)  # first: a Conflict leaves nothing written
-            sched.dequeue(tx, ctx.uid)
+            queuing.dequeue(tx, ctx.uid)
             if sched.release(tx, ctx.uid) is not None:
                 ctx.released(ctx.spec.pool, ctx.spec.slots)
             repo.record_events(tx, repo.ObjectEvent(ctx.obj, "Deleted", "job deleted"))
@@ -106,7 +106,7 @@ class Endings:
         status["rerunToken"] = ctx.obj.annotations.get(RERUN)
         message = f"revision {ctx.revision} accepted" if ran else "spec changed before any run; re-evaluating"
         ctx.move(Phase.WAITING, "NewRevision" if ran else "SpecChanged", message)
-        ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
+        ctx.ops.append(lambda tx: queuing.dequeue(tx, ctx.uid))
         self.write(ctx)
         self.wake_dependents(ctx.name)  # they may have consumed the old revision
         return AGAIN
@@ -117,13 +117,13 @@ class Endings:
         ctx.ops.append(self.enqueue_op(ctx))
 
     @staticmethod
-    def enqueue_op(ctx: Ctx) -> Callable[[Tx], Callable[[], sched.QueueEntry]]:
+    def enqueue_op(ctx: Ctx) -> Callable[[Tx], Callable[[], queuing.QueueEntry]]:
         """The job's queue row put in place in a transaction; what the operation returns
         gives the row when called (its answer read then)."""
         spec, status = ctx.spec, ctx.status
         eligible = to_epoch(status.get("eligibleAt") or ctx.now_text)
         fresh = phase_of(ctx.obj.status) != Phase.QUEUED  # a job not stored as Queued has no row, as a rule
-        return lambda tx: sched.enqueue(
+        return lambda tx: queuing.enqueue(
             tx,
             uid=ctx.uid,
             name=ctx.name,

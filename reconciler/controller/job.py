@@ -21,9 +21,8 @@ from ..api.meta import from_epoch, to_epoch
 from ..api.status import Phase, phase_of, waiting_for
 from ..clock import Clock
 from ..errors import Conflict
-from ..store import Store, StoredObject
+from ..store import Store, StoredObject, queuing
 from ..store import repository as repo
-from ..store import scheduling as sched
 from . import deadlines, dependencies, specs, waits
 from .context import Ctx
 from .endings import Endings
@@ -154,7 +153,7 @@ class JobReconciler:
                 return DONE
             self.probes.forget(ctx.name)
             if ctx.phase == Phase.QUEUED:  # only a job stored Queued holds a place in line
-                ctx.ops.append(lambda tx: sched.dequeue(tx, ctx.uid))
+                ctx.ops.append(lambda tx: queuing.dequeue(tx, ctx.uid))
             ctx.move(Phase.SUSPENDED, "Suspended", "suspended: no new run is admitted")
             self.endings.write(ctx)
             return DONE
@@ -174,7 +173,7 @@ class JobReconciler:
         if ctx.wake_pools:
             with self.store.read() as session:
                 for pool, slots in ctx.wake_pools.items():
-                    for name in sched.first_in_line(session, pool, slots + 1):
+                    for name in queuing.first_in_line(session, pool, slots + 1):
                         self.wake(name, urgent=True)  # a free slot must not wait behind a backlog
 
     # -- revisions -----------------------------------------------------------------------

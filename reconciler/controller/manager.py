@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from .. import telemetry
 from ..agent.local import LocalAgent
 from ..clock import Clock, RealClock
-from ..store import Store
+from ..store import Store, queuing
 from ..store import scheduling as sched
 from ..store.feed import ChangeFeed, poll_interval
 from ..store.transactions import Fenced
@@ -161,7 +161,7 @@ class Controller:
 
     def _wake_first_in_line(self) -> None:
         with self.store.read() as session:
-            for name in sched.first_in_line(session, None, WAKE_ON_ROOM):
+            for name in queuing.first_in_line(session, None, WAKE_ON_ROOM):
                 self.queue.add(name, urgent=True)
 
     def _watch(self) -> None:

@@ -15,7 +15,7 @@ from ..agent.local import LocalAgent
 from ..api.meta import from_epoch
 from ..api.status import Phase
 from ..errors import Conflict
-from ..store import Store
+from ..store import Store, queuing
 from ..store import repository as repo
 from ..store import scheduling as sched
 from ..store.transactions import Tx
@@ -75,7 +75,7 @@ class QueuedSteps:
             names = (["global"] + ([spec.pool] if spec.pool else [])) if tx.session.pipelined else []
             asked = {s: sched.pool_facts_asked(tx.session, s) for s in names if s not in facts}
             lines = {
-                s: sched.in_line(tx.session, spec.pool, scope_is_pool=s != "global")
+                s: queuing.in_line(tx.session, spec.pool, scope_is_pool=s != "global")
                 for s in names
                 if s not in facts or facts[s].capacity is not None
             }
@@ -119,7 +119,7 @@ class QueuedSteps:
                     memory=spec.resources.memory or 0,
                 )
                 for passed in decision.bypassed:
-                    sched.count_bypass(tx, passed.uid)
+                    queuing.count_bypass(tx, passed.uid)
                 status["admission"] = {"pool": spec.pool, "slots": spec.slots, "admittedAt": from_epoch(admitted_at)}
                 status["nodeName"] = placed.node
                 status["bypassCount"] = me.bypass_count
@@ -188,10 +188,10 @@ class QueuedSteps:
     def _scopes(
         self,
         session: Any,
-        me: sched.QueueEntry,
+        me: queuing.QueueEntry,
         nodes: list[NodeView],
         facts_cache: dict[str, sched.PoolFacts],
-        lines: dict[str, Iterator[sched.QueueEntry]],
+        lines: dict[str, Iterator[queuing.QueueEntry]],
     ) -> list[admission.Scope]:
         """The finite scopes the job queues in, each with its head of line; `facts_cache`
         holds the pools' facts already read in this transaction, `lines` the scopes' lines
@@ -203,7 +203,7 @@ class QueuedSteps:
                 facts_cache[pool] = sched.pool_facts(session, pool)
             return facts_cache[pool]
 
-        def fits_now(entry: sched.QueueEntry) -> bool:
+        def fits_now(entry: queuing.QueueEntry) -> bool:
             own = [facts("global")] + ([facts(entry.pool)] if entry.pool else [])
             room = all(f.capacity is None or entry.slots <= f.capacity - f.used for f in own)
             placed = place(nodes, **_needs(entry))
@@ -215,7 +215,7 @@ class QueuedSteps:
         # maxBypass times it would stop every younger job until a node for it turns up.
         empty = [dataclasses.replace(n, allocated=0, cpu_allocated=0.0, memory_allocated=0) for n in nodes]
 
-        def could_place(entry: sched.QueueEntry) -> bool:
+        def could_place(entry: queuing.QueueEntry) -> bool:
             placed = place(empty, **_needs(entry))
             return placed.node is not None
 
@@ -223,7 +223,7 @@ class QueuedSteps:
             f = facts(scope_name)
             if f.capacity is None:
                 continue
-            line = lines.get(scope_name) or sched.in_line(session, me.pool, scope_is_pool=scope_name != "global")
+            line = lines.get(scope_name) or queuing.in_line(session, me.pool, scope_is_pool=scope_name != "global")
             head = next((e for e in line if e.uid == me.uid or could_place(e)), None)
             head_fits = head is not None and head.uid != me.uid and fits_now(head)
             scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head), head_fits))
@@ -237,7 +237,7 @@ class _Look:
     same transaction."""
 
     might_admit: bool
-    entry: sched.QueueEntry | None
+    entry: queuing.QueueEntry | None
     facts: dict[str, sched.PoolFacts]
 
 
@@ -268,7 +268,7 @@ def _view(n: sched.NodeFacts, ports: frozenset[int]) -> NodeView:
     )
 
 
-def _needs(entry: sched.QueueEntry) -> dict[str, Any]:
+def _needs(entry: queuing.QueueEntry) -> dict[str, Any]:
     """What a queued job asks of a node, as `place` takes it."""
     return {
         "slots": entry.slots,
@@ -279,5 +279,5 @@ def _needs(entry: sched.QueueEntry) -> dict[str, Any]:
     }
 
 
-def _request(entry: sched.QueueEntry | None) -> admission.Request | None:
+def _request(entry: queuing.QueueEntry | None) -> admission.Request | None:
     return None if entry is None else admission.Request(entry.uid, entry.name, entry.slots, entry.bypass_count)

@@ -1,31 +1,24 @@
-"""Queue, admissions and node allocation: the facts admission and placement decide on, and
-the rows that record their decisions. Called inside one write transaction per decision."""
+"""Admissions and node allocation: the facts admission and placement decide on (with the
+queue's lines, queuing.py), and the rows that record their decisions. Called inside one
+write transaction per decision."""
 
 from __future__ import annotations
 
-import functools
-import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from ..api.node import heartbeat_fresh
 from ..api.quantity import format_cpu, format_size, parse_cpu, parse_size
-from .dbapi import Connection, Result, Row, Statement
+from . import queuing
+from .dbapi import Connection, Result, Statement
 from .engine import META
 from .transactions import COUNT_UP, Tx
 
 # Statements built once: on the reconcile loop's path, building a statement per call costs
 # more than SQLite's work.
-_QUEUE = "job_uid, job_name, pool, slots, rank, eligible_at, bypass_count, node_name, node_selector, cpu, memory"
-_QUEUED = Statement(f"SELECT {_QUEUE} FROM queue WHERE job_uid = :uid")
-_ENQUEUE = Statement(
-    f"INSERT INTO queue ({_QUEUE}) VALUES (:job_uid, :job_name, :pool, :slots, :rank, :eligible_at,"
-    " :bypass_count, :node_name, :node_selector, :cpu, :memory) ON CONFLICT (job_uid) DO NOTHING"
-)
-_DEQUEUE = Statement("DELETE FROM queue WHERE job_uid = :uid")
 # a pool's spec and its slots in use in one round trip; the global pool counts every admission
 _POOL_SPEC = "(SELECT spec FROM objects WHERE kind = 'Pool' AND name = :name) AS spec"
 _POOL_FACTS = {
@@ -50,7 +43,6 @@ _PORTS = Statement("SELECT node, port, job_name FROM admissions WHERE port IS NO
 _ADMISSION = Statement("SELECT node, run_number, owner, epoch, report FROM admissions WHERE job_uid = :uid")
 _RELEASE = Statement("DELETE FROM admissions WHERE job_uid = :uid RETURNING pool, slots")
 _FREE = Statement("DELETE FROM admissions WHERE job_uid = :uid")
-_COUNT_BYPASS = Statement("UPDATE queue SET bypass_count = bypass_count + 1 WHERE job_uid = :uid")
 _CLAIM = Statement("UPDATE admissions SET owner = :owner WHERE job_uid = :uid AND owner IS NULL")
 _TAKE_OVER = Statement("UPDATE admissions SET owner = :owner WHERE job_uid = :uid AND owner = :previous")
 _RESTART_RUN = Statement(
@@ -70,37 +62,6 @@ _DEPENDENCIES = Statement("SELECT name, spec FROM objects WHERE kind = 'Job' AND
 _USED_PER_POOL = Statement("SELECT pool, sum(slots) AS used FROM admissions GROUP BY pool")
 _QUEUED_PER_POOL = Statement("SELECT pool, count(*) AS queued FROM queue GROUP BY pool")
 _USED_PER_NODE = Statement("SELECT node, sum(slots) AS used FROM admissions GROUP BY node")
-
-
-@dataclass(frozen=True)
-class QueueEntry:
-    uid: str
-    name: str
-    pool: str | None
-    slots: int
-    rank: int
-    eligible_at: float
-    bypass_count: int
-    node_name: str | None
-    node_selector: dict[str, str]
-    cpu: float = 0.0  # spec.resources, what the job needs of a node that declares cpu and memory
-    memory: int = 0
-
-    @classmethod
-    def from_row(cls, row: Row) -> QueueEntry:
-        return cls(
-            row.job_uid,
-            row.job_name,
-            row.pool,
-            row.slots,
-            row.rank,
-            row.eligible_at,
-            row.bypass_count,
-            row.node_name,
-            json.loads(row.node_selector),
-            row.cpu or 0.0,
-            row.memory or 0,
-        )
 
 
 @dataclass(frozen=True)
@@ -134,118 +95,6 @@ class NodeFacts:
         return allocated
 
 
-def enqueue(
-    tx: Tx,
-    *,
-    uid: str,
-    name: str,
-    pool: str | None,
-    slots: int,
-    priority: int,
-    eligible_at: float,
-    bypass_count: int,
-    node_name: str | None,
-    node_selector: dict[str, str],
-    cpu: float = 0.0,
-    memory: int = 0,
-    fresh: bool = False,
-) -> Callable[[], QueueEntry]:
-    """Idempotent: a job already queued keeps its row (and its bypass count). Returns what
-    gives the row when called. `fresh`: the caller expects no row (a job just eligible), so
-    the insert is tried first, its answer read only when the row is asked for (on a
-    pipelined connection it travels with whatever is read before), and the row read only if
-    one was there; otherwise it is read first."""
-    known = None if fresh else queued(tx.session, uid)
-    if known is not None:
-        return lambda: known
-    entry = QueueEntry(
-        uid, name, pool, slots, -priority, eligible_at, bypass_count, node_name, dict(node_selector), cpu, memory
-    )
-    inserted = _ENQUEUE.execute(
-        tx.session,
-        {
-            "job_uid": uid,
-            "job_name": name,
-            "pool": pool,
-            "slots": slots,
-            "rank": -priority,
-            "eligible_at": eligible_at,
-            "bypass_count": bypass_count,
-            "node_name": node_name,
-            "node_selector": json.dumps(node_selector, sort_keys=True),
-            "cpu": cpu,
-            "memory": memory,
-        },
-    )
-
-    def row() -> QueueEntry:
-        if inserted.rowcount:
-            return entry
-        found = queued(tx.session, uid)
-        assert found is not None, "the queue row that the insert collided with is gone"
-        return found
-
-    return row
-
-
-def dequeue(tx: Tx, uid: str) -> None:
-    _DEQUEUE.execute(tx.session, {"uid": uid})
-
-
-def queued(session: Connection, uid: str) -> QueueEntry | None:
-    row = _QUEUED.execute(session, {"uid": uid}).first()
-    return QueueEntry.from_row(row) if row else None
-
-
-@functools.cache
-def _line(scope_is_pool: bool, after: bool, batch: int) -> Statement:
-    """A page of one scope's queue in admission order. Keyset paging (after the last row
-    read) and a literal LIMIT: with a bound LIMIT or OFFSET, PostgreSQL's generic plan for a
-    prepared statement cannot know the page is small and may sort the whole queue."""
-    conditions = [c for c, on in (("pool = :pool", scope_is_pool), (_AFTER, after)) if on]
-    where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    return Statement(f"SELECT {_QUEUE} FROM queue{where} ORDER BY rank, eligible_at, job_uid LIMIT {int(batch)}")
-
-
-_AFTER = "(rank, eligible_at, job_uid) > (:rank, :eligible_at, :uid)"
-
-
-def in_line(session: Connection, pool: str | None, *, scope_is_pool: bool, batch: int = 16) -> Iterator[QueueEntry]:
-    """The queue of one scope in admission order, read `batch` rows at a time as the caller
-    goes on (most callers stop at the first entry or two). The first page is asked for at
-    once, its answer read when the caller first looks: on a pipelined connection it travels
-    with whatever is read before that."""
-    first = _line(scope_is_pool, False, batch).execute(session, {"pool": pool})
-    return _pages(session, pool, scope_is_pool, batch, first)
-
-
-def _pages(
-    session: Connection, pool: str | None, scope_is_pool: bool, batch: int, result: Result
-) -> Iterator[QueueEntry]:
-    while True:
-        rows = result.all()
-        yield from (QueueEntry.from_row(row) for row in rows)
-        if len(rows) < batch:
-            return
-        last = rows[-1]
-        params = {"pool": pool, "rank": last.rank, "eligible_at": last.eligible_at, "uid": last.job_uid}
-        result = _line(scope_is_pool, True, batch).execute(session, params)
-
-
-def first_in_line(session: Connection, pool: str | None, limit: int) -> list[str]:
-    """Names of the first `limit` queued jobs of a scope: who to wake when slots free up."""
-    return [
-        entry.name
-        for entry in itertools.islice(
-            in_line(session, pool, scope_is_pool=pool is not None, batch=min(max(limit, 1), 64)), limit
-        )
-    ]
-
-
-def count_bypass(tx: Tx, uid: str) -> None:
-    _COUNT_BYPASS.execute(tx.session, {"uid": uid})
-
-
 def pool_facts(session: Connection, name: str) -> PoolFacts:
     return pool_facts_asked(session, name)()
 
@@ -259,13 +108,12 @@ def pool_facts_asked(session: Connection, name: str) -> Callable[[], PoolFacts]:
 
 def queued_with_pools(
     session: Connection, uid: str, pools: list[str]
-) -> tuple[QueueEntry | None, dict[str, PoolFacts]]:
+) -> tuple[queuing.QueueEntry | None, dict[str, PoolFacts]]:
     """The job's queue row and the facts of these pools, all asked before any answer is read:
     one round trip on a pipelined connection, instead of one each."""
-    entry = _QUEUED.execute(session, {"uid": uid})
-    facts = {p: _POOL_FACTS[p == "global"].execute(session, {"name": p}) for p in pools}
-    row = entry.first()
-    return (QueueEntry.from_row(row) if row else None), {p: _pool_facts(p, r) for p, r in facts.items()}
+    entry = queuing.queued_asked(session, uid)
+    facts = {p: pool_facts_asked(session, p) for p in pools}
+    return entry(), {p: read() for p, read in facts.items()}
 
 
 def _pool_facts(name: str, result: Result) -> PoolFacts:
@@ -339,7 +187,7 @@ def admit(
             "epoch": tx.rv(),
         },
     )
-    dequeue(tx, uid)
+    queuing.dequeue(tx, uid)  # an admitted job leaves its line in the same transaction
     return now
 
 
