@@ -14,7 +14,7 @@ from .store import repository as repo
 from .store import scheduling as sched
 from .store.feed import ChangeFeed
 
-LOOK_INTERVAL = 0.05  # seconds between looks at the cheap change sequence
+LOOK_INTERVAL = 0.05  # seconds between looks at the cheap change sequence when nothing announces a write
 
 
 @dataclass(frozen=True)
@@ -48,14 +48,16 @@ def wait_drained(
     release is written with its job's status, so a change of the job is when to look), or
     `timeout` passes; returns what still holds slots then ([] when drained). `on_change`
     gets what it waits for, at first and whenever that changes."""
-    feed = ChangeFeed(store)  # before the first look: no release falls in between
+    feed = ChangeFeed(store, listen=True)  # before the first look: no release falls in between
     deadline = None if timeout is None else time.monotonic() + timeout
     held = runs_on(store, nodes)
     on_change(held)
     while held:
-        if deadline is not None and time.monotonic() >= deadline:
+        at = time.monotonic()
+        if deadline is not None and at >= deadline:
             return held
-        time.sleep(LOOK_INTERVAL)
+        # until a write is announced (PostgreSQL's notifications), else the poll's interval
+        feed.wait(LOOK_INTERVAL if deadline is None else min(LOOK_INTERVAL, deadline - at))
         if feed.poll() and (now := runs_on(store, nodes)) != held:
             held = now
             on_change(held)
