@@ -15,7 +15,7 @@ from .api.kinds import KINDS, KindInfo
 from .api.meta import dump, format_time, utcnow
 from .api.pool import GLOBAL_POOL
 from .api.revisions import execution_hash
-from .api.status import ACTIVE_PHASES, LIVE_PHASES, new_job_status
+from .api.status import ACTIVE_PHASES, LIVE_PHASES, SUSPENDED_MESSAGE, SUSPENDED_REASON, new_job_status
 from .api.validation import validate_apply
 from .errors import Conflict
 from .jsontext import canonical
@@ -109,13 +109,12 @@ def _apply(
         current = stored.get((m.kind.kind, m.name))
         if create_only and current is not None:
             raise Conflict(f'{m.kind.plural} "{m.name}" already exists')
-        change, creation, event = _apply_one(tx, m, current, force=force)
+        change, creation, said = _apply_one(tx, m, current, force=force)
         changes.append(change)
         if creation is not None:
             tx.rv()  # the creations are written after the loop: a read-only attempt ends here, not there
             creations.append((change, creation))
-        if event is not None:
-            events.append(event)
+        events += said
     for (change, _), obj in zip(creations, repo.create_many(tx, [c for _, c in creations]), strict=True):
         change.new = obj
     if events:
@@ -150,22 +149,28 @@ def _written(obj: StoredObject | Change) -> StoredObject:
 
 def _apply_one(
     tx: Tx, m: Manifest, current: StoredObject | None, *, force: bool
-) -> tuple[Change, dict[str, Any] | None, tuple[StoredObject | Change, str, str] | None]:
+) -> tuple[Change, dict[str, Any] | None, list[tuple[StoredObject | Change, str, str]]]:
     """What one manifest does: its change, the `create` arguments of a new object (the caller
-    creates them all at once) and the event to record."""
+    creates them all at once) and the events to record."""
     spec_model = getattr(m.obj, "spec", None)
     spec = dump(spec_model) if spec_model is not None else {}  # only the spec: metadata is read from the model
     meta = m.obj.metadata
     annotations = {**user_annotations(meta.annotations), MANAGED_BY: "apply"}
     if current is None:
         status = None
-        if isinstance(spec_model, JobSpec):
-            status = dict(new_job_status(format_time(utcnow()), [d.job for d in spec_model.depends_on]))
         change = Change(m.kind, m.name, "created")  # `new` is filled in once the object is created
+        said: list[tuple[StoredObject | Change, str, str]] = [
+            (change, "Created", f"{m.kind.kind.lower()} created by apply")
+        ]
+        if isinstance(spec_model, JobSpec):
+            deps = [d.job for d in spec_model.depends_on]
+            status = dict(new_job_status(format_time(utcnow()), deps, suspended=spec_model.suspend))
+            if spec_model.suspend:  # stored as the controller's first look would leave it: said as it would
+                said.append((change, SUSPENDED_REASON, SUSPENDED_MESSAGE))
         creation = dict(
             kind=m.kind.kind, name=m.name, spec=spec, labels=meta.labels, annotations=annotations, status=status
         )
-        return change, creation, (change, "Created", f"{m.kind.kind.lower()} created by apply")
+        return change, creation, said
 
     if meta.uid is not None and meta.uid != current.uid:  # Kubernetes' UID precondition
         raise Conflict(
@@ -181,7 +186,7 @@ def _apply_one(
     annotations[MANAGED_BY] = "apply"
     spec_changed = canonical(spec) != current.spec_text
     if not spec_changed and meta.labels == current.labels and annotations == current.annotations:
-        return Change(m.kind, m.name, "unchanged", old=current, new=current), None, None
+        return Change(m.kind, m.name, "unchanged", old=current, new=current), None, []
     phase = (current.status or {}).get("phase")
     if (
         spec_changed
@@ -200,7 +205,7 @@ def _apply_one(
         "Configured",
         f"spec changed (generation {obj.generation})" if spec_changed else "labels or annotations changed",
     )
-    return Change(m.kind, m.name, "configured", old=current, new=obj), None, event
+    return Change(m.kind, m.name, "configured", old=current, new=obj), None, [event]
 
 
 def delete_object(tx: Tx, obj: StoredObject) -> str:

@@ -15,6 +15,7 @@ import yaml
 from reconciler.api.annotations import CREATED_BY, MESSAGE_ID
 from reconciler.api.job import JobSpec
 from reconciler.api.source import SourceStatus
+from reconciler.api.status import SUSPENDED_MESSAGE, SUSPENDED_REASON, new_job_status
 from reconciler.controller import specs
 from reconciler.controller.intake import Intake, Message, note_connection
 from reconciler.controller.messages import draft
@@ -332,3 +333,23 @@ def test_a_stored_job_leaves_its_validated_spec_for_its_first_step(stored):
         kept = specs._SPECS[text]
         assert kept == JobSpec.model_validate(json.loads(text))
         assert specs.spec_of("any", text) is kept
+
+
+def test_a_suspended_job_is_stored_suspended_and_said_so(stored):
+    """A job the template (or the message) suspends is stored as the controller's first look
+    would leave it, with that look's event after its creation's; the others stay Waiting."""
+    store, uid = stored
+    messages = [("m1", '{"command": "echo 1"}'), ("m2", json.dumps({"command": "echo 2"}))]
+    batch = [(Message(i, b.encode(), i), draft(b.encode(), {"suspend": True})) for i, b in messages]
+    batch += _batch(("m3", '{"command": "echo 3"}'))
+    assert [v.job for v in Intake(store, "inbox", uid).store_batch(batch)] == ["job-1", "job-2", "job-3"]
+    with store.read() as session:
+        jobs = {o.name: o for o in repo.list_objects(session, kind="Job")}
+        said = {n: [(e.reason, e.message) for e in repo.events(session, kind="Job", name=n)] for n in jobs}
+    assert [jobs[n].status["phase"] for n in ("job-1", "job-2", "job-3")] == ["Suspended", "Suspended", "Waiting"]
+    assert said["job-1"] == [
+        ("Created", "job created from source/inbox (message m1)"),
+        (SUSPENDED_REASON, SUSPENDED_MESSAGE),
+    ]
+    assert said["job-3"] == [("Created", "job created from source/inbox (message m3)")]
+    assert jobs["job-1"].status == new_job_status(jobs["job-1"].status["acceptedAt"], suspended=True)

@@ -301,15 +301,24 @@ _REVISION_FIELDS = (
 _REVISION_CONDITIONS = frozenset({"Completed", "Succeeded"})
 
 
-def new_job_status(accepted_at: str, depends_on: Sequence[str] = ()) -> JobStatusDict:
-    """The status of a job just stored: Waiting at revision 1. A job with dependencies is
-    stored as the controller's first look finds it while none of them has completed (no
-    receipt yet, waiting for each, in order), so that look writes nothing: on a DAG it was a
-    write for each job (controller/job.py `waiting`; a test holds the two equal)."""
+# a suspended job's reason and message (its event's too), said by whoever stores it so
+SUSPENDED_REASON = "Suspended"
+SUSPENDED_MESSAGE = "suspended: no new run is admitted"
+
+
+def new_job_status(accepted_at: str, depends_on: Sequence[str] = (), *, suspended: bool = False) -> JobStatusDict:
+    """The status of a job just stored: Waiting at revision 1, stored as the controller's
+    first look would leave it, so that look writes nothing (a write a job, on a DAG or a
+    burst of jobs from a queue; tests hold the two equal). A job with dependencies waits for
+    each, in order, with no receipt yet (controller/job.py `waiting`); a suspended one is
+    Suspended (its creator records the event the look would have), whatever it depends on."""
     status: JobStatusDict = {"phase": Phase.WAITING, "revision": 1, "acceptedAt": accepted_at}
     if depends_on:
         status["dependencies"], status["waits"] = [], []
         status["reason"], status["message"] = waiting_for(depends_on)
+    if suspended:
+        status["phase"], status["reason"], status["message"] = Phase.SUSPENDED, SUSPENDED_REASON, SUSPENDED_MESSAGE
+        status["outcome"] = None
     return status
 
 

@@ -16,7 +16,7 @@ from ..api.annotations import CREATED_BY, MESSAGE_ID
 from ..api.job import JobSpec
 from ..api.kinds import KINDS
 from ..api.meta import dump, from_epoch
-from ..api.status import new_job_status
+from ..api.status import SUSPENDED_MESSAGE, SUSPENDED_REASON, new_job_status
 from ..api.validation import Built, validate_apply
 from ..store import Store, StoredObject, ingested, specview
 from ..store import repository as repo
@@ -84,8 +84,9 @@ class _Batch:
         self.taken = {o.name for o in repo.list_objects(tx.session, kind="Job", names=candidates + named)}
         self.rows: list[dict[str, Any]] = []
         self.specs: list[JobSpec] = []  # each row's validated spec, in the rows' order
-        # every job of the batch starts with the same status: one dict, spelled once (create_many)
-        self.status = dict(new_job_status(self.accepted_at))
+        # the jobs of the batch that depend on nothing start with one of two statuses: one
+        # dict each, spelled once (create_many)
+        self.statuses = {s: dict(new_job_status(self.accepted_at, suspended=s)) for s in (False, True)}
         self.passed = self._passed(batch)
 
     def _passed(self, batch: list[tuple[Message, Draft]]) -> bool:
@@ -136,7 +137,11 @@ class _Batch:
                 "spec": spec,
                 "labels": job.metadata.labels,
                 "annotations": annotations,
-                "status": self.status if not deps else dict(new_job_status(self.accepted_at, deps)),
+                "status": (
+                    dict(new_job_status(self.accepted_at, deps, suspended=job.spec.suspend))
+                    if deps
+                    else self.statuses[job.spec.suspend]
+                ),
             }
         )
         return Verdict(message, "created", job=name)
@@ -180,12 +185,12 @@ class Intake:
             for obj, spec in zip(created, work.specs, strict=True):
                 specs.remember(obj.spec_text, spec)  # what the job's first step would validate again
             message_of = {v.job: v.message.id for v in verdicts if v.outcome == "created"}
-            events = [
-                repo.ObjectEvent(
-                    obj, "Created", f"job created from source/{self.source} (message {shown(message_of[obj.name])})"
-                )
-                for obj in created
-            ]
+            events = []
+            for obj, spec in zip(created, work.specs, strict=True):
+                said = f"job created from source/{self.source} (message {shown(message_of[obj.name])})"
+                events.append(repo.ObjectEvent(obj, "Created", said))
+                if spec.suspend:  # stored as the controller's first look would leave it: said as it would
+                    events.append(repo.ObjectEvent(obj, SUSPENDED_REASON, SUSPENDED_MESSAGE))
             rejected = [v for v in verdicts if v.outcome == "rejected"]
             events += [
                 repo.ObjectEvent(source, "MessageRejected", f"message {shown(v.message.id)}: {v.problem}", True)

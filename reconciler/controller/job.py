@@ -18,7 +18,7 @@ from ..agent.probe import Probes
 from ..api import revisions
 from ..api.job import JobSpec, WaitCondition
 from ..api.meta import from_epoch, to_epoch
-from ..api.status import Phase, phase_of, waiting_for
+from ..api.status import SUSPENDED_MESSAGE, SUSPENDED_REASON, Phase, phase_of, waiting_for
 from ..clock import Clock
 from ..errors import Conflict
 from ..store import Store, StoredObject, queuing
@@ -154,7 +154,7 @@ class JobReconciler:
             self.probes.forget(ctx.name)
             if ctx.phase == Phase.QUEUED:  # only a job stored Queued holds a place in line
                 ctx.ops.append(lambda tx: queuing.dequeue(tx, ctx.uid))
-            ctx.move(Phase.SUSPENDED, "Suspended", "suspended: no new run is admitted")
+            ctx.move(Phase.SUSPENDED, SUSPENDED_REASON, SUSPENDED_MESSAGE)
             self.endings.write(ctx)
             return DONE
         if ctx.phase == Phase.SUSPENDED:
