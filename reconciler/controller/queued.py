@@ -7,6 +7,7 @@ and the admission row and the status (Starting) are written together."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -52,7 +53,7 @@ class QueuedSteps:
         self.rand = rand
 
     def queued(self, ctx: Ctx) -> Result:
-        spec, status = ctx.spec, ctx.status
+        spec = ctx.spec
         look = None if ctx.changed() else self._look(ctx)
         if look is not None and not look.might_admit:
             # no room in a finite scope: the decision can only be "wait", so spare the write
@@ -83,7 +84,7 @@ class QueuedSteps:
             facts.update((s, read()) for s, read in asked.items())
             me = known if asked_row is None else asked_row()
             assert me is not None
-            scopes = self._scopes(tx.session, me, nodes, facts, lines)
+            scopes, behind = self._scopes(tx.session, me, nodes, facts, lines)
             decision = admission.decide(admission.Request(me.uid, me.name, me.slots, me.bypass_count), scopes)
             placed = None
             if decision.admit:
@@ -102,47 +103,22 @@ class QueuedSteps:
                 )
                 if round_robin and placed.node is not None:
                     sched.round_robin_turn(tx)  # taken only by a job placed: the rotation survives restarts
+            woken: list[str] | None = None
             if placed is not None and placed.node is not None:
-                number = max((r["number"] for r in status.get("runs", [])), default=0) + 1
-                owner = self.owner if placed.node == self.agent.node else None
-                admitted_at = sched.admit(
-                    tx,
-                    uid=ctx.uid,
-                    name=ctx.name,
-                    pool=spec.pool,
-                    slots=spec.slots,
-                    node=placed.node,
-                    run_number=number,
-                    owner=owner,
-                    port=spec.port,
-                    cpu=spec.resources.cpu or 0.0,
-                    memory=spec.resources.memory or 0,
-                )
-                for passed in decision.bypassed:
-                    queuing.count_bypass(tx, passed.uid)
-                status["admission"] = {"pool": spec.pool, "slots": spec.slots, "admittedAt": from_epoch(admitted_at)}
-                status["nodeName"] = placed.node
-                status["bypassCount"] = me.bypass_count
-                in_pool = f" in pool {spec.pool}" if spec.pool else ""
-                ctx.move(Phase.STARTING, "Admitted", f"run {number}: {spec.slots} slot(s) granted{in_pool}")
-                ctx.note("Scheduled", placed.message)
-                commit(tx, ctx)
-                # what Starting would read back at once: it is what this transaction wrote
-                self.endings.admitted[ctx.uid] = sched.Admission(placed.node, number, owner)
-                return AGAIN
-            if placed is not None:
-                reason, message = "Unschedulable", placed.message
+                self._admit(tx, ctx, me, placed.node, placed.message, decision.bypassed)
+                # the next in a line this job headed may fit in what is left: it must not wait
+                # for a timer (it may have looked first and waited behind this job)
+                woken = [
+                    after.name
+                    for s in scopes
+                    if s.name in behind and (s.free() or 0) > spec.slots and (after := behind[s.name]()) is not None
+                ]
             else:
-                reason, message = decision.reason, decision.message
-            said = (status.get("reason"), status.get("message"))
-            # a move within the line alone is not written (see _IN_LINE); with another change it is
-            moved_in_line_only = not ctx.changed() and _both_in_line(said[0], reason)
-            if said != (reason, message) and not moved_in_line_only:
-                status["reason"], status["message"] = reason, message
-                if reason == "Unschedulable":
-                    ctx.note("FailedScheduling", message, warning=True)
-            if ctx.changed() or ctx.ops:
-                commit(tx, ctx)
+                self._hold(tx, ctx, placed.message if placed is not None else None, decision)
+        if woken is not None:
+            for name in woken:
+                self.wake(name, urgent=True)
+            return AGAIN
         for scope in scopes:  # a head that fits must not wait for a timer
             if scope.head is not None and scope.head_fits and scope.head.uid != ctx.uid:
                 self.wake(scope.head.name, urgent=True)
@@ -150,6 +126,58 @@ class QueuedSteps:
             # a port is freed by processes nothing here hears of: looked at again soon
             return requeue_after(deadlines.soonest(ctx.now, ctx.now + PORT_POLL, ctx.job_deadline()))
         return self._wait_in_line(ctx)
+
+    def _admit(
+        self, tx: Tx, ctx: Ctx, me: queuing.QueueEntry, node: str, placement: str, bypassed: list[admission.Request]
+    ) -> None:
+        """Write the admission (its row, the queue row gone, the heads passed counted) and
+        the status, Starting, with its events."""
+        spec, status = ctx.spec, ctx.status
+        number = max((r["number"] for r in status.get("runs", [])), default=0) + 1
+        owner = self.owner if node == self.agent.node else None
+        admitted_at = sched.admit(
+            tx,
+            uid=ctx.uid,
+            name=ctx.name,
+            pool=spec.pool,
+            slots=spec.slots,
+            node=node,
+            run_number=number,
+            owner=owner,
+            port=spec.port,
+            cpu=spec.resources.cpu or 0.0,
+            memory=spec.resources.memory or 0,
+        )
+        for passed in bypassed:
+            queuing.count_bypass(tx, passed.uid)
+        status["admission"] = {"pool": spec.pool, "slots": spec.slots, "admittedAt": from_epoch(admitted_at)}
+        status["nodeName"] = node
+        status["bypassCount"] = me.bypass_count
+        in_pool = f" in pool {spec.pool}" if spec.pool else ""
+        ctx.move(Phase.STARTING, "Admitted", f"run {number}: {spec.slots} slot(s) granted{in_pool}")
+        ctx.note("Scheduled", placement)
+        commit(tx, ctx)
+        # what Starting would read back at once: it is what this transaction wrote
+        self.endings.admitted[ctx.uid] = sched.Admission(node, number, owner)
+
+    @staticmethod
+    def _hold(tx: Tx, ctx: Ctx, unschedulable: str | None, decision: admission.Decision) -> None:
+        """Not admitted: say why (no node could take it, or the admission's decision), unless
+        only its place in line moved; written only if something changed."""
+        status = ctx.status
+        if unschedulable is not None:
+            reason, message = "Unschedulable", unschedulable
+        else:
+            reason, message = decision.reason, decision.message
+        said = (status.get("reason"), status.get("message"))
+        # a move within the line alone is not written (see _IN_LINE); with another change it is
+        moved_in_line_only = not ctx.changed() and _both_in_line(said[0], reason)
+        if said != (reason, message) and not moved_in_line_only:
+            status["reason"], status["message"] = reason, message
+            if reason == "Unschedulable":
+                ctx.note("FailedScheduling", message, warning=True)
+        if ctx.changed() or ctx.ops:
+            commit(tx, ctx)
 
     def _ports_taken(self, tx: Tx, port: int | None) -> dict[str, frozenset[int]]:
         """For a service with a port: the ports services hold on each node and, on this
@@ -192,11 +220,13 @@ class QueuedSteps:
         nodes: list[NodeView],
         facts_cache: dict[str, sched.PoolFacts],
         lines: dict[str, Iterator[queuing.QueueEntry]],
-    ) -> list[admission.Scope]:
-        """The finite scopes the job queues in, each with its head of line; `facts_cache`
-        holds the pools' facts already read in this transaction, `lines` the scopes' lines
-        already asked for."""
+    ) -> tuple[list[admission.Scope], dict[str, Callable[[], queuing.QueueEntry | None]]]:
+        """The finite scopes the job queues in, each with its head of line, and for those
+        the job heads, what finds the next in line that a node could take (reading on from
+        where the head was found, only if called); `facts_cache` holds the pools' facts
+        already read in this transaction, `lines` the scopes' lines already asked for."""
         scopes = []
+        behind: dict[str, Callable[[], queuing.QueueEntry | None]] = {}
 
         def facts(pool: str) -> sched.PoolFacts:
             if pool not in facts_cache:
@@ -227,7 +257,9 @@ class QueuedSteps:
             head = next((e for e in line if e.uid == me.uid or could_place(e)), None)
             head_fits = head is not None and head.uid != me.uid and fits_now(head)
             scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head), head_fits))
-        return scopes
+            if head is not None and head.uid == me.uid:
+                behind[scope_name] = functools.partial(next, filter(could_place, line), None)
+        return scopes, behind
 
 
 @dataclasses.dataclass(frozen=True)

@@ -63,3 +63,46 @@ def test_the_node_heartbeat_does_not_wait_for_the_work_queue(sqlite_url, tmp_pat
         wired._watcher.join(5)
         wired.agent.close()
         store.dispose()
+
+
+def test_the_next_in_line_is_woken_when_the_head_it_waited_for_is_admitted_with_room_left(sqlite_url, tmp_path):
+    """A job that looked first and found an older one at the head of its line, fitting, waits
+    for its turn; when that head is admitted and room is left, the waiting one is woken at
+    once (before: nothing woke it until the next release of slots or its safety poll)."""
+    go = tmp_path / "go"
+    manifests = "---\n".join(
+        [
+            "apiVersion: reconciler.dev/v1alpha1\nkind: Pool\nmetadata: {name: two}\nspec: {slots: 2}\n",
+            "apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {name: big}\n"
+            f"spec: {{shell: \"while [ ! -e '{go}' ]; do sleep 0.05; done\", pool: two, slots: 2}}\n",
+            "apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {name: ahead}\n"
+            "spec: {command: [/bin/true], pool: two, priority: 5}\n",
+            "apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {name: behind}\n"
+            "spec: {command: [/bin/true], pool: two}\n",
+        ]
+    )
+
+    def drain() -> list[str]:
+        keys = []
+        while len(wired.queue):
+            keys.append(wired.queue.get())
+            wired.queue.done(keys[-1])
+        return keys
+
+    with wired_controller(sqlite_url, tmp_path, manifests) as wired:
+        drive(wired, "big", "Starting")  # both slots
+        drive(wired, "ahead", "Queued")
+        drive(wired, "behind", "Queued")
+        drain()
+        go.touch()
+        wait_until(lambda: "big" in drain(), message="the end of `big` was not reported")
+        wired.jobs("big")  # its end frees both slots and wakes the first in line
+        drain()
+        wired.jobs("behind")  # looks first: `ahead` heads the line and fits, so it waits its turn
+        assert job_statuses(wired.store, ["behind"])["behind"]["phase"] == "Queued"
+        assert drain() == ["ahead"]  # the head is woken
+        wired.jobs("ahead")  # admitted, one slot left
+        assert job_statuses(wired.store, ["ahead"])["ahead"]["phase"] in ("Starting", "Running")
+        assert "behind" in drain()  # woken at once: it fits in the slot left
+        wired.jobs("behind")
+        assert job_statuses(wired.store, ["behind"])["behind"]["phase"] in ("Starting", "Running", "Completed")
