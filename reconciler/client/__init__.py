@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 class Logs(Protocol):
-    """One run's captured output (reads.RunLogs, or the API's log endpoint)."""
+    """One run's captured output (runlogs.RunLogs, or the API's log endpoint)."""
 
     def read(self, stream: str | None, tail: int | None = None) -> Iterator[str]: ...
     def follow(self, stream: str | None, tail: int | None = None) -> Iterator[str]: ...

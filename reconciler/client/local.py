@@ -12,7 +12,8 @@ if TYPE_CHECKING:
     from ..drain import HeldRun
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
-    from ..reads import Listing, RunLogs
+    from ..reads import Listing
+    from ..runlogs import RunLogs
     from ..selectors import Requirement
     from ..store import Store, StoredObject
 
@@ -62,7 +63,7 @@ class LocalClient:
         return watch(self.store, kind, names, _parsed(selector))
 
     def run_logs(self, name: str, run: int | None) -> RunLogs:
-        from ..reads import run_logs
+        from ..runlogs import run_logs
 
         return run_logs(self.store, name, run)
 

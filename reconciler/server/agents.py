@@ -15,7 +15,7 @@ import anyio
 import httpx
 from fastapi import FastAPI, Query
 
-from .. import noderuns, reads
+from .. import noderuns, reads, runlogs
 from ..errors import NotFound, ReconcilerError
 from ..store import Store
 from ..wire import PREFIX, HeartbeatRequest, RunReport, RunReports, status
@@ -183,7 +183,7 @@ def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
 def remote_log(
     store: Store,
     tokens: Tokens | None,
-    found: reads.RunLogs,
+    found: runlogs.RunLogs,
     *,
     stream: str | None,
     tail: int | None,

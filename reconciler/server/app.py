@@ -17,7 +17,7 @@ from fastapi import Body, FastAPI, Query
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from .. import apply as applying
-from .. import commands, reads
+from .. import commands, reads, runlogs
 from .. import drain as draining
 from .. import graph as graphs
 from ..api.kinds import KINDS, KindInfo
@@ -291,7 +291,7 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
     ) -> Response:
         """A run's captured output, as `reconciler logs` prints it (a remote run's from its
         node's agent)."""
-        found = reads.run_logs(store, name, run)
+        found = runlogs.run_logs(store, name, run)
         stop = threading.Event()
         remote = agents.remote_log(store, tokens, found, stream=stream_name, tail=tail_lines, follow=follow, stop=stop)
         if remote is not None:
