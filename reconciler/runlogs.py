@@ -43,10 +43,9 @@ class RunLogs:
     def read(self, stream: str | None, tail: int | None = None) -> Iterator[str]:
         """The kept text of each stream (or its last `tail` lines), in pieces of bounded
         size; each stream's text ends with a newline, so two never run together on a line."""
-        from .agent.logs import read_log
+        from .agent.logs import read_logs
 
-        texts = [read_log(p, tail=tail) for p in self.paths(stream) if p.exists()]
-        return _ended_lines(texts)
+        return read_logs(self.paths(stream), tail=tail)
 
     def follow(self, stream: str | None, tail: int | None = None, stop: threading.Event | None = None) -> Iterator[str]:
         """The streams' kept text (or their last `tail` lines), then what is written, until
@@ -66,15 +65,6 @@ class RunLogs:
             return True
         runs = [r for r in (current.status or {}).get("runs", []) if r["number"] == self.run["number"]]
         return not runs or runs[0].get("finishedAt") is not None
-
-
-def _ended_lines(texts: list[Iterator[str]]) -> Iterator[str]:
-    for pieces in texts:
-        last = ""
-        for last in pieces:
-            yield last
-        if last and not last.endswith("\n"):
-            yield "\n"
 
 
 def run_logs(store: Store, name: str, run: int | None) -> RunLogs:

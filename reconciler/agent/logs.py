@@ -225,6 +225,22 @@ def read_log(path: str | os.PathLike[str], *, tail: int | None = None) -> Iterat
     return _read(_KeptLog(path), _Lines(path, tail))
 
 
+def read_logs(paths: Iterable[str | os.PathLike[str]], *, tail: int | None = None) -> Iterator[str]:
+    """The kept text of each of the files that exist (or its last `tail` lines), one after
+    the other; each file's text ends with a newline, so two never run together on a line
+    (as `reconciler logs` prints them, locally or through an agent's log server)."""
+    for path in paths:
+        try:
+            pieces = read_log(path, tail=tail)
+        except FileNotFoundError:  # this stream has no file (or it went since it was listed)
+            continue
+        last = ""
+        for last in pieces:
+            yield last
+        if last and not last.endswith("\n"):
+            yield "\n"
+
+
 def _read(log: _KeptLog, lines: _Lines) -> Iterator[str]:
     with log:
         yield from lines.look(log)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import hmac
 import re
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from ..agent.logs import follow, read_log
+from ..agent.logs import follow, read_logs
 
 RUN_FOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # <job>.<uid>.<number>: no path can escape runs/
 
@@ -80,7 +80,7 @@ class LogServer:
         if query.get("follow") == "true":
             pieces = follow(paths, done=lambda: self.stopping.is_set() or self.finished(folder), tail=tail)
         else:
-            pieces = _ended_lines([read_log(p, tail=tail) for p in paths if p.exists()])
+            pieces = read_logs(paths, tail=tail)
         handler.send_response(200)
         handler.send_header("Content-Type", "text/plain; charset=utf-8")
         handler.send_header("Connection", "close")
@@ -91,16 +91,6 @@ class LogServer:
                 handler.wfile.flush()
         except (BrokenPipeError, ConnectionResetError):
             return  # the reader went away
-
-
-def _ended_lines(texts: list[Iterator[str]]) -> Iterator[str]:
-    """Each stream's text ends with a newline (as `reconciler logs` prints it locally)."""
-    for pieces in texts:
-        last = ""
-        for last in pieces:
-            yield last
-        if last and not last.endswith("\n"):
-            yield "\n"
 
 
 def _plain(handler: BaseHTTPRequestHandler, code: int, message: str) -> None:
