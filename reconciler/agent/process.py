@@ -15,8 +15,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-import psutil
-
 from reconciler.agent.groups import (
     arming,
     group_alive,
@@ -25,7 +23,7 @@ from reconciler.agent.groups import (
     signal_group,
     wait_armed,
 )
-from reconciler.agent.identity import ProcessIdentity, is_alive, same_process
+from reconciler.agent.identity import ProcessIdentity, is_alive, same_process, start_time_of
 from reconciler.agent.wrapper import wrapper_argv
 from reconciler.files import make_private_dirs, read_small
 
@@ -165,9 +163,8 @@ def spawn_run(
     # (wait_armed); spawning does not, so the wrapper's startup stays off the caller's path.
     arming(popen.pid, ready_r)
 
-    try:
-        start_time = psutil.Process(popen.pid).create_time()  # a zombie still answers
-    except psutil.NoSuchProcess:  # only if someone else reaped it already
+    start_time = start_time_of(popen.pid)  # a zombie still answers
+    if start_time is None:  # only if someone else reaped it already
         start_time = time.time()  # any value will do: is_alive is False either way
     identity = ProcessIdentity(pid=popen.pid, start_time=start_time)
     with _children_lock:

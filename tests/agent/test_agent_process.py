@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from reconciler.agent.identity import wall_clock_start
+from reconciler.agent.identity import start_time_of, wall_clock_start
 from reconciler.agent.process import (
     ExitRecord,
     ProcessIdentity,
@@ -150,6 +150,25 @@ def test_is_alive_requires_the_same_start_time():
     assert is_alive(ProcessIdentity(pid=me.pid, start_time=me.create_time()))
     assert not is_alive(ProcessIdentity(pid=me.pid, start_time=me.create_time() - 5))
     assert not is_alive(ProcessIdentity(pid=me.pid, start_time=me.create_time() + 0.5))
+
+
+def test_the_start_time_read_directly_is_psutils_exactly_for_a_live_process_and_a_zombie():
+    """Stored identities are compared with psutil's create_time (same_process): the direct read
+    of /proc that spawning and liveness checks use must give the very same number."""
+    proc = subprocess.Popen(["sleep", "5"])
+    try:
+        assert start_time_of(proc.pid) == psutil.Process(proc.pid).create_time()
+        identity = ProcessIdentity(proc.pid, start_time_of(proc.pid) or 0.0)
+        assert is_alive(identity)
+        proc.kill()
+        wait_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE)
+        assert start_time_of(proc.pid) == psutil.Process(proc.pid).create_time()  # a zombie still answers
+        assert not is_alive(identity)  # but is not alive
+    finally:
+        proc.kill()
+        proc.wait()
+    assert start_time_of(proc.pid) is None  # reaped: no such process (unless the pid was reused at once)
+    assert not is_alive(identity)
 
 
 def test_wall_clock_start_is_when_the_process_started_even_once_it_is_gone():
