@@ -16,7 +16,8 @@ import threading
 import psutil
 import pytest
 
-from reconciler.agent.artifacts import WORK, Artifacts, Cache, FetchLimits
+from reconciler.agent.artifactcache import Cache, FetchLimits
+from reconciler.agent.artifacts import WORK, Artifacts
 from reconciler.agent.unzip import ArtifactError
 from tests.artifacts import Member, free_port, zip_bytes
 from tests.helpers import wait_until
@@ -152,7 +153,7 @@ def test_a_local_file_without_sha256_is_read_again_when_its_size_or_mtime_change
 FETCH = """
 import sys
 from pathlib import Path
-from reconciler.agent.artifacts import Cache
+from reconciler.agent.artifactcache import Cache
 print(Cache(Path(sys.argv[1])).get(sys.argv[2], sys.argv[3]))
 """
 

@@ -146,7 +146,13 @@ try:
     main()
 except SystemExit as exc:
     assert not exc.code, exc.code
-heavy = ("sqlalchemy", "sqlmodel", "reconciler.agent.artifacts", "reconciler.controller.ingest")
+heavy = (
+    "sqlalchemy",
+    "sqlmodel",
+    "reconciler.agent.artifacts",
+    "reconciler.agent.artifactcache",
+    "reconciler.controller.ingest",
+)
 print(sorted(m for m in sys.modules if m in heavy or m.partition(".")[0] in heavy))
 """
 
