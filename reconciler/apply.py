@@ -15,7 +15,7 @@ from .api.kinds import KINDS, KindInfo
 from .api.meta import dump, format_time, utcnow
 from .api.pool import GLOBAL_POOL
 from .api.revisions import execution_hash
-from .api.status import ACTIVE_PHASES, LIVE_PHASES, SUSPENDED_MESSAGE, SUSPENDED_REASON, new_job_status
+from .api.status import ACTIVE_PHASES, LIVE_PHASES, first_events, new_job_status
 from .api.validation import validate_apply
 from .errors import Conflict
 from .jsontext import canonical
@@ -165,8 +165,8 @@ def _apply_one(
         if isinstance(spec_model, JobSpec):
             deps = [d.job for d in spec_model.depends_on]
             status = dict(new_job_status(format_time(utcnow()), deps, suspended=spec_model.suspend))
-            if spec_model.suspend:  # stored as the controller's first look would leave it: said as it would
-                said.append((change, SUSPENDED_REASON, SUSPENDED_MESSAGE))
+            # stored as the controller's first look would leave it: said as it would say it
+            said += [(change, reason, message) for reason, message in first_events(status)]
         creation = dict(
             kind=m.kind.kind, name=m.name, spec=spec, labels=meta.labels, annotations=annotations, status=status
         )

@@ -14,7 +14,7 @@ from .api.job import Job
 from .api.kinds import KINDS
 from .api.meta import dump, format_time, utcnow
 from .api.oneoff import OneOff as OneOff  # where the verbs and the wire have always found it
-from .api.status import SUSPENDED_MESSAGE, SUSPENDED_REASON, Outcome, Phase, new_job_status
+from .api.status import Outcome, Phase, first_events, new_job_status
 from .api.validation import Built, validate_apply
 from .errors import Conflict, InvalidInput, NotFound
 from .problems import field_problems
@@ -111,10 +111,9 @@ def run_job(store: Store, one_off: OneOff) -> str:
                 new_job_status(format_time(utcnow()), [d.job for d in job.spec.depends_on], suspended=job.spec.suspend)
             ),
         )
-        said = [repo.ObjectEvent(obj, "Created", "job created by run")]
-        if job.spec.suspend:  # stored as the controller's first look would leave it: said as it would
-            said.append(repo.ObjectEvent(obj, SUSPENDED_REASON, SUSPENDED_MESSAGE))
-        repo.record_events(tx, *said)
+        # stored as the controller's first look would leave it: said as it would say it
+        said = [repo.ObjectEvent(obj, reason, message) for reason, message in first_events(obj.status)]
+        repo.record_events(tx, repo.ObjectEvent(obj, "Created", "job created by run"), *said)
     return job.metadata.name
 
 

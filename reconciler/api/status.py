@@ -9,7 +9,7 @@ more than the step's SQL. A test holds the two views to the same fields."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Any, Literal, TypedDict
 
@@ -311,7 +311,8 @@ def new_job_status(accepted_at: str, depends_on: Sequence[str] = (), *, suspende
     first look would leave it, so that look writes nothing (a write a job, on a DAG or a
     burst of jobs from a queue; tests hold the two equal). A job with dependencies waits for
     each, in order, with no receipt yet (controller/job.py `waiting`); a suspended one is
-    Suspended (its creator records the event the look would have), whatever it depends on."""
+    Suspended (its creator records the event the look would have: `first_events`), whatever
+    it depends on."""
     status: JobStatusDict = {"phase": Phase.WAITING, "revision": 1, "acceptedAt": accepted_at}
     if depends_on:
         status["dependencies"], status["waits"] = [], []
@@ -320,6 +321,14 @@ def new_job_status(accepted_at: str, depends_on: Sequence[str] = (), *, suspende
         status["phase"], status["reason"], status["message"] = Phase.SUSPENDED, SUSPENDED_REASON, SUSPENDED_MESSAGE
         status["outcome"] = None
     return status
+
+
+def first_events(status: Mapping[str, Any] | None) -> list[tuple[str, str]]:
+    """The events (reason, message) the controller's first look would have recorded for a
+    status that new_job_status gave: its creator records them after Created."""
+    if (status or {}).get("phase") == Phase.SUSPENDED:
+        return [(SUSPENDED_REASON, SUSPENDED_MESSAGE)]
+    return []
 
 
 def waiting_for(pending: Sequence[str]) -> tuple[str, str]:

@@ -16,7 +16,7 @@ from ..api.annotations import CREATED_BY, MESSAGE_ID
 from ..api.job import JobSpec
 from ..api.kinds import KINDS
 from ..api.meta import dump, from_epoch
-from ..api.status import SUSPENDED_MESSAGE, SUSPENDED_REASON, new_job_status
+from ..api.status import first_events, new_job_status
 from ..api.validation import Built, validate_apply
 from ..store import Store, StoredObject, ingested, specview
 from ..store import repository as repo
@@ -182,15 +182,14 @@ class Intake:
             work = _Batch(tx, self.source, batch, self._next_number, now)
             verdicts = [work.one(message, d) for message, d in batch]
             created = repo.create_many(tx, work.rows)
-            for obj, spec in zip(created, work.specs, strict=True):
-                specs.remember(obj.spec_text, spec)  # what the job's first step would validate again
             message_of = {v.job: v.message.id for v in verdicts if v.outcome == "created"}
             events = []
             for obj, spec in zip(created, work.specs, strict=True):
+                specs.remember(obj.spec_text, spec)  # what the job's first step would validate again
                 said = f"job created from source/{self.source} (message {shown(message_of[obj.name])})"
                 events.append(repo.ObjectEvent(obj, "Created", said))
-                if spec.suspend:  # stored as the controller's first look would leave it: said as it would
-                    events.append(repo.ObjectEvent(obj, SUSPENDED_REASON, SUSPENDED_MESSAGE))
+                # stored as the controller's first look would leave it: said as it would say it
+                events += [repo.ObjectEvent(obj, reason, message) for reason, message in first_events(obj.status)]
             rejected = [v for v in verdicts if v.outcome == "rejected"]
             events += [
                 repo.ObjectEvent(source, "MessageRejected", f"message {shown(v.message.id)}: {v.problem}", True)
