@@ -884,29 +884,6 @@ def test_a_store_that_cannot_be_reached_raises_store_error():
         Store("postgresql://postgres@127.0.0.1:1/nowhere")
 
 
-def test_canonical_spells_every_value_as_json_dumps_does():
-    """canonical() uses one prebuilt C encoder instead of json.dumps: the text (what specs
-    are compared by) and the errors must be the same."""
-    import json
-
-    values = [
-        {"b": [1, 2.5, -0.0, 1e300, 10**30, None, True], "a": {"z": 'é\u2028"\\', "y": float("nan")}},
-        {"inf": float("inf"), "nested": [{}, [], {"k": {"j": []}}]},
-        {2: "int keys", 1: "as text"},
-        {},
-        [],
-        "text",
-        0.1,
-    ]
-    for value in values:
-        assert repo.canonical(value) == json.dumps(value, sort_keys=True, separators=(",", ":"))
-    for bad in ({"a": object()}, {1: "x", "b": "y"}):
-        with pytest.raises(TypeError):
-            json.dumps(bad, sort_keys=True)
-        with pytest.raises(TypeError):
-            repo.canonical(bad)
-
-
 def test_new_uids_are_version_7_uuids_in_creation_order():
     import time
     import uuid

@@ -1,0 +1,105 @@
+"""The canonical spelling (jsontext.canonical): one text per value, ASCII, keys sorted, and
+the very text json.dumps(sort_keys=True) gives for every document a spec can be, so that a
+spec stored before orjson spelled it reads as unchanged."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from reconciler.api.kinds import KINDS
+from reconciler.jsontext import canonical
+
+# every value JSON can hold: any text (outside ASCII, DEL, control characters), ints past 64
+# bits, floats of every magnitude
+_leaves = st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text()
+documents = st.recursive(_leaves, lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=30)
+
+
+def _json_dumps(document: Any) -> str:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def _floats(document: Any) -> list[float]:
+    if isinstance(document, float):
+        return [document]
+    if isinstance(document, dict):
+        return [f for v in document.values() for f in _floats(v)]
+    if isinstance(document, list):
+        return [f for v in document for f in _floats(v)]
+    return []
+
+
+@given(documents)
+def test_the_text_is_ascii_and_reads_back_as_the_document(document: Any) -> None:
+    text = canonical(document)
+    assert text.isascii()
+    assert json.loads(text) == document
+
+
+@given(documents)
+def test_without_a_float_below_1e_4_the_text_is_json_dumps_sorted(document: Any) -> None:
+    if all(f == 0 or abs(f) >= 1e-4 for f in _floats(document)):
+        assert canonical(document) == _json_dumps(document)
+
+
+@given(st.dictionaries(st.text(), _leaves))
+def test_equal_mappings_built_in_any_order_spell_alike(mapping: dict[str, Any]) -> None:
+    assert canonical(dict(reversed(list(mapping.items())))) == canonical(mapping)
+
+
+def test_what_only_json_can_spell_is_spelled_by_json() -> None:
+    for document in ({"n": 2**70}, {2: "int keys", 1: "as text"}, {"s": "caf\u00e9\u2028\x7f", "f": 1e-05}):
+        assert canonical(document) == _json_dumps(document)
+
+    class Name(str):
+        pass
+
+    assert canonical({Name("a"): Name("b")}) == '{"a":"b"}'
+
+
+def test_what_neither_can_spell_raises_type_error() -> None:
+    for bad in ({"a": object()}, {1: "x", "b": "y"}):
+        with pytest.raises(TypeError):
+            canonical(bad)
+
+
+def test_nan_and_infinity_which_no_model_lets_through_are_null() -> None:
+    """json would write NaN, which is not JSON (PostgreSQL's jsonb refuses it)."""
+    assert canonical({"a": float("nan"), "b": [float("inf"), -float("inf")]}) == '{"a":null,"b":[null,null]}'
+
+
+def _numbers(schema: Any, defs: dict[str, Any], seen: set[str]) -> list[dict[str, Any]]:
+    """Every `number` in a JSON Schema, following its references once each."""
+    found = []
+    if isinstance(schema, dict):
+        if (ref := schema.get("$ref")) is not None and ref not in seen:
+            seen.add(ref)
+            found += _numbers(defs[ref.rsplit("/", 1)[1]], defs, seen)
+        if schema.get("type") == "number":
+            found.append(schema)
+        for key, value in schema.items():
+            if key != "$defs":
+                found += _numbers(value, defs, seen)
+    elif isinstance(schema, list):
+        for value in schema:
+            found += _numbers(value, defs, seen)
+    return found
+
+
+def test_no_spec_of_any_kind_can_hold_a_float_that_json_spells_otherwise() -> None:
+    """What makes the spelling of a stored spec the same as before: a float of a spec is
+    bounded below by 1e-4 (or is a whole number), never NaN or infinite."""
+    for info in KINDS.values():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # defaults the schema cannot show
+            schema = info.model.model_json_schema(by_alias=True, mode="serialization")
+        spec = schema["properties"]["spec"]
+        for number in _numbers(spec, schema.get("$defs", {}), set()):
+            low = number.get("minimum", number.get("exclusiveMinimum"))
+            assert low is not None and low >= 1e-4, f"{info.kind}: a spec float not bounded below by 1e-4: {number}"
