@@ -28,7 +28,9 @@ SHOWN_ID = 80  # characters of a message id that events and errors show
 REMEMBER = 7 * 24 * 3600.0  # seconds a message id is known: a redelivery comes within minutes, not weeks
 
 
-@dataclass(frozen=True, slots=True)
+# The records made per message (Message, Verdict, messages.Draft, repo.ObjectEvent) are not
+# frozen: a frozen dataclass is made 2.5 times slower (0.6 us against 0.23, each message).
+@dataclass(slots=True)
 class Message:
     """One message as a queue adapter received it."""
 
@@ -40,7 +42,7 @@ class Message:
 Outcome = Literal["created", "duplicate", "rejected"]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Verdict:
     """What became of one message: acknowledged (created, duplicate) or rejected."""
 

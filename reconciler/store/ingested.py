@@ -50,8 +50,7 @@ def jobs_of(session: Connection, source: str, message_ids: Iterable[str]) -> dic
 
 def record(tx: Tx, source: str, made: Iterable[tuple[str, str]], now: float) -> None:
     """(message id, job) pairs made in this transaction."""
-    rows = [{"source": source, "message_id": m, "job": j, "created_at": now} for m, j in made]
-    _ADD.execute_rows(tx.session, rows)
+    _ADD.execute_values(tx.session, [(source, m, j, now) for m, j in made])
 
 
 _FORGET = Statement("DELETE FROM ingested WHERE source = :source AND created_at < :cutoff")

@@ -255,15 +255,14 @@ _INSERT_OBJECT = Statement(
 )
 
 
-def _status_copies(status: dict[str, Any] | None) -> dict[str, Any]:
-    """The status fields the objects table copies into columns, for SQL to find and count."""
+_STATUS_COLUMNS = ("phase", "observed_generation", "outcome", "reason")
+
+
+def _status_copies(status: dict[str, Any] | None) -> tuple[Any, ...]:
+    """The status fields the objects table copies into columns (_STATUS_COLUMNS), for SQL
+    to find and count."""
     status = status or {}
-    return {
-        "phase": status.get("phase"),
-        "observed_generation": status.get("observedGeneration"),
-        "outcome": status.get("outcome"),
-        "reason": status.get("reason"),
-    }
+    return (status.get("phase"), status.get("observedGeneration"), status.get("outcome"), status.get("reason"))
 
 
 def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]:
@@ -271,49 +270,39 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
     Each item holds `create`'s keyword arguments (kind, name, spec, labels, annotations and
     optionally status). Objects that share one status dict (a Source's batch of new jobs)
     have it spelled once."""
-    rows: list[dict[str, Any]] = []
+    rows: list[tuple[Any, ...]] = []
     created: list[StoredObject] = []
     # the last status, its text and its columns (the dict is held: its id is not reused)
-    spelled: tuple[Any, str | None, dict[str, Any]] = (None, None, _status_copies(None))
+    spelled: tuple[Any, str | None, tuple[Any, ...]] = (None, None, _status_copies(None))
     for o in objects:
-        status = o.get("status")
+        kind, name, spec, status = o["kind"], o["name"], o["spec"], o.get("status")
         if status is not spelled[0]:
             spelled = (status, canonical(status) if status is not None else None, _status_copies(status))
-        now = time.time()
-        row = {
-            "kind": o["kind"],
-            "name": o["name"],
-            "uid": new_uid(),
-            "generation": 1,
-            "resource_version": tx.rv(),
-            "labels": canonical(o["labels"]),
-            "annotations": canonical(o["annotations"]),
-            "spec": canonical(o["spec"]),
-            "status": spelled[1],
-            "created_at": now,
-            **spelled[2],
-            "pool": o["spec"].get("pool") if o["kind"] == "Job" else None,
-            "deleted_at": None,
-        }
-        rows.append(row)
+        uid, rv, now, spec_text = new_uid(), tx.rv(), time.time(), canonical(spec)
+        pool = spec.get("pool") if kind == "Job" else None
+        # in _INSERT_OBJECT's order
+        rows.append(
+            (kind, name, uid, 1, rv, canonical(o["labels"]), canonical(o["annotations"]), spec_text, spelled[1])
+            + spelled[2]
+            + (pool, now, None)
+        )
         created.append(
             StoredObject(
-                kind=row["kind"],
-                name=row["name"],
-                uid=row["uid"],
+                kind=kind,
+                name=name,
+                uid=uid,
                 generation=1,
-                resource_version=row["resource_version"],
+                resource_version=rv,
                 labels=dict(o["labels"]),
                 annotations=dict(o["annotations"]),
-                spec=dict(o["spec"]),
+                spec=dict(spec),
                 status=status,
                 created_at=now,
                 deleted_at=None,
-                spec_text=row["spec"],
+                spec_text=spec_text,
             )
         )
-    if rows:
-        _INSERT_OBJECT.execute_many(tx.session, rows)
+    _INSERT_OBJECT.execute_values(tx.session, rows)
     return created
 
 
@@ -353,7 +342,7 @@ def update_object(
         values["annotations"] = canonical(annotations)
     if status is not None:
         values["status"] = canonical(status)
-        values.update(_status_copies(status))
+        values.update(zip(_STATUS_COLUMNS, _status_copies(status), strict=True))
     if deleted_at is not None:
         values["deleted_at"] = deleted_at
     result = _update(tuple(values)).execute(
@@ -393,7 +382,7 @@ def remove(tx: Tx, current: StoredObject) -> None:
         raise Conflict(f'{current.kind.lower()} "{current.name}" was modified meanwhile; try again')
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: made for each event of a batch (see controller/intake.py)
 class ObjectEvent:
     """One event about an object, as record_events writes it."""
 
@@ -407,19 +396,19 @@ def record_events(tx: Tx, *events: ObjectEvent) -> None:
     """Append events in the caller's transaction (so they commit with the change they
     record), in order, in one statement."""
     rows = [
-        {
-            "resource_version": tx.rv(),
-            "time": time.time(),
-            "kind": e.obj.kind,
-            "name": e.obj.name,
-            "uid": e.obj.uid,
-            "type": "Warning" if e.warning else "Normal",
-            "reason": e.reason,
-            "message": e.message,
-        }
+        (
+            tx.rv(),
+            time.time(),
+            e.obj.kind,
+            e.obj.name,
+            e.obj.uid,
+            "Warning" if e.warning else "Normal",
+            e.reason,
+            e.message,
+        )
         for e in events
     ]
-    _INSERT_EVENT.execute_rows(tx.session, rows)
+    _INSERT_EVENT.execute_values(tx.session, rows)
 
 
 _INSERT_EVENT = Statement(
