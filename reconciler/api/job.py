@@ -51,6 +51,13 @@ def _no_nul(text: str) -> str:
 OsString = Annotated[str, AfterValidator(_no_nul)]
 
 
+def _unset() -> Any:
+    """A nested model's default: an empty mapping, which validate_default makes the model
+    with its own defaults inside pydantic's core; made by its class, each was a Python call
+    into the validator (together about 1 us of a Job's 11 us validation)."""
+    return {}
+
+
 def _succeeded() -> list[DependencyOutcome]:
     return ["Succeeded"]
 
@@ -224,7 +231,7 @@ class Retry(Strict):
         "after the node's last heartbeat; unset: only once its fate is proven (its agent reports, the node "
         "is deleted or drained with --force).",
     )
-    backoff: Backoff = Field(default_factory=Backoff)
+    backoff: Backoff = Field(default_factory=_unset)
 
     @field_validator("on_exit_codes")
     @classmethod
@@ -272,9 +279,9 @@ class JobSpec(Strict):
         le=MAX_PRIORITY,
         description="Higher is admitted first among jobs competing in one scope.",
     )
-    placement: Placement = Field(default_factory=Placement)
-    resources: Resources = Field(default_factory=Resources)
-    retry: Retry = Field(default_factory=Retry)
+    placement: Placement = Field(default_factory=_unset)
+    resources: Resources = Field(default_factory=_unset)
+    retry: Retry = Field(default_factory=_unset)
     timeout: Duration | None = Field(
         default=None, description="Whole job from acceptance; default 1h for run, none for service."
     )
