@@ -73,7 +73,7 @@ SMALL = {
     "metrics": dict(small=100, large=2000, rounds=2),
     "chain": dict(jobs=20, rounds=1),
     "dashboard": dict(jobs=400, rounds=2),
-    "ingest": dict(messages=1000, rounds=1),
+    "ingest": dict(messages=2000, rounds=1),
     "wakeup": dict(jobs=10),
     "cgroups": dict(runs=20, rounds=2),
     "start": dict(runs=20, rounds=3),
