@@ -334,8 +334,9 @@ class LocalAgent:
     @staticmethod
     def note_stderr(run_dir: Path, line: str) -> None:
         """Append a line of our own to a run's stderr (e.g. why it was stopped)."""
-        try:
-            with open(run_dir / "stderr", "a") as err:
+        try:  # private, as every file of a run dir, if the wrapper has not made it yet
+            fd = os.open(run_dir / "stderr", os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            with open(fd, "a") as err:
                 err.write(line + "\n")
         except OSError:
             pass  # the run's log is gone (deleted by hand): nothing to add it to

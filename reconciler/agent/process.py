@@ -123,16 +123,21 @@ def spawn_run(
         command = ["/bin/sh", "-c", shell]
 
     run_dir = pathlib.Path(run_dir)
+    fresh = True
     try:
         os.mkdir(run_dir, 0o700)  # the common case: a new run, its parent in place
     except FileNotFoundError:  # the state folder was deleted meanwhile: made again, private
         make_private_dirs(run_dir)
     except FileExistsError:  # a restart of this run: a leftover record would end it at once
         (run_dir / "exit").unlink(missing_ok=True)
+        fresh = False
     os.chmod(run_dir, 0o700)  # mkdir's mode is masked by umask and not applied if it existed
 
-    out = _open_private(run_dir / "stdout")
-    os.close(_open_private(run_dir / "stderr"))  # created here; the wrapper appends to it
+    # The C wrapper makes a new run's log files itself (reconciler-run.c), off this thread;
+    # the script is given them, and a run dir used before has its logs emptied here.
+    out = None if wrapper is not None and fresh else _open_private(run_dir / "stdout")
+    if out is not None:
+        os.close(_open_private(run_dir / "stderr"))  # created here; the wrapper appends to it
     ready_r, ready_w = os.pipe()  # the wrapper's first stderr: EOF once its traps are armed
     try:
         popen = subprocess.Popen(
@@ -145,7 +150,7 @@ def spawn_run(
                 binary=wrapper,
             ),
             stdin=subprocess.DEVNULL,
-            stdout=out,
+            stdout=subprocess.DEVNULL if out is None else out,
             stderr=ready_w,
             cwd=cwd,
             env=merged,
@@ -156,7 +161,8 @@ def spawn_run(
         os.close(ready_r)
         raise StartFailed(f"cannot start run: {exc}") from exc
     finally:
-        os.close(out)
+        if out is not None:
+            os.close(out)
         os.close(ready_w)
     # The wrapper re-points its stderr to the file right after setting its traps, which
     # closes the pipe's last write end. Signals sent through groups.py wait for that

@@ -62,6 +62,34 @@ def test_a_join_that_fails_is_said_on_stderr_and_the_run_goes_on(spawn, tmp_path
     assert "gone/cgroup.procs" in (run_dir / "stderr").read_text()
 
 
+def test_the_c_wrapper_makes_a_new_runs_log_files_private_and_says_when_it_cannot(c_wrapper, tmp_path):
+    """spawn_run leaves a new run's log files to the C wrapper (off the agent's thread): it
+    makes them 0600; a stdout it cannot make is said on stderr, and the run goes on."""
+    import subprocess
+
+    def run(run_dir):
+        argv = [str(c_wrapper), "-c", "-", WRAPPER_NAME, str(run_dir), "0", "", "", "/bin/echo", "ran"]
+        old = os.umask(0o022)  # what would leave a file made with 0666 readable by all
+        try:
+            subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, check=True)
+        finally:
+            os.umask(old)
+
+    made = tmp_path / "made"
+    made.mkdir(mode=0o700)
+    run(made)
+    assert read_exit(made) == ExitRecord(0, None)
+    assert (made / "stdout").read_text() == "ran\n"
+    for name in ("stdout", "stderr"):
+        assert stat.S_IMODE((made / name).stat().st_mode) == 0o600, name
+
+    blocked = tmp_path / "blocked"
+    (blocked / "stdout").mkdir(parents=True)  # no file can be made there
+    run(blocked)
+    assert read_exit(blocked) == ExitRecord(0, None)
+    assert "reconciler-run: stdout: Is a directory" in (blocked / "stderr").read_text()
+
+
 def test_the_address_space_limit_is_set_soft_and_hard(spawn):
     _, run_dir = spawn(argv=["sh", "-c", "ulimit -S -v; ulimit -H -v"], address_space_kib=300 * 1024)
     assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(0, None)
