@@ -781,6 +781,26 @@ def test_every_runtime_statement_is_valid_against_the_schema_sqlmodel_creates(st
     assert not failures, "\n".join(failures)
 
 
+def test_values_given_by_position_are_stored_as_by_name(store):
+    """Statement.execute_values (tuples in the order the text names its parameters) on both
+    drivers: many rows, one row, a `%` in a literal; a text naming one parameter twice is
+    refused, for a tuple could not give it twice."""
+    insert = Statement(
+        "INSERT INTO ingested (source, message_id, job, created_at)"
+        " VALUES (:source, :message_id || '%', :job, :created_at)"
+    )
+    with store.write() as tx:
+        insert.execute_values(tx.session, [("s", "m1", "job-1", 1.0), ("s", "m2", "job-2", 2.5)])
+        insert.execute_values(tx.session, [("s", "m3", "job-3", 3.0)])
+        insert.execute_values(tx.session, [])
+    read = Statement("SELECT message_id, job, created_at FROM ingested WHERE source = :s ORDER BY created_at")
+    with store.read() as conn:
+        rows = [tuple(r) for r in read.execute(conn, {"s": "s"}).all()]
+    assert rows == [("m1%", "job-1", 1.0), ("m2%", "job-2", 2.5), ("m3%", "job-3", 3.0)]
+    with pytest.raises(ValueError, match="named twice"), store.write() as tx:
+        Statement("SELECT :a, :a").execute_values(tx.session, [(1, 2)])
+
+
 def _version(obj):
     return obj.uid, obj.resource_version, obj.labels
 
