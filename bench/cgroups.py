@@ -120,7 +120,8 @@ def _join_after_idle(hierarchy, limits, runs: int) -> dict[str, float]:  # type:
 def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
     """Median seconds per run of each part, for `plain` and `cgroup` runs, and what the
     spares thread spends per run beside the loop (`ahead`)."""
-    from reconciler.agent.cgroups import Limits, Spares, detect
+    from reconciler.agent.cgroups import Limits, detect
+    from reconciler.agent.cgroupspares import Spares
 
     hierarchy = detect()
     spares = Spares(hierarchy)

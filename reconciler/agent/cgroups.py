@@ -20,13 +20,9 @@ import contextlib
 import logging
 import os
 import signal
-import threading
-import uuid
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-
-import psutil
 
 from ..files import read_small
 
@@ -304,99 +300,6 @@ class V2Hierarchy(Hierarchy):
             _write(group.path / "cpu.max", f"{quota} {CFS_PERIOD_US}")
 
 
-REFILL_DELAY = 0.005
-SPARE = "spare-"  # spare-<pid of the agent's process>-<random>: found and swept once that process is gone
-
-
-class Spares:
-    """Empty cgroups made ahead by a thread of its own, so that starting a run renames one
-    (about 0.03 ms a hierarchy) instead of making it (a mkdir in a v1 memory hierarchy alone
-    costs 0.1-0.3 ms, on the reconcile loop's path). `take` never waits for the thread: with
-    no spare ready it makes the run's cgroup itself. Spares left by a process that died are
-    removed when the next one starts, and a process's own when it closes."""
-
-    def __init__(self, hierarchy: Hierarchy, keep: int = 4):
-        self.hierarchy = hierarchy
-        self.keep = keep
-        self._ready: list[RunCgroup] = []
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._closing = threading.Event()  # ends the refill's pause: close() waits for no fixed sleep
-        self._closed = False
-        self._thread: threading.Thread | None = None
-        self._prefix = f"{SPARE}{os.getpid()}-"
-
-    def take(self, name: str, limits: Limits) -> RunCgroup:
-        """Run `name`'s cgroup with `limits` (CgroupUnavailable when none can be made)."""
-        with self._lock:
-            spare = self._ready.pop() if self._ready else None
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._fill, name="cgroup-spares", daemon=True)
-                self._thread.start()
-        try:
-            if spare is not None and not self.hierarchy.open(name).exists():
-                try:
-                    return self.hierarchy.rename(spare, name, limits)
-                except CgroupUnavailable as exc:
-                    log.warning("%s; making the cgroup instead", exc)
-            if spare is not None:
-                spare.remove()
-            return self.hierarchy.create(name, limits)
-        finally:
-            # the next spare is made after this one was taken: made at once, the two would
-            # queue on the kernel's cgroup lock and the take would wait for the mkdir
-            self._wake.set()
-
-    def ready(self) -> int:
-        with self._lock:
-            return len(self._ready)
-
-    def _fill(self) -> None:
-        try:
-            self.sweep()
-            while not self._closed:
-                while not self._closed and self.ready() < self.keep:
-                    spare = self.hierarchy.create(f"{self._prefix}{uuid.uuid4().hex[:12]}", Limits(None, None))
-                    with self._lock:
-                        self._ready.append(spare)
-                self._wake.wait()
-                self._wake.clear()
-                # after the spawn that took a spare: making one at once would contend with it
-                # (for the interpreter's lock, and in the kernel for the cgroup lock its join takes)
-                self._closing.wait(REFILL_DELAY)
-        except CgroupUnavailable as exc:  # runs get none either: the agent says so per cause
-            log.info("no spare cgroups are made ahead: %s", exc)
-        except Exception:  # a spare is a saving, not a need: take makes cgroups itself from now on
-            log.warning("no more spare cgroups are made ahead", exc_info=True)
-
-    def sweep(self) -> None:
-        """Remove the spares of processes that are gone (a controller killed)."""
-        for parent in self.hierarchy.parents():
-            try:
-                entries = [e for e in os.listdir(parent) if e.startswith(SPARE)]
-            except OSError:
-                continue
-            for entry in entries:
-                pid = entry[len(SPARE) :].partition("-")[0]
-                if pid.isdigit() and not psutil.pid_exists(int(pid)):
-                    with contextlib.suppress(OSError):
-                        (parent / entry).rmdir()
-
-    def close(self) -> None:
-        """Stop making spares and remove the ones left."""
-        with self._lock:
-            self._closed = True
-            thread = self._thread
-        self._closing.set()
-        self._wake.set()
-        if thread is not None:
-            thread.join(timeout=5)
-        with self._lock:
-            left, self._ready = self._ready, []
-        for spare in left:
-            spare.remove()
-
-
 def _enable(subtree_control: Path, controllers: tuple[str, ...]) -> None:
     enabled = set((read_small(subtree_control) or "").split())
     missing = [c for c in controllers if c not in enabled]
@@ -442,7 +345,6 @@ __all__ = [
     "Hierarchy",
     "Limits",
     "RunCgroup",
-    "Spares",
     "Usage",
     "V1Cgroup",
     "V1Hierarchy",

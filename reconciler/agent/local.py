@@ -18,7 +18,8 @@ import psutil
 
 from ..api.job import Artifact, JobSpec
 from ..files import make_private_dirs
-from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgroup, Spares, Usage, detect
+from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgroup, Usage, detect
+from .cgroupspares import Spares
 from .cwrapper import Binary
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import WORK, has_legacy_runs, run_dir

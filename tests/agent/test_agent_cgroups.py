@@ -14,11 +14,11 @@ import pytest
 from reconciler.agent.cgroups import (
     CgroupUnavailable,
     Limits,
-    Spares,
     V1Hierarchy,
     V2Hierarchy,
     detect,
 )
+from reconciler.agent.cgroupspares import Spares
 from reconciler.agent.process import read_exit
 from tests.helpers import wait_until
 
