@@ -18,7 +18,7 @@ from .selectors import Requirement, matches
 from .store import Store, StoredObject, outbox, queuing
 from .store import repository as repo
 from .store import scheduling as sched
-from .store.feed import Change, ChangeFeed
+from .store.feed import ChangeFeed
 from .store.feed import poll_interval as poll_interval  # the API's watch broadcaster polls as the feed says
 
 SERVICES = ("services", "service", "svc")
@@ -57,6 +57,20 @@ def objects(
         with store.read() as session:
             found = repo.list_objects(session, kind=info.kind, names=names or None)
         label = info.kind
+    return _decorated(store, label, found, names, selector, strict=strict)
+
+
+def _decorated(
+    store: Store,
+    label: str,
+    found: list[StoredObject],
+    names: list[str],
+    selector: list[Requirement] | None,
+    *,
+    strict: bool,
+) -> Listing:
+    """A listing of objects read: what `get` derives at read time added, the missing names,
+    the selector applied."""
     if label in ("Pool", "Node"):
         _with_usage(store, label, found)
     if label == "Notifier":
@@ -338,15 +352,19 @@ class ChangeReader:
         return self._feed.seq
 
     def look(self) -> Changes:
-        by_kind: dict[str, list[Change]] = {}
-        for change in self._feed.poll():
-            if change.kind in KINDS:  # a kind this reconciler does not know is not shown
-                by_kind.setdefault(change.kind, []).append(change)
+        """The changes and the objects they wrote, read in one transaction."""
+        by_kind: dict[str, dict[str, int]] = {}  # kind -> name -> its last resourceVersion
+        read: dict[str, list[StoredObject]] = {}
+        with self.store.read() as session:
+            for change in self._feed.poll_in(session):
+                if change.kind in KINDS:  # a kind this reconciler does not know is not shown
+                    by_kind.setdefault(change.kind, {})[change.name] = change.resource_version
+            for kind, last in by_kind.items():
+                read[kind] = repo.list_objects(session, kind=kind, names=sorted(last))
         written: list[StoredObject] = []
         deleted: list[tuple[str, str, int]] = []
-        for kind, changes in by_kind.items():
-            last = {c.name: c.resource_version for c in changes}
-            listing = objects(self.store, kind, sorted(last), None, strict=False)
+        for kind, last in by_kind.items():
+            listing = _decorated(self.store, kind, read[kind], sorted(last), None, strict=False)
             written += listing.objects
             deleted += [(kind, name, last[name]) for name in listing.missing]
         return Changes(self._feed.seq, written, deleted)

@@ -33,6 +33,13 @@ from .transactions import Batch, Fence, Fenced, Tx, transaction
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
 SCHEMA_VERSION = 8  # 1 + the number of migrations.UPGRADES: what a current store records in meta
 META = Statement("SELECT value FROM meta WHERE key = :key")
+
+
+def seq_in(conn: Connection) -> int:
+    """The store's change sequence as the transaction `conn` sees it."""
+    return int(META.execute(conn, {"key": "seq"}).scalar())
+
+
 _LOCK_SEQ = Statement("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE")
 # a leader's write: the same lock, and the term of the controller lease in the same round trip
 _LOCK_SEQ_TERM = Statement(
@@ -415,7 +422,7 @@ class Store:
     def change_seq(self) -> int:
         """The cheap "did anything change" probe other processes poll."""
         with self.read() as conn:
-            return int(META.execute(conn, {"key": "seq"}).scalar())
+            return seq_in(conn)
 
     def dispose(self) -> None:
         with self._kept_lock:

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from ..errors import InvalidInput
 from . import placements
 from . import scheduling as sched
-from .engine import Store
+from .dbapi import Connection
+from .engine import Store, seq_in
 
 POLL_INTERVAL = 0.05  # seconds between looks when nothing announces a change (RECONCILER_POLL_INTERVAL)
 
@@ -71,13 +72,19 @@ class ChangeFeed:
 
     def poll(self) -> list[Change]:
         """Objects written or deleted since the last poll, oldest first."""
-        current = self.store.change_seq()
+        with self.store.read() as session:
+            return self.poll_in(session)
+
+    def poll_in(self, session: Connection) -> list[Change]:
+        """`poll` in the caller's read transaction (which may read the changed objects in the
+        same snapshot): the sequence and the rows are read together, so a poll that finds
+        changes costs one transaction, not two (on PostgreSQL, a BEGIN and a COMMIT less)."""
+        current = seq_in(session)
         if current == self.seq:
             return []
-        with self.store.read() as session:
-            rows = sched.changed_since(session, self.seq)
-            if self.reports:
-                rows += [("Job", name, rv) for name, rv in placements.reported_since(session, self.seq)]
+        rows = sched.changed_since(session, self.seq)
+        if self.reports:
+            rows += [("Job", name, rv) for name, rv in placements.reported_since(session, self.seq)]
         changes = [Change(kind, name, rv) for kind, name, rv in rows]
         self.seq = max([current, *(c.resource_version for c in changes)])
         if self.skip_known:
