@@ -242,6 +242,8 @@ def test_a_store_from_a_newer_schema_is_refused(store_url):
 
 def _downgrade(tx, *, to: int) -> None:
     """Make a current store's schema what version `to` created (what each upgrade undoes)."""
+    if to < 9:
+        tx.session.run("ALTER TABLE objects DROP COLUMN created_rv")
     if to < 8:
         tx.session.run("CREATE INDEX ix_objects_phase ON objects (phase)")
     if to < 7:
@@ -417,6 +419,30 @@ def test_a_version_5_store_gets_cpu_and_memory_on_admissions_and_queue_rows(stor
         upgraded.dispose()
 
 
+def test_a_version_8_store_gets_creation_versions_its_old_objects_reading_as_made_at_0(store_url):
+    """Schema 9: an object records the resourceVersion that created it (a watch tells ADDED
+    from MODIFIED by it); one made before reads as made at 0, before any watch."""
+    s = Store(store_url)
+    old = _create(s, "old")
+    with s.write() as tx:
+        _downgrade(tx, to=8)
+    s.dispose()
+
+    upgraded = Store(store_url)
+    try:
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION
+        new = _create(upgraded, "new")
+        assert new.created_rv == new.resource_version > old.resource_version
+        with upgraded.write() as tx:
+            changed = repo.update_object(tx, new, labels={"t": "x"})
+        assert changed.created_rv == new.created_rv < changed.resource_version
+        with upgraded.read() as conn:
+            assert repo.get(conn, kind="Job", name="old").created_rv == 0
+            assert repo.get(conn, kind="Job", name="new").created_rv == new.resource_version
+    finally:
+        upgraded.dispose()
+
+
 def test_a_version_6_store_gets_admission_epochs_and_keeps_its_admissions(store_url):
     """Schema 7: admissions carry an epoch and a remote agent's report. One made before has
     neither (no agent can report on it); a new admission gets its epoch, and a report names
@@ -469,7 +495,7 @@ def test_a_version_1_store_is_upgraded_in_place_keeping_its_objects_and_admissio
 
     upgraded = Store(store_url)
     try:
-        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 8
+        assert _meta(upgraded)["schema"] == SCHEMA_VERSION == 9
         assert {"outbox", "deliveries", "ingested", "leases"} <= _tables(upgraded)
         with upgraded.read() as conn:
             assert repo.get(conn, kind="Job", name="old").uid == obj.uid

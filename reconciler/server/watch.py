@@ -1,15 +1,22 @@
 """Watch streams: one thread follows the store's change feed for every client and fans the
 changes out, so a hundred watchers cost what one does (no poll per client).
 
-Each change becomes an event (ADDED when the object was created since the last look,
-MODIFIED, DELETED) kept in a bounded history, so a client watching from the resourceVersion
-of a list it just took gets what changed since, exactly; one whose resourceVersion is older
-than the history gets 410 Gone and lists again, as Kubernetes answers a compacted version.
-`watch_lines` is one client's stream, as the route sends it."""
+Each change becomes an event kept in a bounded history, so a client watching from the
+resourceVersion of a list it just took gets what changed since; one whose resourceVersion is
+older than the history gets 410 Gone and lists again, as Kubernetes answers a compacted
+version. Each stream calls an object's change ADDED when the object was created after its
+resourceVersion (the object's created resourceVersion says, as etcd's create_revision does),
+else MODIFIED; DELETED when it is gone.
+
+While no stream is open the broadcaster looks once a second, not after every commit (each
+look is a read of the store, and a server's controller commits several times a job); a new
+stream first has it look, so it starts from the store as it is. `watch_lines` is one client's
+stream, as the route sends it."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import json
 import logging
@@ -34,6 +41,7 @@ log = logging.getLogger("reconciler.server")
 
 HISTORY = 20_000  # events kept for clients that connect from an older resourceVersion
 BACKLOG = 1_000  # batches a slow client may fall behind before its stream is ended (410)
+IDLE_LOOK = 1.0  # seconds between looks while no stream is open
 
 
 class Expired(Exception):
@@ -43,12 +51,13 @@ class Expired(Exception):
 @dataclass(frozen=True)
 class Event:
     resource_version: int
-    type: str  # ADDED | MODIFIED | DELETED
+    type: str  # ADDED | MODIFIED | DELETED: as the broadcaster saw it (a stream says it for itself)
     kind: str
     name: str
     content: StoredObject | dict[str, Any]  # the object as written, or a DELETED's document
     labels: dict[str, str]
-    old_labels: dict[str, str] | None  # before this change; None when it created the object
+    old_labels: dict[str, str] | None  # at the broadcaster's look before; None when it had not seen the object
+    created_rv: int = 0  # the object's creation (a DELETED's: that of the object it removed)
 
     @functools.cached_property
     def document(self) -> dict[str, Any]:
@@ -78,13 +87,16 @@ class _Known:
     uid: str
     labels: dict[str, str]
     resource_version: int
+    created_rv: int
 
 
 class Broadcaster:
-    def __init__(self, store: Store, *, history: int = HISTORY, interval: float | None = None):
-        """`interval`: the poll under the store's notifications (feed.poll_interval)."""
+    def __init__(self, store: Store, *, history: int = HISTORY, interval: float | None = None, idle: float = IDLE_LOOK):
+        """`interval`: the poll under the store's notifications (feed.poll_interval), while a
+        stream is open; `idle`: the period of the looks while none is."""
         self.store = store
         self.interval = poll_interval() if interval is None else interval
+        self.idle = idle
         self._history: deque[Event] = deque()
         self._history_size = history
         self._floor = 0  # every event after this resourceVersion is in the history
@@ -92,6 +104,8 @@ class Broadcaster:
         self._known: dict[tuple[str, str], _Known] = {}
         self._subscriptions: list[Subscription] = []
         self._lock = threading.Lock()
+        self._looking = threading.Lock()  # one look at a time: the thread's, or a new stream's catch_up
+        self._streams_came = threading.Event()  # ends an idle wait
         self._stop = threading.Event()
         self._reader: ChangeReader | None = None
         self._thread = critical("watch-broadcaster", self._run)
@@ -101,7 +115,7 @@ class Broadcaster:
         reader = ChangeReader(self.store, listen=True)
         for info in KINDS.values():
             for o in objects(self.store, info.kind, [], None).objects:
-                self._known[(o.kind, o.name)] = _Known(o.uid, o.labels, o.resource_version)
+                self._known[(o.kind, o.name)] = _Known(o.uid, o.labels, o.resource_version, o.created_rv)
         self._reader = reader
         self._floor = self._seq = reader.seq
         self._thread.start()
@@ -109,6 +123,7 @@ class Broadcaster:
 
     def stop(self) -> None:
         self._stop.set()
+        self._streams_came.set()
         self.store.wakeups().poke()
         self._thread.join(2)
         with self._lock:
@@ -123,6 +138,12 @@ class Broadcaster:
         with self._lock:
             return self._seq
 
+    def catch_up(self) -> None:
+        """Look now (a new stream calls it, in a thread, before it subscribes): while no stream
+        was open, the history may be up to `idle` seconds behind the store."""
+        with self._looking:
+            self._look()
+
     def subscribe(self, since: int | None) -> Subscription:
         """Events after `since` (None: from now), the history's first; Expired when `since`
         is older than the history."""
@@ -135,7 +156,8 @@ class Broadcaster:
             sub = Subscription(start, asyncio.get_running_loop())
             sub.backlog = Batch([e for e in self._history if e.resource_version > start], max(start, self._seq))
             self._subscriptions.append(sub)
-            return sub
+        self._streams_came.set()
+        return sub
 
     def unsubscribe(self, sub: Subscription) -> None:
         with self._lock:
@@ -145,11 +167,18 @@ class Broadcaster:
     def _run(self) -> None:
         assert self._reader is not None
         while True:
-            self._reader.wait(self.interval)  # woken by the store's notifications, else the poll
+            with self._lock:
+                watched = bool(self._subscriptions)
+            if watched:
+                self._reader.wait(self.interval)  # woken by the store's notifications, else the poll
+            else:
+                self._streams_came.wait(self.idle)
+                self._streams_came.clear()  # a stream that came meanwhile is seen by the next turn's check
             if self._stop.is_set():
                 return
             try:
-                self._look()
+                with self._looking:
+                    self._look()
             except Exception:  # the store may be briefly unavailable; the next look tries again
                 log.warning("watch broadcaster failed to read the change feed", exc_info=True)
                 self._stop.wait(0.5)
@@ -189,11 +218,12 @@ class Broadcaster:
         known = self._known.get(key)
         events = []
         if known is not None and known.uid != obj.uid:  # deleted and made again since the last look
-            events.append(self._tombstone(obj.kind, obj.name, known, obj.resource_version))
+            # said at the new object's creation: a stream from after it knows only the new one
+            events.append(self._tombstone(obj.kind, obj.name, known, obj.created_rv or obj.resource_version))
             known = None
         elif known is not None and obj.resource_version <= known.resource_version:
             return []  # seen already: the feed names an object again when it moved on after a look
-        self._known[key] = _Known(obj.uid, obj.labels, obj.resource_version)
+        self._known[key] = _Known(obj.uid, obj.labels, obj.resource_version, obj.created_rv)
         kind = "ADDED" if known is None else "MODIFIED"
         events.append(
             Event(
@@ -204,6 +234,7 @@ class Broadcaster:
                 obj,
                 obj.labels,
                 None if known is None else known.labels,
+                obj.created_rv,
             )
         )
         return events
@@ -218,7 +249,21 @@ class Broadcaster:
         if known.labels:
             metadata["labels"] = known.labels
         document = {"apiVersion": API_VERSION, "kind": kind, "metadata": metadata}
-        return Event(rv, "DELETED", kind, name, document, known.labels, known.labels)
+        return Event(rv, "DELETED", kind, name, document, known.labels, known.labels, known.created_rv)
+
+
+def as_of(event: Event, since: int) -> Event:
+    """The event as a stream from resourceVersion `since` calls it: ADDED when the object was
+    created after `since`, else MODIFIED (the broadcaster's own word depends on when it
+    looked). An object that existed at `since` but that the broadcaster had not seen before
+    this change is taken to have had the labels it has now."""
+    if event.type == "DELETED":
+        return event
+    kind = "ADDED" if event.created_rv > since else "MODIFIED"
+    if kind == event.type and (kind == "ADDED" or event.old_labels is not None):
+        return event
+    before = None if kind == "ADDED" else (event.old_labels if event.old_labels is not None else event.labels)
+    return dataclasses.replace(event, type=kind, old_labels=before)
 
 
 def seen_as(event: Event, selector: list[Requirement] | None) -> str | None:
@@ -247,25 +292,26 @@ async def stream(
     """The events of one kind a stream shows, after its resourceVersion, each batch followed by
     its bookmark (an int: every change up to it was sent); `skip`: name -> resourceVersion the
     client has already (the listing sent first). None: the stream was ended because it fell
-    behind (the caller reports 410)."""
+    behind (the caller reports 410). A change is told as of what the stream has told: every
+    change up to its last bookmark (from its resourceVersion on), and the listing."""
     try:
+        told = sub.since  # every change up to here is the client's
         batch: Batch | None = sub.backlog
         while batch is not None:
-            for event in batch.events:
-                if event.kind != kind or event.resource_version <= skip.get(event.name, sub.since):
+            for given in batch.events:
+                after = max(told, skip.get(given.name, 0))
+                if given.kind != kind or given.resource_version <= after:
                     continue
+                event = as_of(given, after)
                 if (seen := seen_as(event, selector)) is not None:
-                    yield event if seen == event.type else _as(event, seen)
+                    yield event if seen == event.type else dataclasses.replace(event, type=seen)
+            told = max(told, batch.seq)
             yield batch.seq
             batch = await sub.queue.get()
         if sub.ended:
             yield None
     finally:
         broadcaster.unsubscribe(sub)
-
-
-def _as(event: Event, kind: str) -> Event:
-    return Event(event.resource_version, kind, event.kind, event.name, event.content, event.labels, event.old_labels)
 
 
 async def watch_lines(
@@ -281,6 +327,7 @@ async def watch_lines(
     with `bookmarks`, a BOOKMARK after each batch of changes (its resourceVersion: watch again
     from there and nothing is missed)."""
     skip: dict[str, int] = {}
+    await anyio.to_thread.run_sync(broadcaster.catch_up)
     try:
         sub = broadcaster.subscribe(since)
     except Expired as exc:

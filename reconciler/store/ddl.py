@@ -10,7 +10,7 @@ DDL: dict[str, dict[str, tuple[str, ...]]] = {
                 "generation INTEGER NOT NULL, resource_version INTEGER NOT NULL, labels TEXT NOT NULL, "
                 "annotations TEXT NOT NULL, spec TEXT NOT NULL, status TEXT, phase VARCHAR, observed_generation "
                 "INTEGER, outcome VARCHAR, reason VARCHAR, pool VARCHAR, created_at FLOAT NOT NULL, deleted_at "
-                "FLOAT, PRIMARY KEY (kind, name), UNIQUE (uid) )"
+                "FLOAT, created_rv INTEGER, PRIMARY KEY (kind, name), UNIQUE (uid) )"
             ),
             "CREATE INDEX ix_objects_resource_version ON objects (resource_version)",
             "CREATE INDEX ix_objects_state ON objects (kind, phase, outcome, pool, reason)",
@@ -82,7 +82,7 @@ DDL: dict[str, dict[str, tuple[str, ...]]] = {
                 "generation INTEGER NOT NULL, resource_version INTEGER NOT NULL, labels TEXT NOT NULL, "
                 "annotations TEXT NOT NULL, spec TEXT NOT NULL, status TEXT, phase VARCHAR, observed_generation "
                 "INTEGER, outcome VARCHAR, reason VARCHAR, pool VARCHAR, created_at FLOAT NOT NULL, deleted_at "
-                "FLOAT, PRIMARY KEY (kind, name), UNIQUE (uid) )"
+                "FLOAT, created_rv INTEGER, PRIMARY KEY (kind, name), UNIQUE (uid) )"
             ),
             "CREATE INDEX ix_objects_resource_version ON objects (resource_version)",
             "CREATE INDEX ix_objects_state ON objects (kind, phase, outcome, pool, reason)",

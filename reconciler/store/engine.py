@@ -31,7 +31,7 @@ from .listen import Listener, Wakeups, listening
 from .transactions import Batch, Fence, Fenced, Tx, transaction
 
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
-SCHEMA_VERSION = 8  # 1 + the number of migrations.UPGRADES: what a current store records in meta
+SCHEMA_VERSION = 9  # 1 + the number of migrations.UPGRADES: what a current store records in meta
 META = Statement("SELECT value FROM meta WHERE key = :key")
 
 

@@ -98,7 +98,13 @@ def _v8(conn: Connection) -> None:
     conn.run("DROP INDEX ix_objects_phase")
 
 
-UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5, _v6, _v7, _v8]
+def _v9(conn: Connection) -> None:
+    """Objects record the resourceVersion that created them (a watch classifies a change by
+    it). Objects from before have none: they read as created at 0, before any watch."""
+    conn.run("ALTER TABLE objects ADD COLUMN created_rv INTEGER")
+
+
+UPGRADES: list[Callable[[Connection], None]] = [_v2, _v3, _v4, _v5, _v6, _v7, _v8, _v9]
 assert len(UPGRADES) + 1 == SCHEMA_VERSION, "engine.SCHEMA_VERSION is 1 + the number of upgrades"
 
 

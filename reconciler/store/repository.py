@@ -48,6 +48,7 @@ class StoredObject:
     deleted_at: float | None
     spec_text: str
     status_text: str | None = None  # the stored JSON: a private copy is one json.loads away
+    created_rv: int = 0  # the resourceVersion that created it (0: before schema 9 recorded it)
 
     if not TYPE_CHECKING:  # for mypy, the fields above are all there is
 
@@ -100,6 +101,7 @@ def _from_mapping(row: Row) -> StoredObject:
         resource_version=row.resource_version,
         created_at=row.created_at,
         deleted_at=row.deleted_at,
+        created_rv=row.created_rv or 0,
         spec_text=row.spec,
         status_text=row.status,
         _labels_text=row.labels,
@@ -109,7 +111,10 @@ def _from_mapping(row: Row) -> StoredObject:
 
 
 # what _from_mapping reads; phase and observed_generation are copies of status, for SQL
-_OBJECT = "kind, name, uid, generation, resource_version, labels, annotations, spec, status, created_at, deleted_at"
+_OBJECT = (
+    "kind, name, uid, generation, resource_version, labels, annotations, spec, status, created_at, deleted_at,"
+    " created_rv"
+)
 _GET = Statement(f"SELECT {_OBJECT} FROM objects WHERE kind = :kind AND name = :name")
 
 
@@ -249,9 +254,9 @@ def create(
 
 _INSERT_OBJECT = Statement(
     "INSERT INTO objects (kind, name, uid, generation, resource_version, labels, annotations, spec, status,"
-    " phase, observed_generation, outcome, reason, pool, created_at, deleted_at) VALUES (:kind, :name, :uid,"
-    " :generation, :resource_version, :labels, :annotations, :spec, :status, :phase, :observed_generation,"
-    " :outcome, :reason, :pool, :created_at, :deleted_at)"
+    " phase, observed_generation, outcome, reason, pool, created_at, deleted_at, created_rv) VALUES (:kind, :name,"
+    " :uid, :generation, :resource_version, :labels, :annotations, :spec, :status, :phase, :observed_generation,"
+    " :outcome, :reason, :pool, :created_at, :deleted_at, :created_rv)"
 )
 
 
@@ -284,7 +289,7 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
         rows.append(
             (kind, name, uid, 1, rv, canonical(o["labels"]), canonical(o["annotations"]), spec_text, spelled[1])
             + spelled[2]
-            + (pool, now, None)
+            + (pool, now, None, rv)
         )
         created.append(
             StoredObject(
@@ -300,6 +305,7 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
                 created_at=now,
                 deleted_at=None,
                 spec_text=spec_text,
+                created_rv=rv,
             )
         )
     _INSERT_OBJECT.execute_values(tx.session, rows)

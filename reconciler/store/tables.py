@@ -29,6 +29,10 @@ class ObjectRow(SQLModel, table=True):
     pool: str | None = None  # copied from a job's spec
     created_at: float
     deleted_at: float | None = None
+    # the resourceVersion that created it (etcd's create_revision): a watch tells a change of
+    # an object that existed at its resourceVersion (MODIFIED) from a creation after it
+    # (ADDED) however coarsely it looked; NULL for objects made before schema 9 (as 0)
+    created_rv: int | None = None
 
 
 class EventRow(SQLModel, table=True):

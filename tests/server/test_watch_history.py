@@ -12,7 +12,7 @@ import pytest
 from reconciler.apply import apply_manifests
 from reconciler.manifests import documents
 from reconciler.selectors import parse
-from reconciler.server.watch import Broadcaster, Event, Expired, seen_as
+from reconciler.server.watch import Broadcaster, Event, Expired, as_of, seen_as
 from reconciler.store import Store
 from tests.helpers import wait_until
 from tests.server.conftest import job_manifest
@@ -97,3 +97,49 @@ def test_a_stream_subscribed_while_a_look_is_under_way_is_not_told_of_changes_it
         go_on.set()
         broadcaster.stop()
         store.dispose()
+
+
+def test_with_no_stream_open_the_broadcaster_waits_and_a_new_stream_catches_it_up(sqlite_url):
+    # the witness has a stream open and looks after every commit; the idle one (a period of
+    # an hour) does not look until a stream comes, which has it look first
+    store = Store(sqlite_url)
+    idle = Broadcaster(store, interval=0.01, idle=3600).start()
+    witness = Broadcaster(store, interval=0.01).start()
+
+    async def subscribe(broadcaster: Broadcaster, since: int):
+        return broadcaster.subscribe(since)
+
+    try:
+        start = idle.seq
+        asyncio.run(subscribe(witness, start))
+        for name in ("a", "b"):
+            apply_manifests(store, documents([job_manifest(name)], Path.cwd()))
+        latest = store.change_seq()
+        wait_until(lambda: witness.seq >= latest, message="the watched broadcaster caught up")
+        assert idle.seq == start, "a broadcaster nobody watches looked after a commit"
+        idle.catch_up()
+        assert idle.seq >= latest
+        stream = asyncio.run(subscribe(idle, start))
+        assert [(e.name, e.type) for e in stream.backlog.events] == [("a", "ADDED"), ("b", "ADDED")]
+        apply_manifests(store, documents([job_manifest("c")], Path.cwd()))
+        latest = store.change_seq()
+        wait_until(lambda: idle.seq >= latest, message="with a stream open, the broadcaster looks after a commit")
+    finally:
+        idle.stop()
+        witness.stop()
+        store.dispose()
+
+
+def test_a_stream_calls_a_change_by_when_the_object_was_created_not_by_when_the_broadcaster_looked():
+    # the broadcaster first saw "a" with this change (ADDED to it), but "a" was created at 5
+    created = Event(9, "ADDED", "Job", "a", {}, {"t": "x"}, None, created_rv=5)
+    assert as_of(created, 4).type == "ADDED"  # a stream from before the creation
+    modified = as_of(created, 7)  # a stream from after it: the object existed then
+    assert modified.type == "MODIFIED" and modified.old_labels == {"t": "x"}
+    assert seen_as(modified, parse("t=x")) == "MODIFIED"  # matched then (as far as can be known) and now
+    # seen before by the broadcaster: its labels at that look decide the selector's word
+    relabelled = Event(9, "MODIFIED", "Job", "a", {}, {"t": "x"}, {"t": "y"}, created_rv=5)
+    assert as_of(relabelled, 7) is relabelled and seen_as(relabelled, parse("t=x")) == "ADDED"
+    assert as_of(relabelled, 3).type == "ADDED"
+    gone = Event(9, "DELETED", "Job", "a", {}, {"t": "x"}, {"t": "x"}, created_rv=5)
+    assert as_of(gone, 7) is gone
