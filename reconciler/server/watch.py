@@ -140,9 +140,13 @@ class Broadcaster:
 
     def catch_up(self) -> None:
         """Look now (a new stream calls it, in a thread, before it subscribes): while no stream
-        was open, the history may be up to `idle` seconds behind the store."""
-        with self._looking:
-            self._look()
+        was open, the history may be up to `idle` seconds behind the store. A store briefly
+        unavailable does not refuse the stream: the thread looks again once it is open."""
+        try:
+            with self._looking:
+                self._look()
+        except Exception:
+            log.warning("watch broadcaster failed to read the change feed for a new stream", exc_info=True)
 
     def subscribe(self, since: int | None) -> Subscription:
         """Events after `since` (None: from now), the history's first; Expired when `since`

@@ -143,3 +143,36 @@ def test_a_stream_calls_a_change_by_when_the_object_was_created_not_by_when_the_
     assert as_of(relabelled, 3).type == "ADDED"
     gone = Event(9, "DELETED", "Job", "a", {}, {"t": "x"}, {"t": "x"}, created_rv=5)
     assert as_of(gone, 7) is gone
+
+
+def test_a_new_stream_is_not_refused_while_the_store_cannot_be_read(sqlite_url):
+    from reconciler.store.dbapi import StoreError
+
+    store = Store(sqlite_url)
+    broadcaster = Broadcaster(store, interval=0.01, idle=3600).start()
+    reader = broadcaster._reader
+    look = reader.look
+    failing = [True]
+
+    def unavailable():
+        if failing[0]:
+            raise StoreError("database is locked")
+        return look()
+
+    reader.look = unavailable
+
+    async def subscribe(since: int):
+        return broadcaster.subscribe(since)
+
+    try:
+        start = broadcaster.seq
+        apply_manifests(store, documents([job_manifest("a")], Path.cwd()))
+        broadcaster.catch_up()  # said in the log, not raised
+        stream = asyncio.run(subscribe(start))
+        assert stream.backlog.events == []
+        failing[0] = False  # the store answers again: the open stream's broadcaster looks
+        latest = store.change_seq()
+        wait_until(lambda: broadcaster.seq >= latest, message="the broadcaster looked once the store answered")
+    finally:
+        broadcaster.stop()
+        store.dispose()
