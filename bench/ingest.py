@@ -4,7 +4,8 @@ into stored jobs, against a plain pika consumer that only acknowledges, in the s
 - reconciler: M messages (the seed's job request, each with its own message id) are published
   to a fresh queue, then a `reconciler controller` process over a fresh SQLite store consumes
   them through a Source (its template suspends the jobs, so no run competes for the CPU; the
-  loop still takes each new job's first step). Rate = messages stored as jobs, by the times
+  change watcher still reads each new job's change, and the loop, told by the lane that a job
+  stored suspended is at rest, does not look at it: controller/settled.py). Rate = messages stored as jobs, by the times
   their batches' transactions began: a batch's messages took from its start to the next
   one's, so the rate is the messages of the batches from the second to the one before the
   last over the time from the second's start to the last's. The first batch is left out,

@@ -19,6 +19,7 @@ from reconciler.api.status import SUSPENDED_MESSAGE, SUSPENDED_REASON, new_job_s
 from reconciler.controller import specs
 from reconciler.controller.intake import Intake, Message, note_connection
 from reconciler.controller.messages import draft
+from reconciler.controller.settled import SettledHints
 from reconciler.store import Store, ingested
 from reconciler.store import repository as repo
 from tests.helpers import run_cli
@@ -353,3 +354,40 @@ def test_a_suspended_job_is_stored_suspended_and_said_so(stored):
     ]
     assert said["job-3"] == [("Created", "job created from source/inbox (message m3)")]
     assert jobs["job-1"].status == new_job_status(jobs["job-1"].status["acceptedAt"], suspended=True)
+
+
+def test_the_jobs_stored_at_rest_are_told_as_the_batch_commits(stored):
+    """The suspended jobs of a batch are told (name, resourceVersion) once it commits, before
+    the writer lets go of the store: the change watcher skips exactly those (settled.py)."""
+    store, uid = stored
+    told: list[tuple[str, int, bool]] = []
+
+    def settled(at_rest: list[tuple[str, int]]) -> None:
+        with store.read() as session:  # committed: another connection sees them
+            seen = {o.name for o in repo.list_objects(session, kind="Job")}
+        told.extend((name, rv, name in seen) for name, rv in at_rest)
+
+    intake = Intake(store, "inbox", uid, settled)
+    batch = [(Message(i, b'{"command": "x"}', i), draft(b'{"command": "x"}', {"suspend": True})) for i in ("a", "b")]
+    batch += _batch(("c", '{"command": "x"}'))
+    assert [v.job for v in intake.store_batch(batch)] == ["job-1", "job-2", "job-3"]
+    with store.read() as session:
+        versions = {o.name: o.resource_version for o in repo.list_objects(session, kind="Job")}
+    assert told == [("job-1", versions["job-1"], True), ("job-2", versions["job-2"], True)]  # not job-3: Waiting
+
+    told.clear()
+    assert Intake(store, "inbox", "another-uid", settled).store_batch(batch) is None  # nothing written, none told
+    assert told == []
+
+
+def test_a_hint_names_one_change_of_one_job():
+    hints = SettledHints()
+    hints.add([("job-1", 5), ("job-2", 6)])
+    assert not hints.take("job-1", 7)  # a later change: looked at
+    assert hints.take("job-1", 5) and not hints.take("job-1", 5)  # used up
+    assert not hints.take("job-3", 6)
+    hints.prune(6)  # the watcher is past 6: a hint left at or below is dropped
+    assert len(hints) == 0
+    hints.add([("job-4", 9)])
+    hints.prune(8)
+    assert hints.take("job-4", 9)

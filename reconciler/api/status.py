@@ -331,6 +331,13 @@ def first_events(status: Mapping[str, Any] | None) -> list[tuple[str, str]]:
     return []
 
 
+def settled_when_stored(status: Mapping[str, Any] | None) -> bool:
+    """Whether a status that new_job_status gave is one the controller's first look leaves
+    as it is and sets no timer for: Suspended, until a resume (a write the loop hears of).
+    A Waiting job's look admits it, or learns what it waits on."""
+    return (status or {}).get("phase") == Phase.SUSPENDED
+
+
 def waiting_for(pending: Sequence[str]) -> tuple[str, str]:
     """The reason and message of a job waiting for these dependencies, in their order."""
     return "WaitingForDependencies", "waiting for " + ", ".join(pending)

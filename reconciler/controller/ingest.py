@@ -24,7 +24,7 @@ from ..store import Store
 from ..store import repository as repo
 from ..threads import critical
 from . import faults
-from .intake import Intake, note_connection
+from .intake import Intake, Settled, note_connection
 from .messages import draft
 from .queues import Consumer, QueueError, consumer
 
@@ -59,11 +59,11 @@ class Wanted:
 class Lane:
     """One Source's consumer loop, run by its own thread until `stop`."""
 
-    def __init__(self, store: Store, wanted: Wanted):
+    def __init__(self, store: Store, wanted: Wanted, settled: Settled | None = None):
         self.store = store
         self.wanted = wanted
         self.spec = _spec(wanted.spec_text)
-        self.intake = Intake(store, wanted.name, wanted.uid)
+        self.intake = Intake(store, wanted.name, wanted.uid, settled)
         self.base_dir = Path.cwd()  # where a message's relative workingDir resolves (asked once)
         self.stopping = threading.Event()
         self.say_stopped = False  # on stop, say the queue is no longer consumed (not when a new lane takes over)
@@ -130,10 +130,12 @@ class Lane:
 
 class Ingester:
     """The lanes: one thread per Source, started when it is seen, started anew when its spec
-    changes (or it is deleted and made again), ended when it is deleted."""
+    changes (or it is deleted and made again), ended when it is deleted. `settled` is told
+    of the jobs stored at rest (Intake)."""
 
-    def __init__(self, store: Store):
+    def __init__(self, store: Store, settled: Settled | None = None):
         self.store = store
+        self.settled = settled
         self._stop = threading.Event()
         self._lanes: dict[str, tuple[Lane, threading.Thread]] = {}
         self._thread = critical("source-lanes", self._run)
@@ -172,7 +174,7 @@ class Ingester:
                 del self._lanes[name]
         for name, want in wanted.items():
             if name not in self._lanes:
-                lane = Lane(self.store, want)
+                lane = Lane(self.store, want, self.settled)
                 thread = threading.Thread(target=lane.run, name=f"source-{name}", daemon=True)
                 self._lanes[name] = (lane, thread)
                 thread.start()

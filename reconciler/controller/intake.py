@@ -8,7 +8,9 @@ it takes checked at once, the jobs and events inserted at once): per message, on
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -16,7 +18,7 @@ from ..api.annotations import CREATED_BY, MESSAGE_ID
 from ..api.job import JobSpec
 from ..api.kinds import KINDS
 from ..api.meta import dump, from_epoch
-from ..api.status import first_events, new_job_status
+from ..api.status import first_events, new_job_status, settled_when_stored
 from ..api.validation import Built, validate_apply
 from ..store import Store, StoredObject, ingested, specview
 from ..store import repository as repo
@@ -160,14 +162,20 @@ class _Batch:
         return name
 
 
+Settled = Callable[[list[tuple[str, int]]], None]  # told (job, resourceVersion) of jobs stored at rest
+
+
 class Intake:
     """One Source's writes. Keeps the next job-N number it will try, so a batch does not
-    read every job name (it checks the names it takes, in the transaction)."""
+    read every job name (it checks the names it takes, in the transaction). `settled`, if
+    given, is told of the jobs a batch stored that the loop need not look at (suspended),
+    as the batch commits (controller/settled.py)."""
 
-    def __init__(self, store: Store, source: str, uid: str):
+    def __init__(self, store: Store, source: str, uid: str, settled: Settled | None = None):
         self.store = store
         self.source = source
         self.uid = uid
+        self.settled = settled
         self._next_number: int | None = None
 
     def store_batch(self, batch: list[tuple[Message, Draft]]) -> list[Verdict] | None:
@@ -186,8 +194,14 @@ class Intake:
             created = repo.create_many(tx, work.rows)
             message_of = {v.job: v.message.id for v in verdicts if v.outcome == "created"}
             events = []
+            at_rest: list[tuple[str, int]] = []  # told to `settled`: the loop will not look at them
             for obj, spec in zip(created, work.specs, strict=True):
-                specs.remember(obj.spec_text, spec)  # what the job's first step would validate again
+                if self.settled is not None and settled_when_stored(obj.status):
+                    # no model kept for a step that is not coming: kept, thousands of them would
+                    # only be walked by the garbage collector (a look after a resume validates)
+                    at_rest.append((obj.name, obj.resource_version))
+                else:
+                    specs.remember(obj.spec_text, spec)  # what the job's first step would validate again
                 said = f"job created from source/{self.source} (message {shown(message_of[obj.name])})"
                 events.append(repo.ObjectEvent(obj, "Created", said))
                 # stored as the controller's first look would leave it: said as it would say it
@@ -200,6 +214,8 @@ class Intake:
             repo.record_events(tx, *events)
             ingested.record(tx, self.source, [(message_of[o.name], o.name) for o in created], now)
             repo.update_object(tx, source, status=_counted(source, verdicts, rejected, now))
+            if at_rest and self.settled is not None:
+                tx.on_commit(functools.partial(self.settled, at_rest))
         self._next_number = work.next_number  # only once committed: a failed batch takes no name
         return verdicts
 

@@ -24,6 +24,7 @@ from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_na
 from .notify import Deliverer
 from .owners import controller_owner
 from .runtime import Runner, WorkQueue
+from .settled import SettledHints
 
 if TYPE_CHECKING:
     from .ingest import Ingester
@@ -84,10 +85,12 @@ class Controller:
         self.queue = WorkQueue()
         self.notifier = Deliverer(store, clock=self.clock, owner=self.owner)
         self.sources: Ingester | None = None
+        # jobs a Source's lane stored at rest: the change watcher does not queue them
+        self.settled = SettledHints()
         if sources:  # not imported by `up`, which consumes no Source
             from .ingest import Ingester
 
-            self.sources = Ingester(store)
+            self.sources = Ingester(store, settled=self.settled.add)
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
         self._workers = workers
         self.jobs = JobReconciler(
@@ -214,8 +217,9 @@ class Controller:
             try:
                 foreign = feed.poll()
                 for change in foreign:
-                    if change.kind == "Job":
+                    if change.kind == "Job" and not self.settled.take(change.name, change.resource_version):
                         self.queue.add(change.name)
+                self.settled.prune(feed.seq)
                 if any(change.kind in ("Pool", "Node") for change in foreign):
                     self._wake_first_in_line()  # a pool or node may have room now
             except Exception:  # the database may be briefly unavailable; try on the next tick
