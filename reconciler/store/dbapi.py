@@ -87,6 +87,14 @@ class Result:
         make = self._statement.row_type(self._conn.dialect, self._cursor)
         return [make(row) for row in rows]
 
+    def tuples(self) -> list[Sequence[Any]]:
+        """The rows as both drivers give them (no row factory is set): each a tuple in the
+        statement's column order, for many rows read by position without a named row each."""
+        try:
+            return list(self._cursor.fetchall())
+        except self._conn.errors as exc:
+            raise self._conn.failed(exc) from exc
+
     def __iter__(self) -> Iterator[Row]:
         return iter(self.all())
 

@@ -6,7 +6,7 @@ carries the sequence number of its last write."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..errors import InvalidInput
 from . import placements
@@ -33,8 +33,7 @@ def poll_interval() -> float:
     return value
 
 
-@dataclass(frozen=True)
-class Change:
+class Change(NamedTuple):  # a tuple: made for every changed row a poll reads
     kind: str
     name: str
     resource_version: int
@@ -85,7 +84,7 @@ class ChangeFeed:
         rows = sched.changed_since(session, self.seq)
         if self.reports:
             rows += [("Job", name, rv) for name, rv in placements.reported_since(session, self.seq)]
-        changes = [Change(kind, name, rv) for kind, name, rv in rows]
+        changes = list(map(Change._make, rows))
         self.seq = max([current, *(c.resource_version for c in changes)])
         if self.skip_known:
             known = self.store.known_writes

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -253,12 +253,11 @@ def round_robin_turn(tx: Tx) -> int:
     return int(turn)
 
 
-def changed_since(session: Connection, rv: int) -> list[tuple[str, str, int]]:
+def changed_since(session: Connection, rv: int) -> list[Sequence[Any]]:
     """(kind, name, resourceVersion) of objects written or deleted after `rv`: what a
     watcher must look at (deletions are seen through their events)."""
-    written = _WRITTEN_SINCE.execute(session, {"rv": rv}).all()
-    deleted = _DELETED_SINCE.execute(session, {"rv": rv}).all()
-    return [(r.kind, r.name, r.resource_version) for r in written + deleted]
+    written = _WRITTEN_SINCE.execute(session, {"rv": rv}).tuples()
+    return written + _DELETED_SINCE.execute(session, {"rv": rv}).tuples()
 
 
 def open_job_names(session: Connection) -> list[str]:
