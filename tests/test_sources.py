@@ -22,6 +22,7 @@ from reconciler.controller.messages import draft
 from reconciler.controller.settled import SettledHints
 from reconciler.store import Store, ingested
 from reconciler.store import repository as repo
+from reconciler.store.feed import Change
 from tests.helpers import run_cli
 
 API = "reconciler.dev/v1alpha1"
@@ -356,24 +357,26 @@ def test_a_suspended_job_is_stored_suspended_and_said_so(stored):
     assert jobs["job-1"].status == new_job_status(jobs["job-1"].status["acceptedAt"], suspended=True)
 
 
-def test_the_jobs_stored_at_rest_are_told_as_the_batch_commits(stored):
-    """The suspended jobs of a batch are told (name, resourceVersion) once it commits, before
-    the writer lets go of the store: the change watcher skips exactly those (settled.py)."""
+def test_the_jobs_stored_at_rest_are_told_before_the_batch_commits(stored):
+    """The suspended jobs of a batch are told (name, resourceVersion, uid) inside its
+    transaction, before it commits, so no poll sees them before their hints; the change
+    watcher skips exactly those changes (settled.py)."""
     store, uid = stored
-    told: list[tuple[str, int, bool]] = []
+    told: list[tuple[str, int, str, bool]] = []
 
-    def settled(at_rest: list[tuple[str, int]]) -> None:
-        with store.read() as session:  # committed: another connection sees them
+    def settled(at_rest: list[tuple[str, int, str]]) -> None:
+        with store.read() as session:  # not committed yet: another connection sees none of them
             seen = {o.name for o in repo.list_objects(session, kind="Job")}
-        told.extend((name, rv, name in seen) for name, rv in at_rest)
+        told.extend((name, rv, job_uid, name in seen) for name, rv, job_uid in at_rest)
 
     intake = Intake(store, "inbox", uid, settled)
-    batch = [(Message(i, b'{"command": "x"}', i), draft(b'{"command": "x"}', {"suspend": True})) for i in ("a", "b")]
+    body = b'{"command": "x"}'
+    batch = [(Message(i, body, i), draft(body, {"suspend": True})) for i in ("a", "b")]
     batch += _batch(("c", '{"command": "x"}'))
     assert [v.job for v in intake.store_batch(batch)] == ["job-1", "job-2", "job-3"]
     with store.read() as session:
-        versions = {o.name: o.resource_version for o in repo.list_objects(session, kind="Job")}
-    assert told == [("job-1", versions["job-1"], True), ("job-2", versions["job-2"], True)]  # not job-3: Waiting
+        jobs = {o.name: o for o in repo.list_objects(session, kind="Job")}
+    assert told == [(n, jobs[n].resource_version, jobs[n].uid, False) for n in ("job-1", "job-2")]  # not job-3
 
     told.clear()
     assert Intake(store, "inbox", "another-uid", settled).store_batch(batch) is None  # nothing written, none told
@@ -382,12 +385,13 @@ def test_the_jobs_stored_at_rest_are_told_as_the_batch_commits(stored):
 
 def test_a_hint_names_one_change_of_one_job():
     hints = SettledHints()
-    hints.add([("job-1", 5), ("job-2", 6)])
-    assert not hints.take("job-1", 7)  # a later change: looked at
-    assert hints.take("job-1", 5) and not hints.take("job-1", 5)  # used up
-    assert not hints.take("job-3", 6)
+    hints.add([("job-1", 5, "u1"), ("job-2", 6, "u2")])
+    assert not hints.take(Change("Job", "job-1", 7, "u1"))  # a later change: looked at
+    assert not hints.take(Change("Job", "job-1", 5, "other"))  # another job of that name (a batch rolled back)
+    assert hints.take(Change("Job", "job-1", 5, "u1")) and not hints.take(Change("Job", "job-1", 5, "u1"))
+    assert not hints.take(Change("Job", "job-3", 6, "u2"))
     hints.prune(6)  # the watcher is past 6: a hint left at or below is dropped
     assert len(hints) == 0
-    hints.add([("job-4", 9)])
+    hints.add([("job-4", 9, "u4")])
     hints.prune(8)
-    assert hints.take("job-4", 9)
+    assert hints.take(Change("Job", "job-4", 9, "u4"))

@@ -472,7 +472,7 @@ def test_a_version_6_store_gets_admission_epochs_and_keeps_its_admissions(store_
             assert placements.record_report(tx, uid="u2", node="n2", run=1, epoch=epoch, report={"pid": 1})
         with upgraded.read() as conn:
             assert sched.admission(conn, "u2") == sched.Admission("n2", 1, None, epoch, {"pid": 1})
-            assert [name for name, _ in placements.reported_since(conn, epoch)] == ["new"]
+            assert [name for name, _, _ in placements.reported_since(conn, epoch)] == ["new"]
     finally:
         upgraded.dispose()
 

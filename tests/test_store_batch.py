@@ -261,32 +261,3 @@ def test_each_transaction_of_a_batch_takes_the_next_resource_version_and_the_seq
     assert store.change_seq() == seq + 2
     with store.read() as conn:
         assert repo.get(conn, kind="Job", name="a").resource_version == seq + 2
-
-
-def test_what_a_transaction_asks_on_commit_runs_after_it_before_it_is_announced(store):
-    """Tx.on_commit: after the commit (what it wrote is seen elsewhere), before this process's
-    followers are told of it (`committed` listeners, the announcement); not after a rollback;
-    in a batch, at the flush that commits it."""
-    order: list[str] = []
-    store.committed.append(lambda: order.append("announced"))
-    with store.write() as tx:
-        repo.create(tx, kind="Job", name="a", spec=SPEC, labels={}, annotations={}, status={"phase": "Waiting"})
-        tx.on_commit(lambda: order.append(f"committed, seen elsewhere as {_phase_elsewhere(store, 'a')}"))
-        assert order == []
-    assert order == ["committed, seen elsewhere as Waiting", "announced"]
-
-    order.clear()
-    with pytest.raises(BoomError), store.write() as tx:
-        repo.create(tx, kind="Job", name="b", spec=SPEC, labels={}, annotations={})
-        tx.on_commit(lambda: order.append("b committed"))
-        raise BoomError
-    assert order == [] and _phase_elsewhere(store, "b") is None
-
-    a = _create(store, "c")
-    order.clear()
-    with store.batch():
-        with store.write(known=True) as tx:
-            repo.update_object(tx, a, status={"phase": "Queued"})
-            tx.on_commit(lambda: order.append(f"flushed as {_phase_elsewhere(store, 'c')}"))
-        assert order == []
-    assert order == ["flushed as Queued", "announced"]

@@ -8,7 +8,6 @@ it takes checked at once, the jobs and events inserted at once): per message, on
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,14 +161,14 @@ class _Batch:
         return name
 
 
-Settled = Callable[[list[tuple[str, int]]], None]  # told (job, resourceVersion) of jobs stored at rest
+Settled = Callable[[list[tuple[str, int, str]]], None]  # told (job, resourceVersion, uid) of jobs stored at rest
 
 
 class Intake:
     """One Source's writes. Keeps the next job-N number it will try, so a batch does not
     read every job name (it checks the names it takes, in the transaction). `settled`, if
-    given, is told of the jobs a batch stored that the loop need not look at (suspended),
-    as the batch commits (controller/settled.py)."""
+    given, is told of the jobs a batch stores that the loop need not look at (suspended),
+    inside the batch's transaction, before it commits (controller/settled.py)."""
 
     def __init__(self, store: Store, source: str, uid: str, settled: Settled | None = None):
         self.store = store
@@ -194,12 +193,12 @@ class Intake:
             created = repo.create_many(tx, work.rows)
             message_of = {v.job: v.message.id for v in verdicts if v.outcome == "created"}
             events = []
-            at_rest: list[tuple[str, int]] = []  # told to `settled`: the loop will not look at them
+            at_rest: list[tuple[str, int, str]] = []  # told to `settled`: the loop will not look at them
             for obj, spec in zip(created, work.specs, strict=True):
                 if self.settled is not None and settled_when_stored(obj.status):
                     # no model kept for a step that is not coming: kept, thousands of them would
                     # only be walked by the garbage collector (a look after a resume validates)
-                    at_rest.append((obj.name, obj.resource_version))
+                    at_rest.append((obj.name, obj.resource_version, obj.uid))
                 else:
                     specs.remember(obj.spec_text, spec)  # what the job's first step would validate again
                 said = f"job created from source/{self.source} (message {shown(message_of[obj.name])})"
@@ -215,7 +214,7 @@ class Intake:
             ingested.record(tx, self.source, [(message_of[o.name], o.name) for o in created], now)
             repo.update_object(tx, source, status=_counted(source, verdicts, rejected, now))
             if at_rest and self.settled is not None:
-                tx.on_commit(functools.partial(self.settled, at_rest))
+                self.settled(at_rest)  # before the commit: no poll sees these jobs without their hints
         self._next_number = work.next_number  # only once committed: a failed batch takes no name
         return verdicts
 

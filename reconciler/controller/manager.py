@@ -217,7 +217,7 @@ class Controller:
             try:
                 foreign = feed.poll()
                 for change in foreign:
-                    if change.kind == "Job" and not self.settled.take(change.name, change.resource_version):
+                    if change.kind == "Job" and not self.settled.take(change):
                         self.queue.add(change.name)
                 self.settled.prune(feed.seq)
                 if any(change.kind in ("Pool", "Node") for change in foreign):

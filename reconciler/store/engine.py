@@ -219,8 +219,6 @@ class Store:
                     self._commit(conn, tx, known=known)
                 else:
                     conn.end(commit=False)
-            if commit:
-                tx.committed()
             if commit and tx.changed and known:
                 self.known_writes.add(tx.rv())
         if commit and tx.changed:
@@ -354,11 +352,7 @@ class Store:
         finally:
             if committed and tx.changed:
                 self.known_writes.add(tx.rv())
-            try:
-                if committed:
-                    tx.committed()
-            finally:
-                self._writer.release()
+            self._writer.release()
             after, batch.after = batch.after, []
             if committed and tx.changed:
                 self._announce(known=True)

@@ -37,6 +37,7 @@ class Change(NamedTuple):  # a tuple: made for every changed row a poll reads
     kind: str
     name: str
     resource_version: int
+    uid: str  # which object of that name (one deleted and made again is another)
 
 
 class ChangeFeed:
@@ -83,7 +84,7 @@ class ChangeFeed:
             return []
         rows = sched.changed_since(session, self.seq)
         if self.reports:
-            rows += [("Job", name, rv) for name, rv in placements.reported_since(session, self.seq)]
+            rows += [("Job", name, rv, uid) for name, rv, uid in placements.reported_since(session, self.seq)]
         changes = list(map(Change._make, rows))
         self.seq = max([current, *(c.resource_version for c in changes)])
         if self.skip_known:

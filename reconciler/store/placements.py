@@ -26,7 +26,7 @@ _PLACEMENT_KEYS = Statement(
     " FROM admissions AS a JOIN objects AS o ON o.kind = 'Job' AND o.uid = a.job_uid"
     " WHERE a.node IS NOT NULL ORDER BY a.node, a.job_uid"
 )
-_REPORTED_SINCE = Statement("SELECT job_name, reported_rv FROM admissions WHERE reported_rv > :rv")
+_REPORTED_SINCE = Statement("SELECT job_name, reported_rv, job_uid FROM admissions WHERE reported_rv > :rv")
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,6 @@ def record_reports(tx: Tx, node: str, reports: list[Report]) -> list[bool]:
     return [count == 1 for count in _REPORT.execute_each(tx.session, rows)]
 
 
-def reported_since(session: Connection, rv: int) -> list[tuple[str, int]]:
-    """(job name, resourceVersion) of the reports written after `rv`: the jobs to look at."""
-    return [(r.job_name, r.reported_rv) for r in _REPORTED_SINCE.execute(session, {"rv": rv}).all()]
+def reported_since(session: Connection, rv: int) -> list[tuple[str, int, str]]:
+    """(job name, resourceVersion, job uid) of the reports written after `rv`: the jobs to look at."""
+    return [(r.job_name, r.reported_rv, r.job_uid) for r in _REPORTED_SINCE.execute(session, {"rv": rv}).all()]

@@ -49,9 +49,9 @@ _RESTART_RUN = Statement(
     "UPDATE admissions SET run_number = :run_number, owner = :owner, epoch = :epoch, report = NULL WHERE job_uid = :uid"
 )
 _ROUND_ROBIN_START = Statement("INSERT INTO meta (key, value) VALUES ('rr', 0)")
-_WRITTEN_SINCE = Statement("SELECT kind, name, resource_version FROM objects WHERE resource_version > :rv")
+_WRITTEN_SINCE = Statement("SELECT kind, name, resource_version, uid FROM objects WHERE resource_version > :rv")
 _DELETED_SINCE = Statement(
-    "SELECT kind, name, resource_version FROM events WHERE resource_version > :rv AND reason = 'Deleted'"
+    "SELECT kind, name, resource_version, uid FROM events WHERE resource_version > :rv AND reason = 'Deleted'"
 )
 _OPEN_JOBS = Statement("SELECT name FROM objects WHERE kind = 'Job' AND (phase IS NULL OR phase != 'Completed')")
 _MAY_NEED_REVISION = Statement(
@@ -254,7 +254,7 @@ def round_robin_turn(tx: Tx) -> int:
 
 
 def changed_since(session: Connection, rv: int) -> list[Sequence[Any]]:
-    """(kind, name, resourceVersion) of objects written or deleted after `rv`: what a
+    """(kind, name, resourceVersion, uid) of objects written or deleted after `rv`: what a
     watcher must look at (deletions are seen through their events)."""
     written = _WRITTEN_SINCE.execute(session, {"rv": rv}).tuples()
     return written + _DELETED_SINCE.execute(session, {"rv": rv}).tuples()

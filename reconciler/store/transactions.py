@@ -57,19 +57,6 @@ class Tx:
         # what is read once per transaction: it holds the store-wide write lock, so what only
         # other writers change (the notifiers) stays as read until it ends
         self.memo: dict[str, Any] = {}
-        self._on_commit: list[Callable[[], None]] = []
-
-    def on_commit(self, action: Callable[[], None]) -> None:
-        """Run `action` once this transaction has committed, before the write lock is released
-        and the change announced: what it records is in place before any follower of the change
-        feed in this process is told of the commit. Not run when it rolls back. It must not raise."""
-        self._on_commit.append(action)
-
-    def committed(self) -> None:
-        """The store's call after the commit succeeded (`on_commit`)."""
-        actions, self._on_commit = self._on_commit, []
-        for action in actions:
-            action()
 
     def discard(self) -> None:
         """Roll back instead of committing (dry runs)."""
