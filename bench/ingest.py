@@ -5,25 +5,24 @@ into stored jobs, against a plain pika consumer that only acknowledges, in the s
   to a fresh queue, then a `reconciler controller` process over a fresh SQLite store consumes
   them through a Source (its template suspends the jobs, so no run competes for the CPU; the
   change watcher still reads each new job's change, and the loop, told by the lane that a job
-  stored suspended is at rest, does not look at it: controller/settled.py). Rate = messages stored as jobs, by the times
-  their batches' transactions began: a batch's messages took from its start to the next
-  one's, so the rate is the messages of the batches from the second to the one before the
-  last over the time from the second's start to the last's. The first batch is left out,
-  time and messages: it holds the few messages that arrived before the lane asked (often
-  under ten) and pays the lane's first-time costs (30 ms), which counted against the 500 of
-  each later batch skewed a short run. The queue is then checked empty (every message
-  acknowledged).
-- reference: the same M messages to another fresh queue, consumed by a plain pika consumer
-  (basic_consume, the same prefetch, basic_ack per message, nothing else); rate from the first
-  delivery to the last acknowledgement.
+  stored suspended is at rest, does not look at it: controller/settled.py). Timed: from the
+  controller's start until another process reading the store (every 5 ms) counts M jobs. The
+  queue is then checked empty (every message acknowledged).
+- reference: the same M messages in another fresh queue, drained by a plain pika consumer
+  process (basic_consume, the same prefetch, basic_ack per message, nothing else). Timed:
+  from its start to its exit.
 
-Three rounds, each reference beside its reconciler run; the medians, and the figure is the
-median of the rounds' ratios (this machine's speed moves within a minute). The aim: at least
-half the plain consumer's rate. Beside the rates, each side's CPU time a message over the same
-span (the controller's whole process, from the first batch stored to the last): on a machine
-other work loads, the wall-clock rates move with the load, the CPU a message much less.
+Each side also drains a queue of M/5 the same way, and its rate is (M - M/5) / (the wall
+time of the run of M - that of the run of M/5): what a run pays once (the interpreter,
+imports, connecting, the first look at the store) cancels out, and nothing is taken from
+the store's own records. Three rounds, each round's four runs within a minute; the medians,
+and the figure is the median of the rounds' ratios (this machine's speed moves within a
+minute). The aim: at least half the plain consumer's rate. Beside the rates, each side's
+CPU time a message by the same difference (the controller's whole process, read from /proc
+when the last job is seen; the consumer's from its exit): on a machine other work loads, the
+wall-clock rates move with the load, the CPU a message less.
 
-    .venv/bin/python bench/ingest.py [--messages 5000]
+    .venv/bin/python bench/ingest.py [--messages 10000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -31,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -44,6 +44,8 @@ from bench.common import Row, log, median, print_table, scratch
 
 BROKER = "amqp://guest:guest@127.0.0.1:5672/"
 AIM = 2.0  # plain consumer's rate / reconciler's: at most 2 (at least half the rate)
+SMALL_SHARE = 5  # the smaller run of each pair holds a fifth of the messages
+POLL = 0.005  # seconds between the looks at the store for the stored jobs
 
 
 def _channel():
@@ -77,22 +79,18 @@ def _drop(queue: str) -> None:
         connection.close()
 
 
-def plain(count: int) -> float:
-    """Messages/s of a pika consumer that only acknowledges each message."""
+def _consume(queue: str, count: int) -> None:
+    """The plain consumer, run as its own process by `plain`: acknowledge `count` messages, exit."""
     from reconciler.controller.amqp import PREFETCH
 
-    queue = _fill(count)
     connection, channel = _channel()
-    stamps: list[float] = []
-
-    cpu: list[float] = []
+    seen = 0
 
     def on_message(ch, method, _properties, _body) -> None:
+        nonlocal seen
         ch.basic_ack(method.delivery_tag)
-        stamps.append(time.perf_counter())
-        if len(stamps) in (1, count):
-            cpu.append(time.process_time())
-        if len(stamps) == count:
+        seen += 1
+        if seen == count:
             ch.stop_consuming()
 
     try:
@@ -101,8 +99,29 @@ def plain(count: int) -> float:
         channel.start_consuming()
     finally:
         connection.close()
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One whole run: its wall time (seconds) and its process's CPU time (seconds)."""
+
+    wall: float
+    cpu: float
+
+
+def plain(count: int) -> Timed:
+    """A plain pika consumer's process, from its start to its exit, draining a queue of `count`."""
+    queue = _fill(count)
+    try:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        subprocess.run([sys.executable, __file__, "--consume", queue, str(count)], check=True)
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        _check_drained(queue)
+    finally:
         _drop(queue)
-    return Rate((count - 1) / (stamps[-1] - stamps[0]), (cpu[-1] - cpu[0]) / (count - 1))
+    return Timed(wall, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -111,8 +130,20 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def reconciler(count: int) -> Rate:
-    """Messages/s from a queue into stored jobs, by a controller process."""
+def _check_drained(queue: str) -> None:
+    """Its consumer is gone: what it had not acknowledged would be back in the queue."""
+    connection, channel = _channel()
+    try:
+        left = channel.queue_declare(queue, passive=True).method.message_count
+    finally:
+        connection.close()
+    if left:
+        raise AssertionError(f"ingest: {left} messages not acknowledged")
+
+
+def reconciler(count: int) -> Timed:
+    """A `reconciler controller` process, from its start until `count` queued job requests are
+    jobs in its store (as another process reading the store sees them)."""
     from reconciler.store import Store
     from reconciler.store.dbapi import Statement
 
@@ -132,94 +163,93 @@ def reconciler(count: int) -> Rate:
                 capture_output=True,
             )
             store = Store(url)
+            jobs = Statement("SELECT count(*) FROM objects WHERE kind = 'Job'")
+            deadline = time.monotonic() + max(60.0, count / 50)
+            start = time.perf_counter()
             controller = subprocess.Popen(
                 [sys.executable, "-m", "reconciler", "controller"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-            counted = Statement("SELECT count(*) FROM ingested")
-            batches = Statement(
-                "SELECT created_at, count(*) AS n FROM ingested GROUP BY created_at ORDER BY created_at"
-            )
             try:
-                deadline = time.monotonic() + max(60.0, count / 50)
-                first: tuple[int, float] | None = None  # (stored, controller CPU seconds) once one batch is
                 while True:
                     with store.read() as session:
-                        stored = counted.execute(session).scalar()
-                    if first is None and stored:
-                        first = (stored, _cpu_seconds(controller.pid))
+                        stored = jobs.execute(session).scalar()
                     if stored >= count:
+                        wall = time.perf_counter() - start
                         cpu = _cpu_seconds(controller.pid)
-                        with store.read() as session:
-                            stamps = batches.execute(session).all()
                         break
                     if time.monotonic() > deadline or controller.poll() is not None:
                         raise TimeoutError(f"ingest: {stored} of {count} jobs stored")
-                    time.sleep(0.05)
+                    time.sleep(POLL)
             finally:
                 controller.terminate()
                 controller.wait(30)
                 store.dispose()
-            connection, channel = _channel()
-            try:  # the controller is gone: what it had not acknowledged would be back in the queue
-                left = channel.queue_declare(queue, passive=True).method.message_count
-            finally:
-                connection.close()
-            if left:
-                raise AssertionError(f"ingest: {left} messages not acknowledged")
-            if stored != count or len(stamps) < 3:
-                raise AssertionError(f"ingest: {stored} jobs for {count} messages, in {len(stamps)} batches")
-            # each batch's rows carry the time its transaction began: a batch took from its
-            # start to the next one's; whole batches, the first left out
-            timed = stamps[1:]
-            assert first is not None
-            per_message = (cpu - first[1]) / (count - first[0]) if count > first[0] else float("nan")
-            rate = sum(s.n for s in timed[:-1]) / (timed[-1].created_at - timed[0].created_at)
-            return Rate(rate, per_message)
+            _check_drained(queue)
+            if stored != count:
+                raise AssertionError(f"ingest: {stored} jobs for {count} messages")
+            return Timed(wall, cpu)
     finally:
         _drop(queue)
 
 
 @dataclass(frozen=True)
 class Rate:
-    """Messages/s, and the consumer's CPU seconds a message (its whole process: every thread),
-    which a machine loaded by others changes less than it changes the wall-clock rate."""
+    """Messages/s, and CPU seconds a message (the consumer's whole process: every thread),
+    each from the difference between a run of many messages and a smaller one, so that
+    what a run pays once (interpreter, imports, connecting) cancels out."""
 
     per_second: float
     cpu: float
+    fixed: float  # seconds of the smaller run's wall time that are not its messages'
+
+
+def rate(measure, count: int, small: int) -> Rate:
+    big, little = measure(count), measure(small)
+    per_second = (count - small) / (big.wall - little.wall)
+    return Rate(per_second, (big.cpu - little.cpu) / (count - small), little.wall - small / per_second)
 
 
 def row(count: int, rounds: int = 3) -> Row:
-    ours, theirs = [], []
-    ours_cpu, theirs_cpu = [], []
+    small = max(1, count // SMALL_SHARE)
+    ours: list[Rate] = []
+    theirs: list[Rate] = []
     for i in range(rounds):  # interleaved: this machine's speed drifts within a minute
-        log(f"ingest: round {i + 1} of {rounds}: {count} messages by a plain pika consumer, then by a Source")
-        reference, measured = plain(count), reconciler(count)
-        theirs.append(reference.per_second)
-        ours.append(measured.per_second)
-        theirs_cpu.append(reference.cpu)
-        ours_cpu.append(measured.cpu)
+        log(
+            f"ingest: round {i + 1} of {rounds}: {count} and {small} messages by a plain pika consumer, "
+            "then by a Source"
+        )
+        theirs.append(rate(plain, count, small))
+        ours.append(rate(reconciler, count, small))
     from reconciler.controller.amqp import BATCH
 
-    rate, plain_rate = median(ours), median(theirs)
-    # each round's two runs are minutes apart at most: their ratio is what this machine can tell
-    ratio = median([p / o for p, o in zip(theirs, ours, strict=True)])
+    ours_rate, plain_rate = median([r.per_second for r in ours]), median([r.per_second for r in theirs])
+    # each round's runs are a minute apart at most: their ratio is what this machine can tell
+    ratio = median([p.per_second / o.per_second for p, o in zip(theirs, ours, strict=True)])
+
+    def listed(rates: list[Rate], field: str, scale: float, spec: str) -> str:
+        return ", ".join(format(getattr(r, field) * scale, spec) for r in rates)
+
     label = "15 ingestion from RabbitMQ (sqlite)"
     note = (
-        f"{label}: {count} job requests waiting in a queue; a controller process stores them as jobs "
-        f"(batches of up to {BATCH} a transaction, then one acknowledgement a batch), median of {rounds} rounds "
-        f"interleaved with the reference ({', '.join(f'{r:.0f}' for r in ours)}): {rate:.0f} messages/s against "
-        f"a plain pika consumer's {plain_rate:.0f}/s acknowledging each ({', '.join(f'{r:.0f}' for r in theirs)}); "
-        f"per round, ours/plain {', '.join(f'{o / p:.0%}' for o, p in zip(ours, theirs, strict=True))}: "
-        f"median {1 / ratio:.0%} of its rate (aim: at least half); CPU a message, the controller process "
-        f"{median(ours_cpu) * 1e6:.0f} us ({', '.join(f'{c * 1e6:.0f}' for c in ours_cpu)}) against the plain "
-        f"consumer's {median(theirs_cpu) * 1e6:.0f} us ({', '.join(f'{c * 1e6:.0f}' for c in theirs_cpu)})"
+        f"{label}: {count} job requests waiting in a queue, drained by a `reconciler controller` process "
+        f"into stored jobs through a Source (batches of up to {BATCH} a transaction, then one acknowledgement "
+        f"a batch) and by a plain pika consumer process acknowledging each, {rounds} round(s) interleaved; "
+        f"rates by wall time, (the run of {count} - the run of {small}) / {count - small} messages: "
+        f"{ours_rate:.0f} messages/s ({listed(ours, 'per_second', 1, '.0f')}) against the plain consumer's "
+        f"{plain_rate:.0f}/s ({listed(theirs, 'per_second', 1, '.0f')}); per round, ours/plain "
+        f"{', '.join(f'{o.per_second / p.per_second:.0%}' for o, p in zip(ours, theirs, strict=True))}: "
+        f"median {1 / ratio:.0%} of its rate (aim: at least half). Fixed costs (start, imports, connecting): "
+        f"{listed(ours, 'fixed', 1, '.2f')} s against {listed(theirs, 'fixed', 1, '.2f')} s. CPU a message, "
+        f"the controller process {median([r.cpu for r in ours]) * 1e6:.0f} us ({listed(ours, 'cpu', 1e6, '.0f')}) "
+        f"against the plain consumer's {median([r.cpu for r in theirs]) * 1e6:.0f} us "
+        f"({listed(theirs, 'cpu', 1e6, '.0f')})"
     )
     return Row(
         label,
-        f"{rate:.0f} messages/s into stored jobs",
+        f"{ours_rate:.0f} messages/s into stored jobs",
         f"plain pika consumer {plain_rate:.0f}/s",
         ratio,
         "x",
@@ -230,9 +260,13 @@ def row(count: int, rounds: int = 3) -> Row:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--messages", type=int, default=10000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--consume", nargs=2, metavar=("QUEUE", "COUNT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.consume:
+        _consume(args.consume[0], int(args.consume[1]))
+        return
     print_table([row(args.messages, args.rounds)])
 
 

@@ -52,7 +52,7 @@ FULL = {
     "metrics": dict(small=1000, large=100_000, rounds=7),
     "chain": dict(jobs=300, rounds=3),
     "dashboard": dict(jobs=2000, rounds=7),
-    "ingest": dict(messages=5000, rounds=3),
+    "ingest": dict(messages=10000, rounds=3),
     "wakeup": dict(jobs=100),
     "cgroups": dict(runs=200, rounds=5),
     "start": dict(runs=500, rounds=4),
