@@ -7,8 +7,8 @@ a restart must not mistake a stranger for its run.
 from __future__ import annotations
 
 import os
+import threading
 import time
-from dataclasses import dataclass
 
 import psutil
 
@@ -18,13 +18,62 @@ import psutil
 START_TIME_TOLERANCE = 0.01
 
 
-@dataclass(frozen=True)
-class ProcessIdentity:
-    pid: int
-    start_time: float  # psutil.Process.create_time(), seconds since the epoch
-
-
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+_reading = threading.Lock()  # one reader of a child's start time at a time: see `of_child`
+
+
+class ProcessIdentity:
+    """A process: its pid and its start time (psutil.Process.create_time(), seconds since
+    the epoch). Equal when both are; never changed once made."""
+
+    __slots__ = ("_start_time", "pid")
+
+    def __init__(self, pid: int, start_time: float):
+        self.pid = pid
+        self._start_time: float | None = start_time
+
+    @classmethod
+    def of_child(cls, pid: int) -> ProcessIdentity:
+        """A child just spawned, its start time read at its first use rather than now: read
+        while the child is still in its exec, /proc/PID/stat answers only once the exec is
+        done (0.5-1 ms on a machine whose other core was idle), which would sit on the
+        spawner's path. Read later, the answer is the same, provided the pid still names the
+        child: it does until the child is reaped, and `process.reap` reads it first."""
+        child = cls.__new__(cls)
+        child.pid, child._start_time = pid, None
+        return child
+
+    @property
+    def start_time(self) -> float:
+        return self._start_time if self._start_time is not None else self.read_start_time()
+
+    def read_start_time(self) -> float:
+        """The start time, read now if it was not: a child's before it is reaped."""
+        with _reading:
+            if self._start_time is None:
+                found = start_time_of(self.pid)  # a zombie still answers
+                # gone only if someone else reaped it: any value will do, is_alive is False
+                self._start_time = time.time() if found is None else found
+            return self._start_time
+
+    @property
+    def start_known(self) -> bool:
+        """The start time has been read (always, but for a child not yet looked at)."""
+        return self._start_time is not None
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, ProcessIdentity):
+            return NotImplemented
+        return self.pid == other.pid and self.start_time == other.start_time
+
+    def __hash__(self) -> int:
+        return hash(self.pid)  # equal identities share their pid; no read of a start time
+
+    def __repr__(self) -> str:
+        start = "unread" if self._start_time is None else repr(self._start_time)
+        return f"ProcessIdentity(pid={self.pid}, start_time={start})"
 
 
 def _stat(pid: int) -> tuple[bytes, float] | None:

@@ -12,7 +12,6 @@ import pathlib
 import shutil
 import subprocess
 import threading
-import time
 from dataclasses import dataclass
 
 from reconciler.agent.groups import (
@@ -23,7 +22,7 @@ from reconciler.agent.groups import (
     signal_group,
     wait_armed,
 )
-from reconciler.agent.identity import ProcessIdentity, is_alive, same_process, start_time_of
+from reconciler.agent.identity import ProcessIdentity, is_alive, same_process
 from reconciler.agent.wrapper import wrapper_argv
 from reconciler.files import make_private_dirs, read_small
 
@@ -106,7 +105,8 @@ def spawn_run(
     wrapper leads its own process
     group: pgid == pid. Raises StartFailed, without spawning anything, when the
     program or the working directory is missing. reap() (which ExitWatcher
-    calls) collects the wrapper once it has exited.
+    calls) collects the wrapper once it has exited. The identity's start time is read at
+    its first use, not here (`ProcessIdentity.of_child`).
     """
     if (argv is None) == (shell is None):
         raise ValueError("exactly one of argv and shell must be given")
@@ -169,10 +169,7 @@ def spawn_run(
     # (wait_armed); spawning does not, so the wrapper's startup stays off the caller's path.
     arming(popen.pid, ready_r)
 
-    start_time = start_time_of(popen.pid)  # a zombie still answers
-    if start_time is None:  # only if someone else reaped it already
-        start_time = time.time()  # any value will do: is_alive is False either way
-    identity = ProcessIdentity(pid=popen.pid, start_time=start_time)
+    identity = ProcessIdentity.of_child(popen.pid)  # its start time read once its exec is done
     with _children_lock:
         _children[popen.pid] = (identity, popen)
     return identity
@@ -202,6 +199,7 @@ def reap(identity: ProcessIdentity) -> int | None:
     with _children_lock:
         entry = _children.get(identity.pid)
     if entry is not None and entry[0] == identity:
+        identity.read_start_time()  # while the pid is still the child's: once reaped, it may be reused
         code = entry[1].poll()
         if code is not None:
             with _children_lock:

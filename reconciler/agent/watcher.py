@@ -60,8 +60,9 @@ class ExitWatcher:
             pidfd = None
         # Check the identity only after opening: if it matches now, the pidfd
         # cannot refer to an older holder of the pid (two live processes never
-        # share a pid). A mismatch means pid reuse: ours is long gone.
-        if pidfd is not None and not is_alive(identity):
+        # share a pid). A mismatch means pid reuse: ours is long gone. A child whose
+        # start time is not read yet is not reaped yet: the pid is still its own.
+        if pidfd is not None and identity.start_known and not is_alive(identity):
             # A zombie also lands here; the thread still reaps it before calling back.
             os.close(pidfd)
             pidfd = None

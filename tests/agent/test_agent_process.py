@@ -171,6 +171,32 @@ def test_the_start_time_read_directly_is_psutils_exactly_for_a_live_process_and_
     assert not is_alive(identity)
 
 
+def test_a_spawned_runs_start_time_is_read_at_its_first_use_and_is_psutils(spawn):
+    """spawn_run does not wait for the wrapper's exec to read its start time (the read would
+    block until the exec is done); read later, it is the very number psutil gives."""
+    identity, _ = spawn(argv=["sleep", "5"])
+    assert not identity.start_known
+    assert identity.start_time == psutil.Process(identity.pid).create_time()
+    assert identity.start_known
+    assert is_alive(identity)
+    assert identity == ProcessIdentity(identity.pid, psutil.Process(identity.pid).create_time())
+    assert identity != ProcessIdentity(identity.pid, identity.start_time - 5)  # a reused pid
+    assert hash(identity) == hash(ProcessIdentity(identity.pid, 0.0))
+
+
+def test_reaping_a_spawned_run_reads_its_start_time_before_the_pid_is_freed(spawn):
+    """Once reaped, the pid may go to another process: the start time must be read first,
+    else a later read (the run's record) could take a stranger's or none."""
+    identity, run_dir = spawn(argv=["true"])
+    finished(run_dir)
+    wait_until(lambda: psutil.Process(identity.pid).status() == psutil.STATUS_ZOMBIE)
+    as_zombie = start_time_of(identity.pid)  # a zombie still answers; the identity is not told
+    assert as_zombie is not None and not identity.start_known
+    assert reap(identity) == 0  # a zombie: collected at once
+    assert identity.start_known and identity.start_time == as_zombie
+    assert start_time_of(identity.pid) is None  # reaped (unless the pid was reused at once)
+
+
 def test_wall_clock_start_is_when_the_process_started_even_once_it_is_gone():
     before = time.time()
     proc = subprocess.Popen(["sleep", "5"])

@@ -166,3 +166,25 @@ def test_adopted_run_is_reported_and_its_exit_code_read(watcher, tmp_path, wrapp
     finally:
         signal_group(identity, signal.SIGKILL)
         wait_until(lambda: not group_alive(identity))
+
+
+def test_a_spawned_run_is_watched_before_its_start_time_is_read(spawn):
+    """Watching a run just spawned asks nothing of /proc (the pid is the child's until it is
+    reaped); the watcher reads the start time before it reaps, and calls back with it."""
+    identity, run_dir = spawn(argv=["sleep", "30"])
+    done = threading.Event()
+    seen = Recorder()
+
+    def exited(ident: ProcessIdentity) -> None:
+        seen(ident)
+        done.set()
+
+    with ExitWatcher() as w:
+        w.watch(identity, exited)
+        assert not identity.start_known  # watched without a look at /proc
+        signal_group(identity, signal.SIGTERM)
+        assert done.wait(10)
+    assert seen.identities() == [identity]
+    assert identity.start_known  # read before the reap
+    assert read_exit(run_dir) == ExitRecord(exit_code=128 + signal.SIGTERM, signal=signal.SIGTERM)
+    assert not os.path.exists(f"/proc/{identity.pid}") or psutil.Process(identity.pid).create_time() != identity.start_time
