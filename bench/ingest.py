@@ -208,7 +208,10 @@ class Rate:
 
 def rate(measure, count: int, small: int) -> Rate:
     big, little = measure(count), measure(small)
-    per_second = (count - small) / (big.wall - little.wall)
+    spent = big.wall - little.wall
+    # at a size this small that the two runs' fixed costs differ by more than the messages
+    # between them take (CI's), there is no rate to tell: nan, not a negative one
+    per_second = (count - small) / spent if spent > 0 else float("nan")
     return Rate(per_second, (big.cpu - little.cpu) / (count - small), little.wall - small / per_second)
 
 
