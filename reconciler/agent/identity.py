@@ -36,8 +36,9 @@ class ProcessIdentity:
     def of_child(cls, pid: int) -> ProcessIdentity:
         """A child just spawned, its start time read at its first use rather than now: read
         while the child is still in its exec, /proc/PID/stat answers only once the exec is
-        done (0.5-1 ms measured on the loop's path), which would sit on the spawner's path. Read later, the answer is the same, provided the pid still names the
-        child: it does until the child is reaped, and `process.reap` reads it first."""
+        done (0.5-1 ms measured on the loop's path), which would sit on the spawner's path.
+        Read later, the answer is the same, provided the pid still names the child: it does
+        until the child is reaped, and `process.reap` reads it first."""
         child = cls.__new__(cls)
         child.pid, child._start_time = pid, None
         return child
