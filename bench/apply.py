@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import discard
 
 POOLS = {"analysis": 8, "io": 4, "gpu": 2, "batch": "unlimited"}
 PIPELINES = ["ingest", "shards", "report", "ci", "nightly", "etl"]
@@ -135,7 +138,7 @@ def scratch_store(url: str | None, in_place: bool) -> Iterator[str]:
         try:
             yield f"sqlite:///{folder / 'state.db'}"
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
+            discard(folder)
         return
     if url.startswith("sqlite") or in_place:
         yield url
@@ -276,8 +279,8 @@ def cli_startup(work: Path) -> float:
             raise SystemExit(f"cli apply of one object: exit {proc.returncode}, stdout {proc.stdout[:200]!r}")
         return elapsed
     finally:
-        one.unlink()
-        shutil.rmtree(scratch, ignore_errors=True)
+        discard(one)
+        discard(scratch)
 
 
 def best_of(runs: list[dict[str, float]]) -> dict[str, float]:
@@ -348,7 +351,7 @@ def main(argv: list[str] | None = None) -> None:
                     runs.append(through_cli(url, work / "manifests", objects))
             report(f"CLI ({scheme}; includes interpreter start-up){best}", best_of(runs), objects)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        discard(work)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ why there is no figure.
 from __future__ import annotations
 
 import argparse
-import shutil
 import statistics
 import subprocess
 import sys
@@ -27,7 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, log
+from bench.common import Row, discard, log
 
 AIM_MS = 0.5
 FIGURE = "16 run start with a cgroup"
@@ -57,7 +56,7 @@ def _one(work: Path, index: int, spares, limits) -> dict[str, float]:  # type: i
     if group is not None and not group.remove():
         raise RuntimeError(f"the cgroup {group.name} could not be removed after its run")
     t4 = time.perf_counter()
-    shutil.rmtree(run_dir)
+    discard(run_dir)
     return {"take": t1 - t0, "spawn": t2 - t1, "remove": t4 - t3, "whole": t4 - t0}
 
 
@@ -142,7 +141,7 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
         idle = _join_after_idle(hierarchy, limits, min(runs, 40))
     finally:
         spares.close()
-        shutil.rmtree(work, ignore_errors=True)
+        discard(work)
     result = {m: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for m, xs in samples.items()}
     result["cgroup"]["ahead"] = statistics.median(made)
     result["cgroup"]["join"] = join

@@ -119,11 +119,10 @@ def yaml_floor(folder: Path) -> float:
 def apply_rows(jobs: int) -> list[Row]:
     """Figure 4 through bench/apply.py (its generator and its measurements): the real verb
     (`reconciler apply -f DIR`, a subprocess) is the figure; the in-process run gives the split."""
-    import shutil
     import tempfile
 
     from bench import apply as apply_bench
-    from bench.common import scratch
+    from bench.common import discard, scratch
 
     work = Path(tempfile.mkdtemp(prefix="reconciler-bench-apply-"))
     try:
@@ -135,7 +134,7 @@ def apply_rows(jobs: int) -> list[Row]:
         with scratch("sqlite") as (url, _):
             f = apply_bench.in_process(url, folder, objects, False)
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        discard(work)
     first, again = cli["first.total"], cli["reapply.total"]
     full = jobs == 10_000  # the aims are set for 10,000 manifests
     note = (

@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import resource
-import shutil
 import statistics
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import Row, log
+from bench.common import Row, discard, log
 
 FIGURE = "19 run start, C wrapper against sh"
 MODES = ("sh", "c", "direct", "bare")
@@ -59,7 +58,7 @@ def _wrapped(work: Path, index: int, binary: Path | None) -> tuple[float, float,
     cpu = _children_cpu() - cpu
     if read_exit(run_dir) is None:
         raise RuntimeError(f"no exit record in {run_dir}")
-    shutil.rmtree(run_dir)
+    discard(run_dir)
     return t1 - t0, t2 - t0, cpu
 
 
@@ -85,7 +84,7 @@ def _direct(work: Path, index: int) -> tuple[float, float, float]:
     os.write(fd, f"{code}\n".encode())
     os.close(fd)
     t2 = time.perf_counter()
-    shutil.rmtree(run_dir)
+    discard(run_dir)
     return t1 - t0, t2 - t0, _children_cpu() - cpu
 
 
@@ -124,7 +123,7 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
                     else:
                         samples[mode].append(_wrapped(work, i, binary if mode == "c" else None))
     finally:
-        shutil.rmtree(work, ignore_errors=True)
+        discard(work)
     result = {
         m: {
             "spawn": statistics.median(s for s, _, _ in xs),
