@@ -166,9 +166,9 @@ def mark_start() -> None:
 
 
 def mkdir_cost(count: int = 100) -> float:
-    """Microseconds of kernel and process CPU a mkdir takes in the scratch folder (median of
-    `count`): about 25 here, up to ~900 within a minute or two of a mass deletion (`discard`
-    says why). Printed with the figures, as the load average is: both say how to read them."""
+    """Microseconds of this thread's CPU (the kernel's included) a mkdir takes in a new scratch
+    folder, median of `count`: about 25 here, up to ~900 within a minute or two of a mass
+    deletion (`discard` says why). Printed with the figures, as the load average is: both say how to read them."""
     folder = Path(tempfile.mkdtemp(prefix="reconciler-bench-probe-"))
     spent = []
     try:
@@ -229,7 +229,7 @@ _trash_lock = threading.Lock()
 
 def discard(path: Path) -> None:
     """Remove a scratch file or tree, but only when this process exits: until then it is moved
-    into a trash folder beside it (a rename frees no inode). On an ext4 without a journal (this
+    into a trash folder in the temporary folder (a rename frees no inode). On an ext4 without a journal (this
     machine's root) allocating an inode skips every inode of its group freed in the last 60 s
     (ext4's `recently_deleted`, up to 360 s while their table block is unwritten), a scan that
     made each run's mkdir and file creations cost up to ~0.9 ms of kernel CPU after a round's
