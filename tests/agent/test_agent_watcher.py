@@ -170,8 +170,10 @@ def test_adopted_run_is_reported_and_its_exit_code_read(watcher, tmp_path, wrapp
 
 def test_a_spawned_run_is_watched_before_its_start_time_is_read(spawn):
     """Watching a run just spawned asks nothing of /proc (the pid is the child's until it is
-    reaped); the watcher reads the start time before it reaps, and calls back with it."""
-    identity, run_dir = spawn(argv=["sleep", "30"])
+    reaped); the watcher reads the start time before it reaps, and calls back with it. The run
+    ends by itself: a signal sent this soon after the spawn can land in the sh wrapper's window
+    before the command's exec, where it is absorbed (wrapper.py), and the run would go on."""
+    identity, run_dir = spawn(argv=["sleep", "0.3"])
     done = threading.Event()
     seen = Recorder()
 
@@ -182,8 +184,7 @@ def test_a_spawned_run_is_watched_before_its_start_time_is_read(spawn):
     with ExitWatcher() as w:
         w.watch(identity, exited)
         assert not identity.start_known  # watched without a look at /proc
-        signal_group(identity, signal.SIGTERM)
         assert done.wait(10)
     assert seen.identities() == [identity]
     assert identity.start_known  # read before the reap
-    assert read_exit(run_dir) == ExitRecord(exit_code=128 + signal.SIGTERM, signal=signal.SIGTERM)
+    assert read_exit(run_dir) == ExitRecord(exit_code=0, signal=None)
