@@ -32,14 +32,14 @@ AIM_MS = 0.5
 FIGURE = "16 run start with a cgroup"
 
 
-def _one(work: Path, index: int, spares, limits) -> dict[str, float]:  # type: ignore[no-untyped-def]
+def _one(work: Path, index: int, take, limits) -> dict[str, float]:  # type: ignore[no-untyped-def]
     """Seconds of one run of /bin/true: taking its cgroup, spawning, removing the cgroup after
     the exit, and the whole run (start to the wrapper reaped)."""
     from reconciler.agent.process import reap, spawn_run
 
     run_dir = work / f"run-{index}"
     t0 = time.perf_counter()
-    group = spares.take(f"bench.{uuid.uuid4()}.1", limits) if spares is not None else None
+    group = take(f"bench.{uuid.uuid4()}.1", limits) if take is not None else None
     t1 = time.perf_counter()
     identity = spawn_run(
         argv=["/bin/true"],
@@ -123,15 +123,17 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
     from reconciler.agent.cgroupspares import Spares
 
     hierarchy = detect()
-    spares = Spares(hierarchy)
+    # as the agent takes a run's cgroup: a spare renamed on v1, made at the start on v2 (no rename)
+    spares = Spares(hierarchy) if hierarchy.renames else None
+    take = spares.take if spares is not None else hierarchy.create
     limits = Limits(cpu=1.0, memory=512 << 20)  # a run job's defaults
     samples: dict[str, list[dict[str, float]]] = {"plain": [], "cgroup": []}
     work = Path(tempfile.mkdtemp(prefix="reconciler-bench-cgroups-"))
     try:
-        _one(work, -1, spares, limits)  # warm: the parent cgroup made, the spares thread started
+        _one(work, -1, take, limits)  # warm: the parent cgroup made, the spares thread started
         for r in range(rounds):
             for mode in ("plain", "cgroup") if r % 2 == 0 else ("cgroup", "plain"):
-                samples[mode] += [_one(work, i, spares if mode == "cgroup" else None, limits) for i in range(runs)]
+                samples[mode] += [_one(work, i, take if mode == "cgroup" else None, limits) for i in range(runs)]
         made = []  # the spares thread's work per run: a cgroup made (and, at the end, removed)
         for _ in range(runs):
             t0 = time.perf_counter()
@@ -140,7 +142,8 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
         join = _join_cost(hierarchy, limits, runs, rounds)
         idle = _join_after_idle(hierarchy, limits, min(runs, 40))
     finally:
-        spares.close()
+        if spares is not None:
+            spares.close()
         discard(work)
     result = {m: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for m, xs in samples.items()}
     result["cgroup"]["ahead"] = statistics.median(made)

@@ -63,6 +63,9 @@ class JobWatch:
         self.names = set(names)
         self.jobs: dict[str, Watched] = {}
         self._unsettled: set[str] = set()  # kept up to date per change: a look costs the changes, not the jobs
+        # name -> (spec text, is a service): a job is written three or four times on its way,
+        # its spec seldom; decoding it per write took the interpreter's lock from the loop
+        self._types: dict[str, tuple[str, bool]] = {}
         # woken by this process's commits (the controller's) and PostgreSQL's notifications
         self._feed = ChangeFeed(store, listen=True)
         self._load(self.names)
@@ -76,12 +79,18 @@ class JobWatch:
                 watched = Watched({}, deleted=True)
             else:
                 status = cast(JobStatusDict, o.status)
-                watched = Watched(status, service=json.loads(o.spec_text).get("type") == "service")
+                watched = Watched(status, service=self._service(name, o.spec_text))
             self.jobs[name] = watched
             if watched.settled:
                 self._unsettled.discard(name)
             else:
                 self._unsettled.add(name)
+
+    def _service(self, name: str, spec_text: str) -> bool:
+        known = self._types.get(name)
+        if known is None or known[0] != spec_text:
+            known = self._types[name] = (spec_text, json.loads(spec_text).get("type") == "service")
+        return known[1]
 
     def poll(self) -> set[str]:
         """Names of watched jobs written since the last poll (their statuses are refreshed)."""

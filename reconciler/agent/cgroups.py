@@ -40,6 +40,11 @@ class CgroupUnavailable(Exception):
     says why, for the run's condition."""
 
 
+class CgroupExists(CgroupUnavailable):
+    """A spare cannot become the run's cgroup: the run's is there already (made before a
+    crash), and is to be used as it is."""
+
+
 @dataclass(frozen=True)
 class Limits:
     cpu: float | None  # cores; None or 0: no quota
@@ -195,6 +200,9 @@ class Hierarchy(ABC):
     this process or one that died)."""
 
     version = ""
+    # whether a cgroup can be renamed (v1); cgroup2's filesystem refuses (EPERM), so there a
+    # spare made ahead could never become a run's cgroup
+    renames = False
 
     def create(self, name: str, limits: Limits) -> RunCgroup:
         _check_name(name)
@@ -220,13 +228,15 @@ class Hierarchy(ABC):
         done: list[tuple[Path, Path]] = []
         try:
             for old, new in zip(spare.dirs, group.dirs, strict=True):
-                os.rename(old, new)
+                os.rename(old, new)  # never over the run's own: the kernel answers EEXIST
                 done.append((old, new))
             self._limit(group, limits)
         except OSError as exc:
             for old, new in reversed(done):
                 with contextlib.suppress(OSError):
                     os.rename(new, old)
+            if isinstance(exc, FileExistsError):
+                raise CgroupExists(f"cgroup {name} exists") from exc
             raise CgroupUnavailable(f"cannot take cgroup {spare.dirs[0]} for {name}: {exc.strerror or exc}") from exc
         return group
 
@@ -250,6 +260,7 @@ class Hierarchy(ABC):
 
 class V1Hierarchy(Hierarchy):
     version = "v1"
+    renames = True
 
     def __init__(self, memory: Path, cpu: Path, cpuacct: Path):
         self.memory, self.cpu, self.cpuacct = memory, cpu, cpuacct
@@ -341,6 +352,7 @@ def detect(root: Path = DEFAULT_ROOT) -> Hierarchy:
 
 
 __all__ = [
+    "CgroupExists",
     "CgroupUnavailable",
     "Hierarchy",
     "Limits",

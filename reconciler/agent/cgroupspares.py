@@ -1,6 +1,7 @@
 """Spare cgroups: empty ones a thread of the agent makes ahead, so that starting a run
 renames one instead of making it (`Spares`, taken by `local.py`). Spares left by a process
-that died are swept when the next one starts."""
+that died are swept when the next one starts. Only where cgroups can be renamed (v1:
+`Hierarchy.renames`); cgroup2's filesystem refuses a rename, so there each run's is made."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import uuid
 
 import psutil
 
-from .cgroups import CgroupUnavailable, Hierarchy, Limits, RunCgroup
+from .cgroups import CgroupExists, CgroupUnavailable, Hierarchy, Limits, RunCgroup
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,8 @@ class Spares:
     removed when the next one starts, and a process's own when it closes."""
 
     def __init__(self, hierarchy: Hierarchy, keep: int = 4):
+        if not hierarchy.renames:
+            raise ValueError(f"cgroup {hierarchy.version} cannot rename a cgroup: no spare could become a run's")
         self.hierarchy = hierarchy
         self.keep = keep
         self._ready: list[RunCgroup] = []
@@ -46,12 +49,13 @@ class Spares:
                 self._thread = threading.Thread(target=self._fill, name="cgroup-spares", daemon=True)
                 self._thread.start()
         try:
-            if spare is not None and not self.hierarchy.open(name).exists():
+            if spare is not None:
                 try:
                     return self.hierarchy.rename(spare, name, limits)
+                except CgroupExists:  # made before a crash: create() takes it as it is
+                    pass
                 except CgroupUnavailable as exc:
                     log.warning("%s; making the cgroup instead", exc)
-            if spare is not None:
                 spare.remove()
             return self.hierarchy.create(name, limits)
         finally:

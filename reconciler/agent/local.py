@@ -96,7 +96,9 @@ class LocalAgent:
 
     def __init__(self, node: str, state_dir: Path, on_exit: Callable[[str], None], *, cgroup_root: Path | None = None):
         self.node = node
-        self.state_dir = Path(state_dir)
+        # resolved once: a run's wrapper is given its run dir under it, and `find` knows the
+        # wrapper again by that path (resolving each run dir cost 58 us a spawn, lstat by lstat)
+        self.state_dir = Path(state_dir).resolve()
         make_private_dirs(self.state_dir / "runs")
         self._legacy_runs = has_legacy_runs(self.state_dir)  # else run_dir needs no look at the disk
         # Paths a run's steps ask for again and again, made once (pathlib's joins were a tenth
@@ -116,7 +118,8 @@ class LocalAgent:
         self._no_hierarchy = ""
         try:
             self._hierarchy = detect(root)
-            self._spares = Spares(self._hierarchy)
+            if self._hierarchy.renames:  # else each run's cgroup is made at its start
+                self._spares = Spares(self._hierarchy)
         except CgroupUnavailable as exc:
             self._no_hierarchy = str(exc)
             log.warning("runs get no cgroup on this node: %s; memory limits become address-space rlimits", exc)
@@ -181,9 +184,11 @@ class LocalAgent:
 
     def _make_cgroup(self, name: str, limits: Limits) -> tuple[RunCgroup | None, str | None]:
         """The run's cgroup, or None and why there is none (never a reason to fail the run)."""
-        if self._spares is None:
+        if self._hierarchy is None:
             return None, self._no_hierarchy
         try:
+            if self._spares is None:
+                return self._hierarchy.create(name, limits), None
             return self._spares.take(name, limits), None
         except CgroupUnavailable as exc:
             if str(exc) != self._no_hierarchy:  # said once per cause, not once per run
@@ -310,7 +315,7 @@ class LocalAgent:
             # its artifact is unpacked into it, and this process, which holds its spawn, has
             # not spawned it yet (it does once prepare answers ready): no look at every process
             return None
-        target = str(run_dir.resolve())
+        target = str(run_dir.absolute())  # as spawn_run gave it to the wrapper
         for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = proc.info.get("cmdline") or []
             if len(cmd) > 4 and cmd[3] == WRAPPER_NAME and cmd[4] == target:

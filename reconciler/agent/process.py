@@ -99,7 +99,8 @@ def spawn_run(
     (run by `/bin/sh -c`). `env` is merged over `inherited_environment()`. stdout and stderr
     go to run_dir/stdout and run_dir/stderr (0600, run_dir 0700); the wrapper
     writes the exit code to run_dir/exit (fsynced unless `fsync_exit` is
-    False, see wrapper.py for the cost). Before the command starts, the wrapper
+    False, see wrapper.py for the cost); its argv names `run_dir` as given, made absolute
+    but not resolved (the agent knows it again by that path). Before the command starts, the wrapper
     writes its pid to each cgroup.procs file in `join` (the run's cgroup) and sets
     `ulimit -v address_space_kib` (the fallback where no cgroup can be made). The
     wrapper leads its own process
@@ -142,7 +143,7 @@ def spawn_run(
     try:
         popen = subprocess.Popen(
             wrapper_argv(
-                run_dir.resolve(),
+                run_dir.absolute(),  # not resolved here: LocalAgent resolved its state folder once
                 command,
                 fsync=fsync_exit,
                 join=join,

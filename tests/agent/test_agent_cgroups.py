@@ -4,6 +4,7 @@ processes joined by the run wrapper."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import uuid
@@ -19,7 +20,9 @@ from reconciler.agent.cgroups import (
     detect,
 )
 from reconciler.agent.cgroupspares import Spares
+from reconciler.agent.local import LocalAgent
 from reconciler.agent.process import read_exit
+from reconciler.api.job import JobSpec
 from tests.helpers import wait_until
 
 MiB = 1024 * 1024
@@ -111,51 +114,142 @@ def test_names_the_wrapper_could_not_join_are_refused(fake_v2, name):
         detect(fake_v2).create(name, Limits(cpu=1, memory=MiB))
 
 
-# -- spares: cgroups made ahead, renamed at a run's start --------------------------------------
+def _real_v1() -> V1Hierarchy | None:
+    try:
+        hier = detect()
+    except CgroupUnavailable:
+        return None
+    return hier if isinstance(hier, V1Hierarchy) and os.access(hier.memory, os.W_OK) else None
+
+
+real_v1 = pytest.mark.skipif(_real_v1() is None, reason="needs a writable cgroup v1 hierarchy (the CI machine's)")
+
+
+# -- spares: cgroups made ahead, renamed at a run's start (v1: cgroup2 renames none) ----------
 def _spares_in(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir() if p.name.startswith("spare-"))
 
 
-def test_a_run_takes_a_spare_by_renaming_it_and_the_thread_makes_another(fake_v2):
-    spares = Spares(detect(fake_v2), keep=2)
-    parent = fake_v2 / "reconciler"
+def _unique(job: str) -> str:
+    return f"{job}.{uuid.uuid4()}.1"  # cgroups are machine-wide: one name per test run
+
+
+@real_v1
+def test_a_run_takes_a_spare_by_renaming_it_and_the_thread_makes_another():
+    hier = _real_v1()
+    assert hier is not None
+    spares = Spares(hier, keep=2)
+    parent = hier.memory / "reconciler"
+    taken = []
     try:
-        spares.take("first.uid.1", Limits(cpu=1, memory=MiB))  # none ready yet: made at once
+        taken.append(spares.take(_unique("first"), Limits(cpu=1, memory=MiB)))  # none ready yet: made at once
         wait_until(lambda: spares.ready() == 2, timeout=10)
         before = _spares_in(parent)
-        group = spares.take("job.uid.2", Limits(cpu=0.5, memory=2 * MiB))
-        assert group.dirs == (parent / "job.uid.2",)
-        assert (parent / "job.uid.2" / "memory.max").read_text() == str(2 * MiB)
-        assert (parent / "job.uid.2" / "cpu.max").read_text() == "50000 100000"
+        name = _unique("job")
+        group = spares.take(name, Limits(cpu=0.5, memory=2 * MiB))
+        taken.append(group)
+        assert group.dirs == hier.open(name).dirs and all(d.is_dir() for d in group.dirs)
+        assert (hier.memory / "reconciler" / name / "memory.limit_in_bytes").read_text().strip() == str(2 * MiB)
+        assert (hier.cpu / "reconciler" / name / "cpu.cfs_quota_us").read_text().strip() == "50000"
         assert len(set(before) - set(_spares_in(parent))) == 1, "the run's cgroup is a spare renamed"
         wait_until(lambda: spares.ready() == 2, timeout=10)
     finally:
         spares.close()
-    assert _spares_in(parent) == [], "closing removes the spares left"
+        for group in taken:
+            group.remove()
+    assert not set(_spares_in(parent)) & set(before), "closing removes the spares left"
 
 
-def test_a_run_whose_cgroup_exists_keeps_it_and_the_spare_goes(fake_v2):
-    hier = detect(fake_v2)
-    hier.create("job.uid.1", Limits(cpu=1, memory=MiB))  # made before a crash, before its spawn
+@real_v1
+def test_a_run_whose_cgroup_exists_keeps_it_and_the_spare_goes_without_a_warning(caplog):
+    hier = _real_v1()
+    assert hier is not None
+    name = _unique("job")
+    made = hier.create(name, Limits(cpu=1, memory=MiB))  # made before a crash, before its spawn
     spares = Spares(hier, keep=1)
+    parent = hier.memory / "reconciler"
+    warm = None
     try:
-        spares.take("warm.uid.1", Limits(cpu=1, memory=MiB))
+        warm = spares.take(_unique("warm"), Limits(cpu=1, memory=MiB))
         wait_until(lambda: spares.ready() == 1, timeout=10)
-        group = spares.take("job.uid.1", Limits(cpu=2, memory=MiB))
-        assert (group.dirs[0] / "cpu.max").read_text() == "200000 100000"
+        ready = _spares_in(parent)
+        with caplog.at_level(logging.WARNING, logger="reconciler.agent.cgroupspares"):
+            group = spares.take(name, Limits(cpu=2, memory=MiB))
+        assert group.dirs == made.dirs
+        assert (hier.cpu / "reconciler" / name / "cpu.cfs_quota_us").read_text().strip() == "200000"
+        assert not set(ready) & set(_spares_in(parent)), "the spare it could not use is removed"
+        assert caplog.records == [], "a run's own cgroup found again is no failure to report"
     finally:
         spares.close()
+        made.remove()
+        if warm is not None:
+            warm.remove()
 
 
-def test_spares_of_a_process_that_is_gone_are_swept(fake_v2):
-    hier = detect(fake_v2)
+@pytest.fixture
+def fake_v1(tmp_path: Path) -> Path:
+    for controller, probe in (
+        ("memory", "memory.limit_in_bytes"),
+        ("cpu", "cpu.cfs_quota_us"),
+        ("cpuacct", "cpuacct.usage"),
+    ):
+        (tmp_path / controller).mkdir()
+        (tmp_path / controller / probe).write_text("")
+    return tmp_path
+
+
+def test_spares_of_a_process_that_is_gone_are_swept(fake_v1):
+    hier = detect(fake_v1)
     hier.prepare()
-    parent = fake_v2 / "reconciler"
+    parent = fake_v1 / "memory" / "reconciler"
     gone = 2**22 + 12345  # above pid_max's default ceiling: no such process
     (parent / f"spare-{gone}-abc").mkdir()
     (parent / f"spare-{os.getpid()}-mine").mkdir()
     Spares(hier).sweep()
     assert _spares_in(parent) == [f"spare-{os.getpid()}-mine"]
+
+
+def _cgroup2_mount() -> Path | None:
+    """This machine's cgroup2 filesystem, where a folder can be made in it."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        fields = line.split()
+        if fields[2] == "cgroup2" and os.access(fields[1], os.W_OK):
+            return Path(fields[1])
+    return None
+
+
+@pytest.mark.skipif(_cgroup2_mount() is None, reason="needs a writable cgroup2 mount (the CI machine's)")
+def test_cgroup2_refuses_to_rename_a_cgroup_so_v2_makes_no_spares(fake_v2):
+    """Why the agent takes no spares on v2: the kernel's cgroup2 filesystem has no rename
+    (v1's has), so a spare could never become a run's cgroup there."""
+    mount = _cgroup2_mount()
+    assert mount is not None
+    old, new = mount / f"reconciler-test-{uuid.uuid4().hex[:8]}", mount / f"reconciler-test-{uuid.uuid4().hex[:8]}"
+    old.mkdir()
+    try:
+        with pytest.raises(PermissionError):
+            os.rename(old, new)
+    finally:
+        old.rmdir()
+    assert not V2Hierarchy.renames and V1Hierarchy.renames
+    with pytest.raises(ValueError, match="cannot rename"):
+        Spares(detect(fake_v2))
+
+
+def test_an_agent_on_v2_makes_each_runs_cgroup_at_its_start(fake_v2, tmp_path):
+    agent = LocalAgent("node-a", tmp_path / "state", on_exit=lambda job: None, cgroup_root=fake_v2)
+    try:
+        assert agent.cgroup_version == "v2"
+        uid = str(uuid.uuid4())
+        started = agent.start("job", uid, 1, JobSpec.model_validate({"command": ["true"]}), 1)
+        run_dir = agent.run_dir("job", uid, 1)
+        wait_until(lambda: read_exit(run_dir), timeout=10)
+        group = fake_v2 / "reconciler" / started.cgroup
+        assert started.limits == "cgroup v2" and (group / "memory.max").read_text() == str(512 * MiB)
+        assert (group / "cgroup.procs").read_text().strip() == str(started.identity.pid), "the wrapper joined it"
+        assert _spares_in(fake_v2 / "reconciler") == [], "no spare is made where none could be renamed"
+    finally:
+        agent.close()
 
 
 # -- v1: detection on fake folders, the rest on the real hierarchy ----------------------------
@@ -179,17 +273,6 @@ def test_v1_with_cpu_and_cpuacct_on_one_mount_uses_one_folder_for_both(tmp_path)
         tmp_path / "memory" / "reconciler" / "a.b.1",
         shared / "reconciler" / "a.b.1",
     )
-
-
-def _real_v1() -> V1Hierarchy | None:
-    try:
-        hier = detect()
-    except CgroupUnavailable:
-        return None
-    return hier if isinstance(hier, V1Hierarchy) and os.access(hier.memory, os.W_OK) else None
-
-
-real_v1 = pytest.mark.skipif(_real_v1() is None, reason="needs a writable cgroup v1 hierarchy (the CI machine's)")
 
 
 @pytest.fixture

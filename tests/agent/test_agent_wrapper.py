@@ -245,3 +245,29 @@ def test_a_cache_that_cannot_be_written_still_gives_the_state_its_build(tmp_path
     blocker.write_text("a file where the cache folder would be")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
     assert cwrapper.build(tmp_path / "state") == tmp_path / "state" / "bin" / cwrapper.binary_name()
+
+
+def test_a_run_is_found_again_whichever_way_the_state_folder_is_spelled(tmp_path):
+    """The agent resolves its state folder once: the wrapper's argv names the run dir by its
+    real path, which an agent restarted through a symlink (or without one) finds again."""
+    real = tmp_path / "real-state"
+    real.mkdir()
+    link = tmp_path / "linked-state"
+    link.symlink_to(real)
+    before = LocalAgent("node-a", link, on_exit=lambda job: None)
+    uid = str(uuid.uuid4())
+    started = before.start("job", uid, 1, _spec(), 1)
+    argv = psutil.Process(started.identity.pid).cmdline()
+    before.close()
+    assert argv[4] == str(real / "runs" / f"job.{uid}.1")
+    for spelled in (link, real):
+        after = LocalAgent("node-a", spelled, on_exit=lambda job: None)
+        try:
+            assert after.find(after.run_dir("job", uid, 1)) == started.identity
+        finally:
+            after.close()
+    agent = LocalAgent("node-a", real, on_exit=lambda job: None)
+    try:
+        _end(agent, started.identity, started.cgroup)
+    finally:
+        agent.close()
