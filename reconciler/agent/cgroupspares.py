@@ -21,6 +21,21 @@ REFILL_DELAY = 0.005
 SPARE = "spare-"  # spare-<pid of the agent's process>-<random>: found and swept once that process is gone
 
 
+def sweep(hierarchy: Hierarchy) -> None:
+    """Remove the spares of processes that are gone (a controller killed): also where no
+    spares are made now (v2), for those an earlier version made there."""
+    for parent in hierarchy.parents():
+        try:
+            entries = [e for e in os.listdir(parent) if e.startswith(SPARE)]
+        except OSError:
+            continue
+        for entry in entries:
+            pid = entry[len(SPARE) :].partition("-")[0]
+            if pid.isdigit() and not psutil.pid_exists(int(pid)):
+                with contextlib.suppress(OSError):
+                    (parent / entry).rmdir()
+
+
 class Spares:
     """Empty cgroups made ahead by a thread of its own, so that starting a run renames one
     (about 0.03 ms a hierarchy) instead of making it (a mkdir in a v1 memory hierarchy alone
@@ -87,16 +102,7 @@ class Spares:
 
     def sweep(self) -> None:
         """Remove the spares of processes that are gone (a controller killed)."""
-        for parent in self.hierarchy.parents():
-            try:
-                entries = [e for e in os.listdir(parent) if e.startswith(SPARE)]
-            except OSError:
-                continue
-            for entry in entries:
-                pid = entry[len(SPARE) :].partition("-")[0]
-                if pid.isdigit() and not psutil.pid_exists(int(pid)):
-                    with contextlib.suppress(OSError):
-                        (parent / entry).rmdir()
+        sweep(self.hierarchy)
 
     def close(self) -> None:
         """Stop making spares and remove the ones left."""

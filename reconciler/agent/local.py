@@ -20,6 +20,7 @@ from ..api.job import Artifact, JobSpec
 from ..files import make_private_dirs
 from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgroup, Usage, detect
 from .cgroupspares import Spares
+from .cgroupspares import sweep as sweep_spares
 from .cwrapper import Binary
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import WORK, has_legacy_runs, run_dir
@@ -120,6 +121,8 @@ class LocalAgent:
             self._hierarchy = detect(root)
             if self._hierarchy.renames:  # else each run's cgroup is made at its start
                 self._spares = Spares(self._hierarchy)
+            else:  # an earlier version made spares on v2 too: a crash left them
+                sweep_spares(self._hierarchy)
         except CgroupUnavailable as exc:
             self._no_hierarchy = str(exc)
             log.warning("runs get no cgroup on this node: %s; memory limits become address-space rlimits", exc)

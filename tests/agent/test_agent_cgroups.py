@@ -252,6 +252,16 @@ def test_an_agent_on_v2_makes_each_runs_cgroup_at_its_start(fake_v2, tmp_path):
         agent.close()
 
 
+def test_an_agent_on_v2_sweeps_the_spares_an_earlier_version_left(fake_v2, tmp_path):
+    parent = fake_v2 / "reconciler"
+    parent.mkdir()
+    gone = 2**22 + 12345  # above pid_max's default ceiling: no such process
+    (parent / f"spare-{gone}-abc").mkdir()
+    (parent / f"spare-{os.getpid()}-mine").mkdir()
+    LocalAgent("node-a", tmp_path / "state", on_exit=lambda job: None, cgroup_root=fake_v2).close()
+    assert _spares_in(parent) == [f"spare-{os.getpid()}-mine"]
+
+
 # -- v1: detection on fake folders, the rest on the real hierarchy ----------------------------
 def test_no_hierarchy_is_refused_with_the_place_named(tmp_path):
     with pytest.raises(CgroupUnavailable, match=str(tmp_path)):
