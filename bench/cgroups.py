@@ -1,7 +1,8 @@
 """Figure 16, what a run's cgroup costs: runs of `/bin/true` started through the run wrapper
 (`spawn_run`) without a cgroup, as before, against the same with one as the agent makes it
-(`Spares.take` with the job defaults: a cgroup made ahead by the spares thread, renamed; the
-wrapper joining it; `remove` after the exit), interleaved in rounds in this one process. Per
+(with the job defaults; on v1 `Spares.take`: a cgroup made ahead by the spares thread,
+renamed; on v2, which cannot rename one, made at the start; the wrapper joining it; `remove`
+after the exit), interleaved in rounds in this one process. Per
 run: the controller's side (take + spawn, then remove once the wrapper has exited) and the
 whole run (start to the wrapper reaped, which includes the wrapper's joins). The notes add
 what the spares thread spends beside the loop: making a cgroup, per run; and a join's latency
@@ -174,8 +175,9 @@ def row(runs: int, rounds: int) -> Row:
         f"{len(version) and 'cgroup.procs files'} against to /dev/null); spawn "
         f"{c['spawn'] * 1000:.2f} ms with the joins in the wrapper's argv against {p['spawn'] * 1000:.2f} ms; the "
         f"whole run (start to the wrapper reaped and its cgroup removed) {c['whole'] * 1000:.2f} ms against "
-        f"{p['whole'] * 1000:.2f} ms; beside the loop, the spares thread spends {c['ahead'] * 1000:.2f} ms "
-        "a run making a cgroup (timed as make + remove of a bare one); "
+        f"{p['whole'] * 1000:.2f} ms; "
+        + ("beside the loop, the spares thread spends" if version == "v1" else "no spares on v2 (no rename): the take")
+        + f" {c['ahead'] * 1000:.2f} ms a run making a cgroup (timed as make + remove of a bare one); "
         f"a join (a pid written to the run cgroup's cgroup.procs files) takes {c['join back to back'] * 1000:.2f} ms "
         f"right after another and {c['join after idle'] * 1000:.2f} ms after {IDLE * 1000:.0f} ms without one "
         "(medians): a run started after a quiet spell waits that long before its command starts"
