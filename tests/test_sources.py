@@ -245,17 +245,35 @@ def test_nothing_is_written_for_a_source_deleted_or_made_again(stored):
         assert repo.list_objects(session, kind="Job") == []
 
 
+def _spec_text(store) -> str:
+    with store.read() as session:
+        return repo.get(session, kind="Source", name="inbox").spec_text
+
+
 def test_the_connection_state_is_written_only_when_it_changes(stored):
     store, uid = stored
-    note_connection(store, "inbox", uid, connected=False, error="refused")
+    spec = _spec_text(store)
+    note_connection(store, "inbox", uid, spec, connected=False, error="refused")
     first = _status(store)
     before = store.change_seq()
-    note_connection(store, "inbox", uid, connected=False, error="refused")
+    note_connection(store, "inbox", uid, spec, connected=False, error="refused")
     assert store.change_seq() == before  # a broker down for hours costs no write per retry
-    note_connection(store, "inbox", uid, connected=True, error=None)
+    note_connection(store, "inbox", uid, spec, connected=True, error=None)
     status = _status(store)
     assert (first["connected"], first["lastError"]) == (False, "refused")
     assert status["connected"] is True and status["lastError"] == "refused"  # the last error stays to be read
+
+
+def test_a_lane_of_an_earlier_spec_does_not_write_the_connection_state(stored):
+    """The lane an edit replaced may still be failing to reach the old queue: its word is
+    not the Source's any more (the new lane, consuming, would never say connected again)."""
+    store, uid = stored
+    spec = _spec_text(store)
+    note_connection(store, "inbox", uid, spec, connected=True, error=None)
+    before = store.change_seq()
+    note_connection(store, "inbox", uid, spec.replace("queue", "queue "), connected=False, error="timed out")
+    assert store.change_seq() == before
+    assert _status(store)["connected"] is True and "lastError" not in _status(store)
 
 
 def test_message_ids_are_forgotten_after_a_week(stored):

@@ -61,6 +61,7 @@ class AmqpConsumer:
         self._connection: pika.BlockingConnection | None = None
         self._channel: BlockingChannel | None = None
         self._arrived: list[Message] = []
+        self._cancelled: str | None = None  # why the broker cancelled our consumer, if it did
 
     def connect(self) -> None:
         import pika
@@ -77,6 +78,8 @@ class AmqpConsumer:
             channel = self._connection.channel()
             channel.queue_declare(self.spec.queue, passive=True)  # it must exist: we do not define it
             channel.basic_qos(prefetch_count=PREFETCH)
+            # the broker cancels a consumer whose queue is deleted: said, not waited on for ever
+            channel.add_on_cancel_callback(self._on_cancel)
             channel.basic_consume(self.spec.queue, on_message_callback=self._on_message)
             self._channel = channel
         except Exception as exc:  # pika raises its own, socket and value errors
@@ -84,6 +87,9 @@ class AmqpConsumer:
 
     def _on_message(self, _channel: Any, method: Any, properties: Any, body: bytes) -> None:
         self._arrived.append(Message(message_id(properties, body), body, method.delivery_tag))
+
+    def _on_cancel(self, _frame: Any) -> None:
+        self._cancelled = "the broker cancelled the consumer (the queue was deleted?)"
 
     def fetch(self, wait: float) -> list[Message]:
         """What has arrived, waiting up to `wait` seconds for the first; at most BATCH."""
@@ -95,6 +101,9 @@ class AmqpConsumer:
                 self._connection.process_data_events(time_limit=0)
         except Exception as exc:
             raise QueueError(f"{self.where}: {describe(exc)}") from exc
+        if self._cancelled is not None:  # nothing more comes: the lane connects anew (what
+            # arrived before is not settled and goes back to the queue, if it is there again)
+            raise QueueError(f"{self.where}: {self._cancelled}")
         batch, self._arrived = self._arrived[:BATCH], self._arrived[BATCH:]
         return batch
 

@@ -92,6 +92,8 @@ class Lane:
                 inbox.close()  # what was not settled goes back to the queue
             if error is None:
                 break
+            if self.stopping.is_set():
+                break  # replaced or deleted: the failure is no longer this Source's news
             failures += 1
             log.info("source %s: %s (retry %d)", self.wanted.name, error, failures)
             self._note(False, error)
@@ -122,7 +124,8 @@ class Lane:
         if self._noted == (connected, error):
             return
         try:
-            note_connection(self.store, self.wanted.name, self.wanted.uid, connected=connected, error=error)
+            wanted = self.wanted
+            note_connection(self.store, wanted.name, wanted.uid, wanted.spec_text, connected=connected, error=error)
             self._noted = (connected, error)
         except Exception:  # the store is down too: said when it is back
             log.warning("source %s: status not written", self.wanted.name, exc_info=True)

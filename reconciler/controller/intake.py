@@ -237,12 +237,14 @@ def _counted(source: StoredObject, verdicts: list[Verdict], rejected: list[Verdi
     return status
 
 
-def note_connection(store: Store, source: str, uid: str, *, connected: bool, error: str | None) -> None:
+def note_connection(store: Store, source: str, uid: str, spec_text: str, *, connected: bool, error: str | None) -> None:
     """Say in the Source's status whether its queue is being consumed, and why not; written
-    only when that changes, so a broker down for hours costs no write per retry."""
+    only when that changes, so a broker down for hours costs no write per retry. Only for
+    the spec the lane consumes by (`spec_text`): a lane an edit replaced, still failing to
+    reach the old queue, must not say so over the new lane's word."""
     with store.write() as tx:
         current = repo.get(tx.session, kind="Source", name=source)
-        if current is None or current.uid != uid:
+        if current is None or current.uid != uid or current.spec_text != spec_text:
             return
         status = dict(current.status or {})
         if status.get("connected") == connected and (error is None or status.get("lastError") == error):

@@ -208,6 +208,30 @@ def test_a_broker_that_goes_away_is_reconnected_to_and_nothing_is_lost(env: Env,
     assert (status["created"], status["rejected"]) == (15, 0)
 
 
+def test_a_queue_deleted_under_the_consumer_is_shown_and_consumed_again_once_made_again(env: Env, broker: Broker):
+    """RabbitMQ cancels the consumer of a queue it deletes (Basic.Cancel) and the connection
+    stays up: the Source says so and the lane keeps trying, instead of waiting on a consumer
+    that will never be sent anything again."""
+    queue, _ = broker.queue()
+    env.apply(source(queue))
+    env.start_controller()
+    broker.publish(queue, json.dumps({"command": "true"}), "before")
+    wait_jobs(env, 1)
+    wait_source(env, lambda s: s.get("connected") is True, "connected")
+
+    broker.channel.queue_delete(queue)
+    gone = wait_source(env, lambda s: s.get("connected") is False, "the cancelled consumer shown")
+    assert queue in gone["lastError"]
+
+    broker.channel.queue_declare(queue, durable=True)
+    broker.publish(queue, json.dumps({"command": "true"}), "after")
+    found = wait_jobs(env, 2, timeout=60)
+    ids = sorted(json.loads(r.annotations)["reconciler.dev/message-id"] for r in found.values())
+    assert ids == ["after", "before"]
+    wait_source(env, lambda s: s.get("connected") is True, "connected again")
+    wait_until(lambda: broker.depth(queue) == (0, 0), 30, interval=0.2, message="acknowledged")
+
+
 def test_a_source_changed_or_deleted_is_followed(env: Env, broker: Broker):
     first, _ = broker.queue()
     second, _ = broker.queue()
