@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from reconciler.api.annotations import CREATED_BY, MESSAGE_ID
-from reconciler.api.job import JobSpec
+from reconciler.api.job import Artifact, JobSpec
 from reconciler.api.source import SourceStatus
 from reconciler.api.status import SUSPENDED_MESSAGE, SUSPENDED_REASON, new_job_status
 from reconciler.controller import specs
@@ -111,6 +111,25 @@ def test_the_seed_job_request_becomes_a_job_with_the_template_under_it():
     assert d.job.metadata.labels == {"from": "inbox", "tier": "low"}
 
 
+def test_a_message_artifact_replaces_the_templates_whole():
+    """The template's sha256 is the digest of its own url's zip: kept beside the message's
+    url, the run would get the template's code from the cache (or fail the digest)."""
+    template = {"artifact": {"url": "file:///srv/a.zip", "sha256": "a" * 64}}
+    d = draft(json.dumps({"command": "sh run.sh", "deploy_url": "file:///srv/b.zip"}).encode(), template)
+    assert d.job is not None and d.job.spec.artifact is not None
+    assert (d.job.spec.artifact.url, d.job.spec.artifact.sha256) == ("file:///srv/b.zip", None)
+    d = draft(json.dumps({"command": "sh run.sh"}).encode(), template)
+    assert d.job is not None and d.job.spec.artifact == Artifact(url="file:///srv/a.zip", sha256="a" * 64)
+
+
+def test_a_job_type_the_request_spells_out_wins_over_the_templates():
+    template = {"type": "service"}
+    said = draft(json.dumps({"command": "true", "job_type": "run"}).encode(), template)
+    unsaid = draft(json.dumps({"command": "true"}).encode(), template)
+    assert said.job is not None and said.job.spec.type == "run"
+    assert unsaid.job is not None and unsaid.job.spec.type == "service"
+
+
 def test_a_job_manifest_in_yaml_or_json_wins_over_the_template():
     manifest = {
         "apiVersion": API,
@@ -160,6 +179,7 @@ def test_a_manifest_without_a_name_is_named_later():
             "metadata.name: ",
         ),
         (b"a: 1\na: 2\n", "duplicate key"),
+        (b"command: a\n---\ncommand: b\n", "body: a message holds one Job; this holds several YAML documents"),
     ],
 )
 def test_a_body_that_is_no_job_is_refused_naming_the_field(body, problem):

@@ -85,11 +85,15 @@ class JobRequest(BaseModel):
 
     def spec(self) -> dict[str, Any]:
         """The Job spec fields the request states, and no default: what a Source merges its
-        template under."""
-        return {
+        template under. A job_type the request spells out is stated even when it is "run",
+        the default: it wins over a template's `type: service`."""
+        spec = {
             "shell": self.command,
             **_stated(self.env_vars, self.job_type, self.port, self.instance_id, self.deploy_url),
         }
+        if "job_type" in self.model_fields_set:
+            spec["type"] = self.job_type
+        return spec
 
     def one_off(self, working_dir: str) -> OneOff:
         return OneOff(

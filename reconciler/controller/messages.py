@@ -24,6 +24,9 @@ from ..yamldoc import MAX_NODES, ManifestLoader, construct, expanded_size, surel
 
 MAX_BODY = 1024 * 1024  # bytes: a job is a few hundred; a larger body is refused unread
 PLACEHOLDER = "unnamed"  # validates a job that is named job-N once the store is asked
+# spec fields the message replaces whole, not key by key: an artifact's sha256 is the digest
+# of its url's zip, so the template's must not stay beside the message's url
+WHOLE = frozenset({"artifact"})
 
 
 @dataclass(slots=True)
@@ -77,6 +80,12 @@ def _data(text: str) -> tuple[Any, str | None]:
         if not surely_small(node, "*" in text) and expanded_size(node) > MAX_NODES:
             return None, f"body: more than {MAX_NODES} YAML nodes (aliases expanded)"
         data, dupes = construct(loader, node, "body")
+    except yaml.composer.ComposerError as exc:
+        if exc.context == "expected a single document in the stream":
+            return None, "body: a message holds one Job; this holds several YAML documents"
+        mark = exc.problem_mark or exc.context_mark
+        line = f" (line {mark.line + 1})" if mark else ""
+        return None, f"body: neither JSON nor YAML{line}: {exc.problem or exc.context}"
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = f" (line {mark.line + 1})" if mark else ""
@@ -135,16 +144,16 @@ def _under(template: dict[str, Any], document: dict[str, Any]) -> dict[str, Any]
             metadata[field] = {**template.get(field, {}), **(given or {})}
     merged = {**document, "metadata": metadata}
     if (spec := document.get("spec")) is not None:
-        merged["spec"] = _merged(job_defaults(template), spec)
+        merged["spec"] = _merged(job_defaults(template), spec, WHOLE)
     return merged
 
 
-def _merged(under: dict[str, Any], over: Any) -> Any:
+def _merged(under: dict[str, Any], over: Any, whole: frozenset[str] = frozenset()) -> Any:
     if not isinstance(over, dict):
         return over
     merged = dict(under)
     for key, value in over.items():
-        merged[key] = _merged(under[key], value) if isinstance(under.get(key), dict) else value
+        merged[key] = _merged(under[key], value) if isinstance(under.get(key), dict) and key not in whole else value
     return merged
 
 
