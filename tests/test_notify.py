@@ -18,7 +18,7 @@ from reconciler.agent.local import process_owner
 from reconciler.apply import apply_manifests, delete
 from reconciler.clock import FakeClock
 from reconciler.controller import notify
-from reconciler.controller.notices import record
+from reconciler.controller.notices import Notice, record
 from reconciler.manifests import parse_text
 from reconciler.store import Store, outbox
 from reconciler.store import repository as repo
@@ -165,8 +165,8 @@ def test_a_status_write_records_one_event_per_hearing_notifier(store, tmp_path):
     )
     with store.write() as tx:
         job = repo.create(tx, kind="Job", name="j", spec={"command": ["true"]}, labels={"team": "a"}, annotations={})
-        assert record(tx, job, ["Succeeded"], reason="Succeeded", run=2, at=1_800_000_000.5)
-        assert not record(tx, job, ["Retrying"], reason="BackoffScheduled", run=1, at=1_800_000_000.0)
+        assert record(tx, job, [Notice("Succeeded", "Succeeded", 2, 1_800_000_000.5)])
+        assert not record(tx, job, [Notice("Retrying", "BackoffScheduled", 1, 1_800_000_000.0)])
     all_rows, team_rows = pending_rows(store, "all"), pending_rows(store, "team-a")
     assert pending_rows(store, "failures") == []
     assert len(all_rows) == len(team_rows) == 1

@@ -39,7 +39,7 @@ class Ctx:
     dep_states: dict[str, revisions.DepState | None] | None = None  # dependency states read with the job, if any
     written: bool = False  # a commit made `obj` the latest stored state
     annotations: dict[str, str] | None = None  # new annotations, written with the status (a request spent)
-    notices: list[str] = field(default_factory=list)  # notifier events of the moves since the last write
+    notices: list[notices.Notice] = field(default_factory=list)  # notifier events of the moves since the last write
     notified: bool = False  # a commit wrote outbox rows: the deliverer is woken after the step
     seen_in: object | None = None  # the store's batch transaction `obj` was read or written in, if any
 
@@ -88,11 +88,21 @@ class Ctx:
             )
         )
         if outcome is not None:
-            self.notices.append(outcome)
+            self._notice(outcome, reason)
         elif to == Phase.RUNNING and before != Phase.RUNNING:  # a run started (not a service between runs)
-            self.notices.append(STARTED)
+            self._notice(STARTED, reason)
         elif to == Phase.BACKOFF and reason == RETRY_SCHEDULED:
-            self.notices.append(RETRYING)
+            self._notice(RETRYING, reason)
+
+    def _notice(self, event: str, reason: str) -> None:
+        """The event as this move says it: its reason, the run it is about, and its time (a
+        start's is the run's start, which a step may write later, with its end)."""
+        runs = self.runs_this_revision()
+        run = runs[-1] if runs else None
+        at = self.now
+        if event == STARTED and run is not None and (started := run.get("startedAt")):
+            at = to_epoch(started)
+        self.notices.append(notices.Notice(event, reason, run["number"] if run is not None else None, at))
 
     def note(self, reason: str, message: str, *, warning: bool = False) -> None:
         """An event without a phase change."""
@@ -160,10 +170,7 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     _count(ctx.obj.status or {}, ctx.status)
     repo.record_events(tx, *(repo.ObjectEvent(obj, e.reason, e.message, e.warning) for e in ctx.events))
     if ctx.notices:
-        runs = ctx.runs_this_revision()
-        run = runs[-1]["number"] if runs else None
-        reason = ctx.status.get("reason")
-        ctx.notified |= notices.record(tx, obj, ctx.notices, reason=reason, run=run, at=ctx.now)
+        ctx.notified |= notices.record(tx, obj, ctx.notices)
     ctx.obj, ctx.written, ctx.annotations, ctx.seen_in = obj, True, None, tx.store.transaction()
     ctx.ops.clear()
     ctx.events.clear()

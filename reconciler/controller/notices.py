@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
@@ -41,7 +42,18 @@ def _spec(name: str, text: str) -> NotifierSpec | None:
     return _specs[text]
 
 
-def record(tx: Tx, job: StoredObject, events: list[str], *, reason: str | None, run: int | None, at: float) -> bool:
+@dataclass(frozen=True, slots=True)
+class Notice:
+    """One event of a job as its move said it, taken at the move: a step may make several
+    (a short run's start and end are one write), each with its own reason, run and time."""
+
+    event: str
+    reason: str | None
+    run: int | None
+    at: float  # epoch seconds
+
+
+def record(tx: Tx, job: StoredObject, events: list[Notice]) -> bool:
     """Write an outbox row for every notifier that hears of one of `events` about `job`, in
     the caller's transaction; True when there is one."""
     specs: list[tuple[str, NotifierSpec]] | None = tx.memo.get("notifiers")
@@ -49,13 +61,14 @@ def record(tx: Tx, job: StoredObject, events: list[str], *, reason: str | None, 
         found = outbox.notifiers(tx.session)
         specs = tx.memo["notifiers"] = [(name, spec) for name, text in found if (spec := _spec(name, text)) is not None]
     pending: list[outbox.Pending] = []
-    for event in events:
-        listeners = [name for name, spec in specs if spec.hears(event, job.labels)]
+    for n in events:
+        listeners = [name for name, spec in specs if spec.hears(n.event, job.labels)]
         if listeners:
             event_id = str(uuid.uuid4())  # one per event: every notifier and every redelivery carry it
+            time = from_epoch(n.at)
             body = event_body(
-                event=event, name=job.name, uid=job.uid, reason=reason, run=run, time=from_epoch(at), event_id=event_id
+                event=n.event, name=job.name, uid=job.uid, reason=n.reason, run=n.run, time=time, event_id=event_id
             )
-            pending += (outbox.Pending(name, event_id, body, at) for name in listeners)
+            pending += (outbox.Pending(name, event_id, body, n.at) for name in listeners)
     outbox.add(tx, pending)
     return bool(pending)

@@ -113,6 +113,11 @@ def test_events_and_selector_choose_what_a_notifier_hears(env):
     retrying = next(e for e in heard if e["status"] == "pending")
     assert retrying["reason"] == "BackoffScheduled"
     assert len({e["event_id"] for e in heard}) == 4
+    # a short run's start is written with its end, in one step: each event still says its own
+    # move's reason and time, not those of the last move of the step
+    started = sorted((e for e in heard if e["status"] == "running"), key=lambda e: e["run"])
+    assert [e["reason"] for e in started] == ["Started", "Started"]
+    assert [e["time"] for e in started] == [r["startedAt"] for r in env.status("a1")["runs"]]
 
 
 def test_a_failed_delivery_is_retried_with_the_same_event_id(env):
