@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 from ..api.annotations import DOWNSTREAM_SUFFIX, RERUN
 from ..api.meta import to_epoch
 from ..api.revisions import rerun_token
-from ..api.status import Phase, next_revision, phase_of
+from ..api.status import Outcome, Phase, next_revision, phase_of
 from ..store import Store, queuing
 from ..store import repository as repo
 from ..store import scheduling as sched
-from . import faults
+from . import faults, notices
 from .context import Ctx, commit
 from .runtime import AGAIN, DONE, Result
 
@@ -80,6 +80,8 @@ class Endings:
         return DONE
 
     def finalize_delete(self, ctx: Ctx) -> Result:
+        """Remove the job. One deleted while admitted was cancelled first (API.md, `delete`):
+        its run stopped, its notifiers hear Cancelled (reason Deleted), written with the removal."""
         self.stop_watching(ctx.name)
         self.admitted.pop(ctx.uid, None)
         with self.store.write(known=True) as tx:
@@ -88,6 +90,11 @@ class Endings:
             if sched.release(tx, ctx.uid) is not None:
                 ctx.released(ctx.spec.pool, ctx.spec.slots)
             repo.record_events(tx, repo.ObjectEvent(ctx.obj, "Deleted", "job deleted"))
+            if ctx.phase in _ADMITTED:
+                runs = ctx.runs_this_revision()
+                run = runs[-1]["number"] if runs else None
+                cancelled = notices.Notice(Outcome.CANCELLED, "Deleted", run, ctx.now)
+                ctx.notified |= notices.record(tx, ctx.obj, [cancelled])
         self.wake_dependents(ctx.name)
         return DONE
 

@@ -155,3 +155,21 @@ def test_a_receiver_that_hangs_delays_no_job_and_no_other_notifier(env):
         wait_delivered(env, "stuck", 2)
     stuck = {json.loads(r.body)["event_id"] for r in receiver.at("/hang")}
     assert stuck == {json.loads(r.body)["event_id"] for r in live}  # the same two events
+
+
+def test_a_running_job_deleted_is_heard_as_cancelled(env):
+    """`delete` cancels an active job first (API.md 3): its notifiers hear it, as they would
+    hear `cancel`, though the job is gone once its run is stopped."""
+    with Receiver() as receiver:
+        start(env, notifier_yaml("hook", f"  url: {receiver.url}/ok\n"), job_yaml("long", "command: [sleep, '60']"))
+        wait_until(lambda: env.status("long").get("phase") == "Running", timeout=30, message="long running")
+        env.ok("delete", "job", "long")
+        [request] = wait_until(lambda: receiver.at("/ok"), timeout=30, message="the Cancelled event")
+    body = json.loads(request.body)
+    assert (body["name"], body["status"], body["outcome"], body["reason"], body["run"]) == (
+        "long",
+        "failed",
+        "Cancelled",
+        "Deleted",
+        1,
+    )
