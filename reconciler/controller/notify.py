@@ -87,8 +87,15 @@ def post(client: httpx.Client, spec: NotifierSpec, body: str, event_id: str) -> 
     headers = {"Content-Type": "application/json", "X-Reconciler-Event": event_id}
     if spec.secret_ref is not None:
         headers["X-Reconciler-Signature"] = signature(_secret(spec.secret_ref.file), content)
+    deadline = time.monotonic() + TIMEOUT
     try:
-        response = client.post(spec.url, content=content, headers=headers)
+        with client.stream("POST", spec.url, content=content, headers=headers) as response:
+            # the answer is its status; the body is read to its end so the connection serves
+            # the next event, but not past the deadline: a receiver that trickles a body
+            # byte by byte (each read within the timeout) must not hold the lane for ever
+            for _ in response.iter_raw():
+                if time.monotonic() > deadline:
+                    break
     except httpx.TimeoutException:
         raise DeliveryFailed(f"POST {shown}: no answer within {TIMEOUT:g}s") from None
     except httpx.HTTPError as exc:

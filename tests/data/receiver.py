@@ -3,7 +3,8 @@ server in a thread that records every POST (path, headers, body, when it arrived
 answers as the path says:
 - `/ok`: 200;
 - `/flaky`: 500 the first time an event id arrives, 200 after;
-- `/hang`: holds the request until `release()` (then 200).
+- `/hang`: holds the request until `release()` (then 200);
+- `/trickle`: 200 at once, then a 100-byte body one byte a second (until `release()`).
 """
 
 from __future__ import annotations
@@ -47,8 +48,19 @@ class Receiver:
                     receiver._released.wait(60)
                 code = 500 if self.path == "/flaky" and seen == 1 else 200
                 self.send_response(code)
-                self.send_header("Content-Length", "0")
+                self.send_header("Content-Length", "100" if self.path == "/trickle" else "0")
                 self.end_headers()
+                if self.path == "/trickle":
+                    self.wfile.flush()
+                    for _ in range(100):
+                        if receiver._released.wait(1):
+                            break
+                        try:
+                            self.wfile.write(b"x")
+                            self.wfile.flush()
+                        except OSError:  # the client went away: it had its answer
+                            break
+                    self.close_connection = True
                 with receiver._lock:
                     receiver.answered += 1
 

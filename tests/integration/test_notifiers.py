@@ -173,3 +173,13 @@ def test_a_running_job_deleted_is_heard_as_cancelled(env):
         "Deleted",
         1,
     )
+
+
+def test_a_receiver_that_trickles_its_answer_does_not_hold_the_delivery(env):
+    """The 200 came at once; a body sent a byte a second (each read well within the timeout)
+    is read no longer than the delivery's 10 s: the event counts delivered without waiting
+    out the 100 s the receiver would take."""
+    with Receiver() as receiver:
+        start(env, notifier_yaml("hook", f"  url: {receiver.url}/trickle\n"), job_yaml("build", "command: [/bin/true]"))
+        status = wait_delivered(env, "hook", 1)
+        assert (status["failed"], status.get("lastError")) == (0, None)
