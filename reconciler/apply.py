@@ -94,11 +94,23 @@ def _apply(
     session = tx.session
     # what the applied objects touch, not the whole store: an apply into a store of 100,000
     # jobs costs what it costs into an empty one (only --prune must see every object)
+    doomed: list[StoredObject] = []  # what --prune deletes
     if prune:
         stored = {(i.kind, o.name): o for i in KINDS.values() for o in repo.list_objects(session, kind=i.kind)}
+        applied = {(m.kind.kind, m.name) for m in manifests}
+        doomed = [
+            obj
+            for key, obj in sorted(stored.items())
+            # not one a node's agent made, or `run`
+            if key not in applied
+            and obj.annotations.get(MANAGED_BY) == "apply"
+            and (not selector or matches(selector, obj.labels))
+        ]
     else:
         stored = {(o.kind, o.name): o for o in _named_objects(session, manifests)}
-    problems = loaded.problems + validate_apply(manifests, specview.SpecView(session, stored.values()), loaded.refused)
+    # checked against the store this apply leaves: a kept job may not name a pruned one
+    view = specview.SpecView(session, stored.values(), pruned=doomed)
+    problems = loaded.problems + validate_apply(manifests, view, loaded.refused)
     if problems:
         raise invalid(problems)
 
@@ -119,15 +131,9 @@ def _apply(
         change.new = obj
     if events:
         repo.record_events(tx, *(repo.ObjectEvent(_written(o), reason, message) for o, reason, message in events))
-    if prune:
-        applied = {(m.kind.kind, m.name) for m in manifests}
-        for key, obj in sorted(stored.items()):
-            if key in applied or obj.annotations.get(MANAGED_BY) != "apply":  # a node's agent made it, or `run`
-                continue
-            if selector and not matches(selector, obj.labels):
-                continue
-            delete_object(tx, obj)
-            changes.append(Change(KINDS[obj.kind], obj.name, "pruned", old=obj))
+    for obj in doomed:
+        delete_object(tx, obj)
+        changes.append(Change(KINDS[obj.kind], obj.name, "pruned", old=obj))
     return changes
 
 

@@ -375,6 +375,30 @@ def test_prune_removes_a_pool_together_with_its_jobs(sqlite_url, tmp_path):
     assert names_of(sqlite_url, "pools") == []
 
 
+def test_prune_that_would_leave_a_kept_job_naming_a_pruned_one_is_refused(store_url, tmp_path):
+    """The store --prune leaves is checked as an apply's: a kept job depending on a pruned
+    job, or in a pruned pool, is refused, naming the file, line and field, and nothing changes
+    (stored, the folder could not be applied again, and the job would end Aborted)."""
+    folder = tmp_path / "folder"
+    write(folder / "a.yaml", pool("p"), job("base"))
+    write(folder / "b.yaml", job("after", dependsOn=["base"], pool="p"))
+    ok("apply", "-f", str(folder), store=store_url)
+    (folder / "a.yaml").unlink()
+    before = dump_store(store_url)
+
+    result = cli("apply", "--prune", "-f", str(folder), store=store_url)
+    assert result.code == 2, result
+    assert f"{folder / 'b.yaml'}:" in result.stderr
+    assert (
+        "spec.dependsOn[0].job: job 'base' does not exist (--prune would delete it: it is in none of the files applied)"
+    ) in result.stderr
+    assert "spec.pool: pool 'p' does not exist (--prune would delete it" in result.stderr
+    assert dump_store(store_url) == before
+    # pruning only what no kept job needs goes through
+    ok("apply", "--prune", "-l", "nothing=here", "-f", str(folder), store=store_url)
+    assert names_of(store_url, "jobs") == ["after", "base"]
+
+
 # --- optimistic concurrency ----------------------------------------------------------------
 
 

@@ -60,6 +60,7 @@ class Stored(Protocol):
     def job(self, name: str) -> dict[str, Any] | None: ...
     def pool(self, name: str) -> dict[str, Any] | None: ...
     def jobs_in_pool(self, pool: str) -> Iterable[tuple[str, dict[str, Any]]]: ...  # global: every job
+    def pruned(self, kind: str, name: str) -> bool: ...  # stored, but this apply deletes it (--prune)
 
 
 def find_cycle(edges: Callable[[str], list[str]], starts: list[str]) -> list[str] | None:
@@ -130,14 +131,18 @@ def validate_apply(
             if dep.job == name:
                 problems.append(f"{m.where('spec', 'dependsOn', i, 'job')}: a job cannot depend on itself")
             elif dep.job not in new_jobs and ("Job", dep.job) not in refused and stored.job(dep.job) is None:
-                problems.append(
-                    f"{m.where('spec', 'dependsOn', i, 'job')}: job {dep.job!r} does not exist "
-                    "(neither stored nor in this apply)"
+                why = (
+                    "--prune would delete it: it is in none of the files applied"
+                    if stored.pruned("Job", dep.job)
+                    else "neither stored nor in this apply"
                 )
+                problems.append(f"{m.where('spec', 'dependsOn', i, 'job')}: job {dep.job!r} does not exist ({why})")
         named = pool(spec.pool) if spec.pool is not None else None
         if spec.pool is not None and named is None:
             if ("Pool", spec.pool) not in refused:
-                problems.append(f"{m.where('spec', 'pool')}: pool {spec.pool!r} does not exist")
+                pruned = " (--prune would delete it: it is in none of the files applied)"
+                gone = pruned if stored.pruned("Pool", spec.pool) else ""
+                problems.append(f"{m.where('spec', 'pool')}: pool {spec.pool!r} does not exist{gone}")
         elif spec.pool is not None and (cap := _capacity(named)) is not None and spec.slots > cap:
             problems.append(
                 f"{m.where('spec', 'slots')}: {spec.slots} slots can never fit pool {spec.pool!r} ({cap} slots)"

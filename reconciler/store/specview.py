@@ -35,9 +35,15 @@ class SpecView:
     of an apply read (api.validation.Stored), so that an apply reads what it touches, not
     the whole store."""
 
-    def __init__(self, session: Connection, known: Iterable[StoredObject] = ()):
+    def __init__(self, session: Connection, known: Iterable[StoredObject] = (), pruned: Iterable[StoredObject] = ()):
         self._session = session
         self._specs: dict[tuple[str, str], dict[str, Any] | None] = {(o.kind, o.name): o.spec for o in known}
+        # stored, but deleted by the same apply (--prune): the checks see the store it leaves
+        self._pruned = {(o.kind, o.name) for o in pruned}
+        self._specs.update((key, None) for key in self._pruned)
+
+    def pruned(self, kind: str, name: str) -> bool:
+        return (kind, name) in self._pruned
 
     def _spec(self, kind: str, name: str) -> dict[str, Any] | None:
         key = (kind, name)
