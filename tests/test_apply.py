@@ -244,6 +244,9 @@ def test_output_json(sqlite_url, tmp_path):
     assert get_json(sqlite_url, "jobs")["kind"] == "List"
     # an unchanged apply prints the stored objects too
     assert json.loads(ok("apply", "-f", f, "-o", "json", store=sqlite_url).stdout) == payload
+    # one object applied is printed as itself, as kubectl prints it
+    one = write(tmp_path / "one.yaml", job("a", pool="p", labels={"x": "y"}))
+    assert json.loads(ok("apply", "-f", one, "-o", "json", store=sqlite_url).stdout) == payload["items"][1]
 
 
 def test_apply_refuses_unknown_output(sqlite_url, tmp_path):

@@ -82,7 +82,7 @@ def _worker(url: str, name: str, writes: int, via: str, gate: Any, results: Any)
                     timeout=WORKER_DEADLINE,
                 )
                 if proc.returncode == 0:
-                    item = json.loads(proc.stdout)["items"][0]
+                    item = json.loads(proc.stdout)  # one object: printed as itself
                     new_rv = int(item["metadata"]["resourceVersion"])
                     written = int(item["metadata"]["labels"]["counter"])
                 elif proc.returncode == 4:

@@ -59,8 +59,9 @@ def apply(
     selector_of(selector)  # a bad selector is refused before anything is written
     changes = ctx_of(ctx).client.apply(manifests, dry_run=dry_run, force=force, prune=prune, selector=selector)
     suffix = " (dry run)" if dry_run else ""
-    if output == "json":
-        typer.echo(dump_json(as_list([d for c in changes if (d := c.after or c.before) is not None])))
+    if output == "json":  # as kubectl prints: one object as itself, several as a List
+        documents = [d for c in changes if (d := c.after or c.before) is not None]
+        typer.echo(dump_json(documents[0] if len(documents) == 1 else as_list(documents)))
         return
     if changes:  # one write: a line per object, and an apply may hold thousands
         typer.echo(
