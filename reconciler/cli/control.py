@@ -112,6 +112,9 @@ def wait(
         raise InvalidInput("wait: name jobs (job/NAME), or use --all or -l SELECTOR")
     selector_of(selector)
     result = ctx_of(ctx).client.wait_for(names, condition, limit, selector)
+    if not result.states:  # -l or --all selected nothing: as kubectl, not a vacuous success
+        err(f"error: no matching jobs found{f' (-l {selector})' if selector else ''}")
+        raise typer.Exit(1)
     if never := result.names("never"):
         for n in never:
             err(f"job.reconciler.dev/{n} can no longer be {condition}")

@@ -51,16 +51,21 @@ def test_run_and_wait(env):
 
     # wait: 0 when met, 1 when it can no longer be met, 1 on timeout
     env.ok("run", "--name", "idle", "--", "true")  # no controller runs now: it stays Waiting
-    met, never, completed, timed_out = env.cli_all(
+    met, never, completed, timed_out, nothing, by_label = env.cli_all(
         ("wait", "job/job-2", "job/after", "--for", "condition=Succeeded", "--timeout", "5s"),
         ("wait", "job/job-3", "--for", "condition=Succeeded", "--timeout", "30s"),
         ("wait", "job/job-3", "--for", "condition=Completed", "--timeout", "5s"),
         ("wait", "job/idle", "--for", "condition=Succeeded", "--timeout", "300ms"),
+        ("wait", "-l", "team=nobody", "--for", "condition=Completed", "--timeout", "5s"),
+        ("wait", "-l", "team!=nobody", "--for", "condition=Completed", "--timeout", "300ms"),
     )
     assert met.code == 0, met
     assert never.code == 1 and "job-3 can no longer be Succeeded" in never.stderr, never
     assert completed.code == 0, completed
     assert timed_out.code == 1 and "timed out" in timed_out.stderr, timed_out
+    # a selector that matches no job is not a vacuous success (as kubectl: an error, exit 1)
+    assert nothing.code == 1 and "error: no matching jobs found (-l team=nobody)" in nothing.stderr, nothing
+    assert by_label.code == 1 and "idle" in by_label.stderr, by_label  # it matched, and idle waits
 
 
 def test_wait_follows_a_controller(env):
