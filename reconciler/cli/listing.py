@@ -155,7 +155,9 @@ def print_kinds(client: Client, wanted: list[tuple[str, list[str]]], selector: s
 
 
 def watch_listing(client: Client, kind: str, names: list[str], selector: str | None, fmt: str | None) -> None:
-    """Print each object again whenever it changes (Ctrl-C ends)."""
+    """Print each object again whenever it changes (Ctrl-C ends), in the listing's format,
+    as kubectl does: a table row, or the object as a JSON or YAML document, or its name."""
+    from ..api.kinds import qualified as kind_name
     from ..reads import EVENTS, SERVICES
 
     if kind.lower() in EVENTS:
@@ -164,6 +166,13 @@ def watch_listing(client: Client, kind: str, names: list[str], selector: str | N
     headers, _, row = COLUMNS[label]
     try:
         for o in client.watch(kind, names, selector):
-            typer.echo(table(headers, [row(o, fmt == "wide")]).splitlines()[1])
+            if fmt == "json":
+                typer.echo(dump_json(o.manifest()))
+            elif fmt == "yaml":
+                typer.echo("---\n" + dump_yaml(o.manifest()), nl=False)
+            elif fmt == "name":
+                typer.echo(f"{kind_name(o.kind)}/{o.name}")
+            else:
+                typer.echo(table(headers, [row(o, fmt == "wide")]).splitlines()[1])
     except KeyboardInterrupt:
         return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import signal
@@ -141,6 +142,43 @@ def test_get_watch_prints_a_row_when_a_job_changes(sqlite_url, tmp_path):
     finally:
         _stop(follower)
     assert states[-1] == "Succeeded"
+
+
+def _documents(lines: queue.Queue[str], count: int) -> list[dict]:
+    """The next `count` JSON documents of a stream of indented ones, as they come."""
+    decoder, text, found = json.JSONDecoder(), "", []
+    while len(found) < count:
+        line = lines.get(timeout=30)
+        assert line, f"the stream ended after {found}"
+        text += line
+        try:
+            document, end = decoder.raw_decode(text.strip())
+        except json.JSONDecodeError:
+            continue  # not whole yet
+        found.append(document)
+        text = text.strip()[end:]
+    return found
+
+
+def test_get_watch_prints_each_change_in_the_format_asked_for(sqlite_url, tmp_path):
+    """As kubectl: with -o json each change is the object as a JSON document, with -o name
+    its name, not a table row."""
+    (tmp_path / "j.yaml").write_text(_job("watched"))
+    assert run_cli("apply", "-f", str(tmp_path / "j.yaml"), store=sqlite_url).code == 0
+    as_json = _start(["get", "jobs", "watched", "-w", "-o", "json"], sqlite_url)
+    as_name = _start(["get", "jobs", "-w", "-o", "name"], sqlite_url)
+    try:
+        json_lines, name_lines = _lines(as_json), _lines(as_name)
+        [listed] = _documents(json_lines, 1)
+        assert (listed["kind"], listed["metadata"]["name"], listed["spec"].get("suspend")) == ("Job", "watched", False)
+        assert name_lines.get(timeout=30).strip() == "job.reconciler.dev/watched"
+        assert run_cli("suspend", "job/watched", store=sqlite_url).code == 0
+        [changed] = _documents(json_lines, 1)
+        assert (changed["kind"], changed["metadata"]["name"], changed["spec"]["suspend"]) == ("Job", "watched", True)
+        assert name_lines.get(timeout=30).strip() == "job.reconciler.dev/watched"
+    finally:
+        _stop(as_json)
+        _stop(as_name)
 
 
 def test_get_watch_of_pools_prints_usage_as_it_changes(sqlite_url, tmp_path):
