@@ -242,6 +242,9 @@ def delete_object(tx: Tx, obj: StoredObject) -> str:
 
 
 _DELETE_ORDER = {"Job": 0, "Notifier": 1, "Source": 1, "Pool": 2, "Node": 3}  # jobs before the pools they use
+# `delete -l SEL` without a kind: what manifests describe, as kubectl's `delete all -l`; a
+# node is a machine its agent registers, deleted only when named (`delete nodes -l SEL`)
+LABELLED = ("Job", "Notifier", "Source", "Pool")
 
 
 @dataclass
@@ -257,12 +260,14 @@ def delete(
     kind: str | None = None,
     selector: list[Requirement] | None = None,
 ) -> Deleted:
-    """Delete the (kind, name) targets, or every object of `kind` matching `selector`, in one
-    transaction: jobs before the pools they use, so one `delete -f` of a whole folder works."""
+    """Delete the (kind, name) targets, or every object of `kind` (of LABELLED's kinds when
+    None) matching `selector`, in one transaction: jobs before the pools they use, so one
+    `delete -f` of a whole folder works."""
     missing: list[tuple[str, str]] = []
     with store.write() as tx:
-        if kind is not None and selector:
-            objs = [o for o in repo.list_objects(tx.session, kind=kind) if matches(selector, o.labels)]
+        if selector and not targets:
+            kinds = [kind] if kind is not None else LABELLED
+            objs = [o for k in kinds for o in repo.list_objects(tx.session, kind=k) if matches(selector, o.labels)]
         else:
             objs = []
             for k, n in targets:

@@ -604,6 +604,32 @@ def test_delete_missing_exits_3(sqlite_url, tmp_path):
 def test_delete_needs_a_target(sqlite_url):
     result = cli("delete", "jobs", store=sqlite_url)
     assert result.code == 2 and result.stdout == ""
+    assert cli("delete", store=sqlite_url).code == 2
+
+
+def test_delete_by_selector_alone_takes_every_labelled_kind_but_nodes(store_url, tmp_path):
+    """API.md: `delete -l SEL` without a KIND, as kubectl's `delete all -l`: the jobs, pools,
+    notifiers and sources that match, in one transaction (jobs before their pools); a node
+    is a machine its agent registered, deleted only when its kind is named."""
+    f = write(
+        tmp_path / "all.yaml",
+        pool("px", labels={"grp": "x"}),
+        job("jx", {"grp": "x"}, pool="px"),
+        job("jy", {"grp": "y"}),
+        doc("Notifier", "nf", {"command": ["true"]}, labels={"grp": "x"}),
+        doc("Node", "this-host", {"capacity": {"slots": 2}}, labels={"grp": "x"}),
+    )
+    ok("apply", "-f", f, store=store_url)
+    assert sorted(lines(ok("delete", "-l", "grp=x", store=store_url).stdout)) == [
+        "job.reconciler.dev/jx deleted",
+        "notifier.reconciler.dev/nf deleted",
+        "pool.reconciler.dev/px deleted",
+    ]
+    assert names_of(store_url, "jobs") == ["jy"] and names_of(store_url, "pools") == []
+    assert names_of(store_url, "nodes") == ["this-host"]
+    # names and a selector together are refused, not one silently dropped
+    both = cli("delete", "job", "jy", "-l", "grp=y", store=store_url)
+    assert both.code == 2 and "not both" in both.stderr and names_of(store_url, "jobs") == ["jy"]
 
 
 def test_delete_pool_in_use_is_a_conflict(store_url, tmp_path):

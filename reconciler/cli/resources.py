@@ -156,6 +156,8 @@ def delete(
 
     targets: list[tuple[str, str]] = []
     by_kind = None
+    if selector and (names or (kind and "/" in kind)):  # as kubectl: not silently one or the other
+        raise InvalidInput("delete: name objects or select them with -l, not both")
     if filename:
         targets = [(m.kind.kind, m.name) for m in load_manifests(filename, recursive, verb="delete", warn=False)]
     elif kind and "/" in kind:
@@ -166,8 +168,8 @@ def delete(
             raise InvalidInput(f"delete {kind}: name the objects, or select them with -l")
         targets = [(info.kind, n) for n in names or []]
         by_kind = info.kind if not names else None
-    else:
-        raise InvalidInput("delete: give KIND NAME..., KIND/NAME, -f PATH or KIND -l SELECTOR")
+    elif not selector:
+        raise InvalidInput("delete: give KIND NAME..., KIND/NAME, -f PATH, or -l SELECTOR (with or without a KIND)")
     selector_of(selector)
     result = ctx_of(ctx).client.delete(targets, kind=by_kind, selector=selector)
     for o, what in result.done:

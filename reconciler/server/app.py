@@ -178,11 +178,12 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
     @app.post(f"{PREFIX}/delete", tags=["verbs"])
     def delete_many(request: DeleteRequest) -> Response:
         """Several objects in one transaction (jobs before their pools), or every object of
-        `kind` matching `labelSelector`; an active job is stopped first ("deleting")."""
+        `kind` (without one: jobs, notifiers, sources and pools) matching `labelSelector`; an
+        active job is stopped first ("deleting")."""
         targets = [(_kind_of(t.kind).kind, t.name) for t in request.items]
         kind = _kind_of(request.kind).kind if request.kind else None
-        if not targets and not (kind and request.label_selector):
-            raise InvalidInput("delete: give items, or kind and labelSelector")
+        if not targets and not request.label_selector:
+            raise InvalidInput("delete: give items, or labelSelector (and a kind, or none)")
         return _json(
             deleted_doc(applying.delete(store, targets, kind=kind, selector=_selector(request.label_selector)))
         )

@@ -126,6 +126,8 @@ READS = [
     ("cancel", "job/analyze-1"),
     ("rerun", "job/nope"),
     ("delete", "job", "nope"),
+    ("delete", "-l", "pipeline=none-such"),
+    ("wait", "-l", "pipeline=none-such", "--for", "condition=Completed", "--timeout", "5s"),
     ("run", "--name", "analyze-1", "--", "true"),
 ]
 
