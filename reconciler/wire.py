@@ -216,13 +216,23 @@ class Event(NamedTuple):
 
 
 def event_doc(row: Any) -> dict[str, Any]:
-    """An event as `get events -o json` prints it and the API answers it."""
+    """An event as `get events -o json` prints it and the API answers it: Kubernetes' core
+    Event shape (its name is its object's and its resourceVersion in hex, as Kubernetes
+    names events `NAME.HEX`)."""
+    time = from_epoch(row.time)
     return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "name": f"{row.name}.{row.resource_version:x}",
+            "resourceVersion": str(row.resource_version),
+            "creationTimestamp": time,
+        },
         "type": row.type,
         "reason": row.reason,
         "message": row.message,
         "involvedObject": {"kind": row.kind, "name": row.name, "uid": row.uid},
-        "lastTimestamp": from_epoch(row.time),
+        "lastTimestamp": time,
         "resourceVersion": str(row.resource_version),
     }
 

@@ -551,6 +551,11 @@ def test_get_events_times_are_rfc3339(sqlite_url, tmp_path):
     assert events["kind"] == "List" and events["items"]
     created = [e for e in events["items"] if e["involvedObject"]["name"] == "ev"]
     assert [e["reason"] for e in created] == ["Created"]
+    # Kubernetes' Event shape: apiVersion, kind, metadata (named NAME.HEX, as Kubernetes does)
+    [event] = created
+    assert (event["apiVersion"], event["kind"]) == ("v1", "Event")
+    assert event["metadata"]["name"] == f"ev.{int(event['resourceVersion']):x}"
+    assert event["metadata"]["creationTimestamp"] == event["lastTimestamp"]
     for event in events["items"]:
         stamps = {k: v for k, v in event.items() if k.lower().endswith(("timestamp", "time"))}
         assert stamps, event

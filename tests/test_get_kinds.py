@@ -141,9 +141,12 @@ def test_events_and_services_in_the_list(store):
     assert cli("get", "services,events", "build", store=store).code == 3
     # services by name list only those (they listed every service before)
     assert ok("get", "services", "web", "-o", "name", store=store).stdout.splitlines() == ["service.reconciler.dev/web"]
-    # events have no names of their own: -o name lists none
-    assert ok("get", "events", "-o", "name", store=store).stdout == ""
-    assert ok("get", "jobs,events", "-o", "name", store=store).stdout.splitlines()[-1] == "job.reconciler.dev/web"
+    # an event is named as Kubernetes names one, OBJECT.HEX (its resourceVersion): -o name lists
+    # them as kubectl does, event/NAME
+    documents = json.loads(ok("get", "events", "-o", "json", store=store).stdout)["items"]
+    names = ok("get", "events", "-o", "name", store=store).stdout.splitlines()
+    assert names == [f"event/{d['involvedObject']['name']}.{int(d['resourceVersion']):x}" for d in documents]
+    assert ok("get", "jobs,events", "-o", "name", store=store).stdout.splitlines()[-len(names) :] == names
 
 
 def test_usage_errors_print_nothing(store):

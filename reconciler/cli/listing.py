@@ -24,6 +24,11 @@ def _event_items(rows: list[Any]) -> list[dict[str, Any]]:
     return [event_doc(r) for r in rows]
 
 
+def _event_names(rows: list[Any]) -> list[str]:
+    """As kubectl prints an event's name: `event/NAME` (NAME.HEX, wire.event_doc's)."""
+    return [f"event/{d['metadata']['name']}" for d in _event_items(rows)]
+
+
 def _event_table(rows: list[Any]) -> str:
     return table(
         EVENT_HEADERS, ([age(r.time), r.type, r.reason, f"{r.kind.lower()}/{r.name}", r.message] for r in rows)
@@ -84,7 +89,10 @@ def print_listing(client: Client, kind: str, names: list[str], selector: str | N
     if kind in EVENTS:
         if fmt in ("json", "yaml"):
             typer.echo(_structured(_event_items(client.events(names)), fmt))
-        elif fmt != "name":  # events are not objects: they have no names to print
+        elif fmt == "name":
+            if found := _event_names(client.events(names)):
+                typer.echo("\n".join(found))
+        else:
             typer.echo(_event_table(client.events(names)))
         return
     listing = client.objects(kind, names, selector)
@@ -136,7 +144,13 @@ def print_kinds(client: Client, wanted: list[tuple[str, list[str]]], selector: s
         ]
         typer.echo(_structured(items, fmt))
     elif fmt == "name":
-        lines = [f"{kind_name(o.kind)}/{o.name}" for s in found if isinstance(s, Listing) for o in s.objects]
+        lines = [
+            line
+            for s in found
+            for line in (
+                [f"{kind_name(o.kind)}/{o.name}" for o in s.objects] if isinstance(s, Listing) else _event_names(s)
+            )
+        ]
         if lines:
             typer.echo("\n".join(lines))
     elif found:
