@@ -226,12 +226,21 @@ def _parse(text: str, source: str, base_dir: Path, loaded: Loaded) -> None:
             if dupes:
                 problems.extend(dupes)
                 continue
-            manifest, found = _to_manifest(data, source, node, base_dir, (held, index, line))
-            problems.extend(found)
-            if manifest is not None:
-                manifests.append(manifest)
-            elif (named := _named(data)) is not None:
-                loaded.refused.add(named)
+            if _is_list(data):  # what `get -o yaml|json` prints: its items, each as a document
+                assert isinstance(node, yaml.MappingNode)  # a mapping was constructed from it
+                items = next(v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "items")
+                assert isinstance(items, yaml.SequenceNode)
+                placed = list(zip(data["items"], items.value, strict=True))
+            else:
+                placed = [(data, node)]
+            for item, item_node in placed:
+                origin = (held, index, line) if item_node is node else None  # an item keeps its node
+                manifest, found = _to_manifest(item, source, item_node, base_dir, origin)
+                problems.extend(found)
+                if manifest is not None:
+                    manifests.append(manifest)
+                elif (named := _named(item)) is not None:
+                    loaded.refused.add(named)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else 1
@@ -244,6 +253,17 @@ def _parse(text: str, source: str, base_dir: Path, loaded: Loaded) -> None:
         loader.dispose()
 
 
+def _is_list(data: Any) -> bool:
+    """A Kubernetes list: `v1` `List`, or this API's `JobList` (`PoolList`...), as `get` and
+    the HTTP API print several objects; kubectl applies one as its items."""
+    if not isinstance(data, dict) or not isinstance(data.get("items"), list):
+        return False
+    kind, version = data.get("kind"), data.get("apiVersion")
+    return (version == "v1" and kind == "List") or (
+        version == API_VERSION and isinstance(kind, str) and kind.endswith("List") and kind[:-4] in KINDS
+    )
+
+
 def _named(data: Any) -> tuple[str, str] | None:
     """(kind, name) of a document refused by its schema, when it says them."""
     if isinstance(data, dict) and isinstance(meta := data.get("metadata"), dict):
@@ -254,8 +274,10 @@ def _named(data: Any) -> tuple[str, str] | None:
 
 
 def _to_manifest(
-    data: Any, source: str, node: yaml.Node, base_dir: Path, origin: tuple[_Text, int, int]
+    data: Any, source: str, node: yaml.Node, base_dir: Path, origin: tuple[_Text, int, int] | None
 ) -> tuple[Manifest | None, list[str]]:
+    """One document as a manifest, or its problems. With `origin`, the manifest keeps where its
+    node can be composed again instead of the node; without, the node itself."""
     line = node.start_mark.line + 1
     if not isinstance(data, dict):
         return None, [f"{source}:{line}: (document): must be a mapping with apiVersion, kind, metadata and spec"]
@@ -274,6 +296,8 @@ def _to_manifest(
         return None, [f"{source}:{locate(node, ['spec', 'workingDir'])}: spec.workingDir: {problem}"]
     if isinstance(obj, Notifier) and obj.spec.secret_ref is not None:
         obj.spec.secret_ref.file = _joined(str(base_dir), os.path.expanduser(obj.spec.secret_ref.file))
+    if origin is None:
+        return Manifest(info, obj, source, node, ignored_status=ignored_status), []
     return Manifest(info, obj, source, ignored_status=ignored_status, origin=origin), []
 
 

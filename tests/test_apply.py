@@ -249,6 +249,31 @@ def test_output_json(sqlite_url, tmp_path):
     assert json.loads(ok("apply", "-f", one, "-o", "json", store=sqlite_url).stdout) == payload["items"][1]
 
 
+def test_what_get_prints_as_a_list_applies_back(sqlite_url, tmp_path):
+    """As kubectl applies a List: `get -o yaml|json` of several objects is a file that apply
+    takes item by item (unchanged here), and a bad item is named by its own line and field."""
+    ok("apply", "-f", write(tmp_path / "s.yaml", pool("p"), job("a", pool="p"), job("b")), store=sqlite_url)
+    for fmt in ("yaml", "json"):
+        listing = tmp_path / f"all.{fmt}"
+        listing.write_text(ok("get", "jobs,pools", "-o", fmt, store=sqlite_url).stdout)
+        result = ok("apply", "-f", str(listing), store=sqlite_url)
+        assert sorted(lines(result.stdout)) == [
+            "job.reconciler.dev/a unchanged",
+            "job.reconciler.dev/b unchanged",
+            "pool.reconciler.dev/p unchanged",
+        ], result
+    before = dump_store(sqlite_url)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        "apiVersion: v1\nkind: List\nitems:\n"
+        f"- apiVersion: {API}\n  kind: Job\n  metadata: {{name: c}}\n  spec: {{command: ['true']}}\n"
+        f"- apiVersion: {API}\n  kind: Job\n  metadata: {{name: d}}\n  spec:\n    command: ['true']\n    slots: many\n"
+    )
+    result = cli("apply", "-f", str(bad), store=sqlite_url)
+    assert result.code == 2 and f"{bad}:13: spec.slots" in result.stderr, result.stderr
+    assert dump_store(sqlite_url) == before
+
+
 def test_apply_refuses_unknown_output(sqlite_url, tmp_path):
     f = write(tmp_path / "s.yaml", job("a"))
     result = cli("apply", "-f", f, "-o", "yaml", store=sqlite_url)
