@@ -167,3 +167,18 @@ def test_nothing_found_in_several_kinds(sqlite_url):
     assert result.code == 0 and result.stdout == "" and result.stderr.strip() == "No resources found."
     listing = json.loads(ok("get", "jobs,pools", "-o", "json", store=sqlite_url).stdout)
     assert listing == {"apiVersion": "v1", "kind": "List", "items": []}
+
+
+def test_names_of_one_kind_print_what_exists_then_each_missing_one_as_an_error(store):
+    """As kubectl: `get jobs build nope` prints build's row, then the error for nope (exit 3)."""
+    result = cli("get", "jobs", "build", "nope", store=store)
+    assert result.code == 3, result
+    assert [line.split()[0] for line in result.stdout.splitlines()] == ["NAME", "build"]
+    assert 'jobs "nope" not found' in result.stderr and "No resources found" not in result.stderr
+    named = cli("get", "jobs", "build", "nope", "-o", "name", store=store)
+    assert (named.code, named.stdout) == (3, "job.reconciler.dev/build\n")
+    # an unknown kind names the kinds the verb takes
+    unknown = cli("get", "widgets", store=store)
+    assert "known: jobs, pools, nodes, notifiers, sources, services, events" in unknown.stderr
+    described = cli("describe", "widget", "x", store=store)
+    assert described.code == 2 and described.stderr.rstrip().endswith("known: jobs, pools, nodes, notifiers, sources")

@@ -47,11 +47,13 @@ _BY_ALIAS = {
 }
 
 
-def resolve_kind(word: str) -> KindInfo:
+def resolve_kind(word: str, also: tuple[str, ...] = ()) -> KindInfo:
+    """The kind a word names; an unknown word is refused listing the kinds known, with `also`
+    (what the asking verb takes besides: `get` lists services and events)."""
     info = _BY_ALIAS.get(word.lower())
     if info is None:
-        names = ", ".join(i.plural for i in KINDS.values())
-        raise InvalidInput(f"unknown resource type {word!r}; known: {names}, events")
+        names = ", ".join([*(i.plural for i in KINDS.values()), *also])
+        raise InvalidInput(f"unknown resource type {word!r}; known: {names}")
     return info
 
 

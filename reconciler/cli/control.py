@@ -132,10 +132,12 @@ def logs(
     follow: bool = typer.Option(False, "-f", "--follow"),
     run: int | None = typer.Option(None, "--run", help="Run number (default: the latest)."),
     stream: str | None = typer.Option(None, "--stream", help="stdout | stderr (default: both)"),
-    tail: int | None = typer.Option(None, "--tail", help="Only the last N lines."),
+    tail: int | None = typer.Option(None, "--tail", help="Only the last N lines (-1: all, as kubectl)."),
 ) -> None:
     """Print the captured output of a run."""
     name = _job_name(ref)
+    if tail is not None and tail < 0:  # kubectl's --tail=-1: every line
+        tail = None
     if stream not in (None, "stdout", "stderr"):
         raise InvalidInput(f"--stream {stream!r}: must be stdout or stderr")
     found = ctx_of(ctx).client.run_logs(name, run)

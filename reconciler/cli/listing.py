@@ -77,14 +77,14 @@ def _plural(word: str) -> str:
         return "events"
     if word.lower() in SERVICES:
         return "services"
-    return resolve_kind(word).plural
+    return resolve_kind(word, also=("services", "events")).plural
 
 
 def print_listing(client: Client, kind: str, names: list[str], selector: str | None, fmt: str | None) -> None:
     """One kind as before (a missing name is NotFound, before anything is printed); several
     through print_kinds."""
     from ..api.kinds import qualified as kind_name
-    from ..reads import EVENTS
+    from ..reads import EVENTS, not_found
 
     if kind in EVENTS:
         if fmt in ("json", "yaml"):
@@ -95,16 +95,20 @@ def print_listing(client: Client, kind: str, names: list[str], selector: str | N
         else:
             typer.echo(_event_table(client.events(names)))
         return
-    listing = client.objects(kind, names, selector)
+    # as kubectl: what exists is printed, then each name that does not is an error (exit 3)
+    listing = client.objects(kind, names, selector, strict=False)
     if fmt in ("json", "yaml", "name"):
         text = render_output(listing.objects, fmt, lambda o: kind_name(o.kind), single=bool(names) and len(names) == 1)
         if text:
             typer.echo(text)
-        return
-    if not listing.objects:
+    elif listing.objects:
+        typer.echo(_object_table(listing, fmt == "wide", qualified=False))
+    elif not listing.missing:
         typer.echo("No resources found.", err=True)
-        return
-    typer.echo(_object_table(listing, fmt == "wide", qualified=False))
+    if listing.missing:
+        for name in listing.missing:
+            typer.echo(f"error: {not_found(listing.kind, name)}", err=True)
+        raise typer.Exit(3)
 
 
 def _object_table(listing: Listing, wide: bool, *, qualified: bool) -> str:

@@ -57,15 +57,17 @@ def test_commands_output_and_logs(env):
     assert jobs["where"]["spec"]["workingDir"] == str(folder / "sub")
 
     # `logs`: both streams by default, one with --stream, the last lines with --tail, any run with --run
-    both, stderr, tail, first, latest, absent = env.cli_all(
+    both, stderr, tail, first, latest, absent, every = env.cli_all(
         ("logs", "job/lines"),
         ("logs", "job/shelled", "--stream", "stderr"),
         ("logs", "job/lines", "--stream", "stdout", "--tail", "2"),
         ("logs", "job/twice", "--run", "1"),
         ("logs", "job/twice"),
         ("logs", "job/twice", "--run", "7"),
+        ("logs", "job/lines", "--tail", "-1"),  # kubectl's -1: every line
     )
     assert both.stdout == "".join(f"out-{i}\n" for i in range(1, 6)) + "err-1\nerr-2\n"
+    assert (every.code, every.stdout) == (0, both.stdout)
     assert stderr.stdout == "oops\n"
     assert tail.stdout == "out-4\nout-5\n"
     assert [r["number"] for r in jobs["twice"]["status"]["runs"]] == [1, 2]
