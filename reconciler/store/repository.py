@@ -81,8 +81,17 @@ class StoredObject:
             metadata["annotations"] = self.annotations
         document = {"apiVersion": API_VERSION, "kind": self.kind, "metadata": metadata, "spec": self.spec}
         if self.status is not None:
-            document["status"] = self.status
+            document["status"] = _shown_status(self.status) if self.kind == "Job" else self.status
         return document
+
+
+def _shown_status(status: dict[str, Any]) -> dict[str, Any]:
+    """A job's status as API.md 1.2 spells it: `outcome` and `reason` always there (null until
+    set), and each run's `exitCode`, `signal` and `reason`; stored without them while unset."""
+    shown = {"outcome": None, "reason": None, **status}
+    if runs := status.get("runs"):
+        shown["runs"] = [{"exitCode": None, "signal": None, "reason": None, **run} for run in runs]
+    return shown
 
 
 # attribute -> the text it is decoded from, where an object was read from a row

@@ -68,6 +68,10 @@ def test_commands_output_and_logs(env):
     )
     assert both.stdout == "".join(f"out-{i}\n" for i in range(1, 6)) + "err-1\nerr-2\n"
     assert (every.code, every.stdout) == (0, both.stdout)
+    # API.md 1.2 spells unset fields null: a run that exited on its own has no signal or reason
+    [run] = jobs["lines"]["status"]["runs"]
+    assert (run["exitCode"], run["signal"], run["reason"]) == (0, None, None)
+    assert jobs["lines"]["status"]["outcome"] == "Succeeded"
     assert stderr.stdout == "oops\n"
     assert tail.stdout == "out-4\nout-5\n"
     assert [r["number"] for r in jobs["twice"]["status"]["runs"]] == [1, 2]
