@@ -131,8 +131,9 @@ def _apply(
         change.new = obj
     if events:
         repo.record_events(tx, *(repo.ObjectEvent(_written(o), reason, message) for o, reason, message in events))
+    going = frozenset(o.name for o in doomed if o.kind == "Job")
     for obj in doomed:
-        delete_object(tx, obj)
+        delete_object(tx, obj, going)
         changes.append(Change(KINDS[obj.kind], obj.name, "pruned", old=obj))
     return changes
 
@@ -214,12 +215,17 @@ def _apply_one(
     return Change(m.kind, m.name, "configured", old=current, new=obj), None, [event]
 
 
-def delete_object(tx: Tx, obj: StoredObject) -> str:
+def delete_object(tx: Tx, obj: StoredObject, going: frozenset[str] = frozenset()) -> str:
     """Delete now, or, for a job whose process may be alive, mark it for deletion so the
-    controller stops the process tree first (like a Kubernetes finalizer). Returns what happened."""
+    controller stops the process tree first (like a Kubernetes finalizer). Returns what happened.
+    `going`: the jobs deleted with it (a running one is only marked): a pool may go with them."""
     if obj.kind == "Pool":
         # no job names the global pool: it limits every job, and can go whenever
-        users = [] if obj.name == GLOBAL_POOL else [name for name, _ in specview.jobs_in_pool(tx.session, obj.name)]
+        users = (
+            []
+            if obj.name == GLOBAL_POOL
+            else [name for name, _ in specview.jobs_in_pool(tx.session, obj.name) if name not in going]
+        )
         if users:
             raise Conflict(f'pool "{obj.name}" is used by job(s) {", ".join(users[:5])}; delete or move them first')
     phase = (obj.status or {}).get("phase")
@@ -276,5 +282,6 @@ def delete(
                     missing.append((k, n))
                 else:
                     objs.append(obj)
-        done = [(o, delete_object(tx, o)) for o in sorted(objs, key=lambda o: _DELETE_ORDER[o.kind])]
+        going = frozenset(o.name for o in objs if o.kind == "Job")
+        done = [(o, delete_object(tx, o, going)) for o in sorted(objs, key=lambda o: _DELETE_ORDER[o.kind])]
     return Deleted(done, missing)

@@ -85,7 +85,7 @@ class Manifest:
         node: yaml.Node | None = None,
         ignored_status: bool = False,
         *,
-        origin: tuple[_Text, int, int] | None = None,
+        origin: tuple[_Text, int, int, int | None] | None = None,
     ) -> None:
         self.kind = kind
         self.obj = obj  # the pydantic model of the kind
@@ -93,7 +93,8 @@ class Manifest:
         self.name: str = obj.metadata.name  # read thousands of times by apply: once here, not through pydantic
         self.ignored_status = ignored_status
         self._node = node
-        self._origin = origin  # (text, index of the node in its stream, line of the document)
+        # (text, index of the node in its stream, line of the document, index among a List's items)
+        self._origin = origin
         self.line: int = node.start_mark.line + 1 if node is not None else origin[2] if origin is not None else 0
 
     def __repr__(self) -> str:
@@ -102,8 +103,10 @@ class Manifest:
     @property
     def node(self) -> yaml.Node:
         if self._node is None:
-            text, index, _ = self._origin  # type: ignore[misc]
+            text, index, _, item = self._origin  # type: ignore[misc]
             self._node = text.node(index)
+            if item is not None:
+                self._node = _items_node(self._node).value[item]  # type: ignore[union-attr]
         return self._node
 
     def where(self, *path: str | int) -> str:
@@ -217,7 +220,11 @@ def _parse(text: str, source: str, base_dir: Path, loaded: Loaded) -> None:
             if node is None or (isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null")):
                 continue
             line = node.start_mark.line + 1
-            if not surely_small(node, text_has_alias) and expanded_size(node) > MAX_NODES:
+            # the size limit is a document's; a List's (what `get` prints) is each item's, when
+            # no alias can make its items more than the text holds
+            items = _items_node(node) if not text_has_alias and _says_list(node) else None
+            parts = items.value if items is not None else [node]
+            if any(not surely_small(p, text_has_alias) and expanded_size(p) > MAX_NODES for p in parts):
                 problems.append(
                     f"{source}:{line}: document too large: more than {MAX_NODES} YAML nodes (aliases expanded)"
                 )
@@ -226,15 +233,16 @@ def _parse(text: str, source: str, base_dir: Path, loaded: Loaded) -> None:
             if dupes:
                 problems.extend(dupes)
                 continue
+            placed: list[tuple[int | None, Any, yaml.Node]] = [(None, data, node)]
             if _is_list(data):  # what `get -o yaml|json` prints: its items, each as a document
-                assert isinstance(node, yaml.MappingNode)  # a mapping was constructed from it
-                items = next(v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "items")
-                assert isinstance(items, yaml.SequenceNode)
-                placed = list(zip(data["items"], items.value, strict=True))
-            else:
-                placed = [(data, node)]
-            for item, item_node in placed:
-                origin = (held, index, line) if item_node is node else None  # an item keeps its node
+                items = _items_node(node)
+                assert items is not None  # a List was constructed from it
+                placed = [
+                    (i, item, item_node)
+                    for i, (item, item_node) in enumerate(zip(data["items"], items.value, strict=True))
+                ]
+            for position, item, item_node in placed:
+                origin = (held, index, item_node.start_mark.line + 1, position)
                 manifest, found = _to_manifest(item, source, item_node, base_dir, origin)
                 problems.extend(found)
                 if manifest is not None:
@@ -251,6 +259,22 @@ def _parse(text: str, source: str, base_dir: Path, loaded: Loaded) -> None:
         problems.append(f"{source}:1: invalid YAML: nested too deeply")
     finally:
         loader.dispose()
+
+
+def _items_node(node: yaml.Node) -> yaml.SequenceNode | None:
+    """The `items` sequence of a mapping node, if it has one (a List's)."""
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    found = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "items"), None)
+    return found if isinstance(found, yaml.SequenceNode) else None
+
+
+def _says_list(node: yaml.Node) -> bool:
+    """Whether a document's node says `kind: List` (or `JobList`...), before it is constructed."""
+    if not isinstance(node, yaml.MappingNode):
+        return False
+    kind = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "kind"), None)
+    return isinstance(kind, yaml.ScalarNode) and kind.value.endswith("List")
 
 
 def _is_list(data: Any) -> bool:
@@ -274,10 +298,10 @@ def _named(data: Any) -> tuple[str, str] | None:
 
 
 def _to_manifest(
-    data: Any, source: str, node: yaml.Node, base_dir: Path, origin: tuple[_Text, int, int] | None
+    data: Any, source: str, node: yaml.Node, base_dir: Path, origin: tuple[_Text, int, int, int | None]
 ) -> tuple[Manifest | None, list[str]]:
-    """One document as a manifest, or its problems. With `origin`, the manifest keeps where its
-    node can be composed again instead of the node; without, the node itself."""
+    """One document (or a List's item) as a manifest, or its problems; the manifest keeps where
+    its node can be composed again (`origin`), not the node."""
     line = node.start_mark.line + 1
     if not isinstance(data, dict):
         return None, [f"{source}:{line}: (document): must be a mapping with apiVersion, kind, metadata and spec"]
@@ -296,8 +320,6 @@ def _to_manifest(
         return None, [f"{source}:{locate(node, ['spec', 'workingDir'])}: spec.workingDir: {problem}"]
     if isinstance(obj, Notifier) and obj.spec.secret_ref is not None:
         obj.spec.secret_ref.file = _joined(str(base_dir), os.path.expanduser(obj.spec.secret_ref.file))
-    if origin is None:
-        return Manifest(info, obj, source, node, ignored_status=ignored_status), []
     return Manifest(info, obj, source, ignored_status=ignored_status, origin=origin), []
 
 

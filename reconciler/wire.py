@@ -213,18 +213,19 @@ class Event(NamedTuple):
     uid: str
     time: float
     resource_version: int
+    id: int = 0  # the store's row id: what makes the event's name unique
 
 
 def event_doc(row: Any) -> dict[str, Any]:
     """An event as `get events -o json` prints it and the API answers it: Kubernetes' core
-    Event shape (its name is its object's and its resourceVersion in hex, as Kubernetes
-    names events `NAME.HEX`)."""
+    Event shape, named as Kubernetes names events, `OBJECT.HEX` (the hex of its row id: one
+    commit writes several events of one object under one resourceVersion)."""
     time = from_epoch(row.time)
     return {
         "apiVersion": "v1",
         "kind": "Event",
         "metadata": {
-            "name": f"{row.name}.{row.resource_version:x}",
+            "name": f"{row.name}.{row.id:x}",
             "resourceVersion": str(row.resource_version),
             "creationTimestamp": time,
         },
@@ -239,6 +240,7 @@ def event_doc(row: Any) -> dict[str, Any]:
 
 def event_from(document: dict[str, Any]) -> Event:
     involved = document["involvedObject"]
+    named = document.get("metadata", {}).get("name", "")
     return Event(
         document["type"],
         document["reason"],
@@ -248,6 +250,7 @@ def event_from(document: dict[str, Any]) -> Event:
         involved.get("uid", ""),
         to_epoch(document["lastTimestamp"]),
         int(document["resourceVersion"]),
+        int(named.rpartition(".")[2] or "0", 16),
     )
 
 
@@ -297,7 +300,8 @@ class Target(Body):
 
 class DeleteRequest(Body):
     """POST delete: several objects in one transaction (jobs before the pools they use), or
-    every object of `kind` matching `labelSelector`."""
+    every object of `kind` (without one: jobs, notifiers, sources and pools) matching
+    `labelSelector`; not both."""
 
     items: list[Target] = Field(default_factory=list)
     kind: str | None = None

@@ -274,6 +274,27 @@ def test_what_get_prints_as_a_list_applies_back(sqlite_url, tmp_path):
     assert dump_store(sqlite_url) == before
 
 
+def test_a_list_larger_than_one_documents_limit_applies_item_by_item(sqlite_url, tmp_path, monkeypatch):
+    """The node limit (against alias bombs) is a document's: a List's is each item's, so a
+    List of many jobs, as `get -o yaml` prints a store's, applies whole."""
+    from reconciler import manifests, yamldoc
+
+    for module in (manifests, yamldoc):
+        monkeypatch.setattr(module, "MAX_NODES", 200)  # the whole List is about 20 nodes a job
+    items = [job(f"j{i}") for i in range(40)]
+    listing = tmp_path / "list.yaml"
+    listing.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "List", "items": items}, sort_keys=False))
+    from reconciler.manifests import read
+
+    loaded = read([str(listing)])
+    assert loaded.problems == [] and [m.name for m in loaded.manifests] == [f"j{i}" for i in range(40)]
+    assert loaded.manifests[7].line == 1 + 7 * (len(yaml.safe_dump(items[0]).splitlines())) + 3
+    # the same jobs in one mapping that is no List: still one document over the limit
+    lump = tmp_path / "lump.yaml"
+    lump.write_text(yaml.safe_dump({"apiVersion": API, "kind": "Job", "items": items}, sort_keys=False))
+    assert "document too large" in " ".join(read([str(lump)]).problems)
+
+
 def test_apply_refuses_unknown_output(sqlite_url, tmp_path):
     f = write(tmp_path / "s.yaml", job("a"))
     result = cli("apply", "-f", f, "-o", "yaml", store=sqlite_url)
@@ -425,6 +446,12 @@ def test_prune_that_would_leave_a_kept_job_naming_a_pruned_one_is_refused(store_
     # pruning only what no kept job needs goes through
     ok("apply", "--prune", "-l", "nothing=here", "-f", str(folder), store=store_url)
     assert names_of(store_url, "jobs") == ["after", "base"]
+
+
+def test_prune_lets_a_pool_shrink_below_a_job_it_deletes(store_url, tmp_path):
+    ok("apply", "-f", write(tmp_path / "a.yaml", pool("p", 4), job("big", pool="p", slots=4)), store=store_url)
+    result = ok("apply", "--prune", "-f", write(tmp_path / "b.yaml", pool("p", 2)), store=store_url)
+    assert sorted(lines(result.stdout)) == ["job.reconciler.dev/big pruned", "pool.reconciler.dev/p configured"]
 
 
 # --- optimistic concurrency ----------------------------------------------------------------
@@ -579,7 +606,7 @@ def test_get_events_times_are_rfc3339(sqlite_url, tmp_path):
     # Kubernetes' Event shape: apiVersion, kind, metadata (named NAME.HEX, as Kubernetes does)
     [event] = created
     assert (event["apiVersion"], event["kind"]) == ("v1", "Event")
-    assert event["metadata"]["name"] == f"ev.{int(event['resourceVersion']):x}"
+    assert event["metadata"]["name"].startswith("ev.") and int(event["metadata"]["name"][3:], 16) > 0
     assert event["metadata"]["creationTimestamp"] == event["lastTimestamp"]
     for event in events["items"]:
         stamps = {k: v for k, v in event.items() if k.lower().endswith(("timestamp", "time"))}
@@ -657,9 +684,13 @@ def test_delete_by_selector_alone_takes_every_labelled_kind_but_nodes(store_url,
     ]
     assert names_of(store_url, "jobs") == ["jy"] and names_of(store_url, "pools") == []
     assert names_of(store_url, "nodes") == ["this-host"]
-    # names and a selector together are refused, not one silently dropped
+    # names (or files) and a selector together are refused, not one silently dropped
     both = cli("delete", "job", "jy", "-l", "grp=y", store=store_url)
     assert both.code == 2 and "not both" in both.stderr and names_of(store_url, "jobs") == ["jy"]
+    with_file = cli("delete", "-f", f, "-l", "grp=y", store=store_url)
+    assert with_file.code == 2 and "not both" in with_file.stderr and names_of(store_url, "jobs") == ["jy"]
+    nothing = cli("delete", "-l", "grp=none", store=store_url)
+    assert (nothing.code, nothing.stdout, nothing.stderr.strip()) == (0, "", "No resources found.")
 
 
 def test_delete_pool_in_use_is_a_conflict(store_url, tmp_path):

@@ -141,11 +141,13 @@ def test_events_and_services_in_the_list(store):
     assert cli("get", "services,events", "build", store=store).code == 3
     # services by name list only those (they listed every service before)
     assert ok("get", "services", "web", "-o", "name", store=store).stdout.splitlines() == ["service.reconciler.dev/web"]
-    # an event is named as Kubernetes names one, OBJECT.HEX (its resourceVersion): -o name lists
-    # them as kubectl does, event/NAME
+    # an event is named as Kubernetes names one, OBJECT.HEX, each its own (one commit writes
+    # several events of an object under one resourceVersion): -o name lists them, event/NAME
     documents = json.loads(ok("get", "events", "-o", "json", store=store).stdout)["items"]
     names = ok("get", "events", "-o", "name", store=store).stdout.splitlines()
-    assert names == [f"event/{d['involvedObject']['name']}.{int(d['resourceVersion']):x}" for d in documents]
+    assert names == [f"event/{d['metadata']['name']}" for d in documents]
+    assert len(set(names)) == len(names)
+    assert len({d["resourceVersion"] for d in documents}) < len(documents)  # shared: not what names them
     assert ok("get", "jobs,events", "-o", "name", store=store).stdout.splitlines()[-len(names) :] == names
 
 
@@ -182,3 +184,9 @@ def test_names_of_one_kind_print_what_exists_then_each_missing_one_as_an_error(s
     assert "known: jobs, pools, nodes, notifiers, sources, services, events" in unknown.stderr
     described = cli("describe", "widget", "x", store=store)
     assert described.code == 2 and described.stderr.rstrip().endswith("known: jobs, pools, nodes, notifiers, sources")
+
+
+def test_only_missing_names_print_only_the_errors(store):
+    for fmt in ("json", "yaml", "name"):
+        result = cli("get", "job", "nope", "-o", fmt, store=store)
+        assert (result.code, result.stdout) == (3, ""), (fmt, result)

@@ -31,6 +31,9 @@ class RecordingStore:
         self.asked.append(("jobs_in_pool", pool))
         return [(n, s) for n, s in sorted(self.jobs.items()) if pool == "global" or s.get("pool") == pool]
 
+    def pruned(self, kind: str, name: str) -> bool:
+        return False  # no --prune here
+
 
 def stored_pipelines(count: int, length: int = 5) -> dict[str, dict[str, Any]]:
     jobs = {}

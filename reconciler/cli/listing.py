@@ -81,8 +81,8 @@ def _plural(word: str) -> str:
 
 
 def print_listing(client: Client, kind: str, names: list[str], selector: str | None, fmt: str | None) -> None:
-    """One kind as before (a missing name is NotFound, before anything is printed); several
-    through print_kinds."""
+    """One kind: what exists, then each missing name as an error (exit 3), as kubectl; several
+    kinds through print_kinds."""
     from ..api.kinds import qualified as kind_name
     from ..reads import EVENTS, not_found
 
@@ -98,9 +98,11 @@ def print_listing(client: Client, kind: str, names: list[str], selector: str | N
     # as kubectl: what exists is printed, then each name that does not is an error (exit 3)
     listing = client.objects(kind, names, selector, strict=False)
     if fmt in ("json", "yaml", "name"):
-        text = render_output(listing.objects, fmt, lambda o: kind_name(o.kind), single=bool(names) and len(names) == 1)
-        if text:
-            typer.echo(text)
+        if listing.objects or not listing.missing:  # only names that are missing: only the errors
+            single = bool(names) and len(names) == 1
+            text = render_output(listing.objects, fmt, lambda o: kind_name(o.kind), single=single)
+            if text:
+                typer.echo(text)
     elif listing.objects:
         typer.echo(_object_table(listing, fmt == "wide", qualified=False))
     elif not listing.missing:

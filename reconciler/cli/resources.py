@@ -156,8 +156,8 @@ def delete(
 
     targets: list[tuple[str, str]] = []
     by_kind = None
-    if selector and (names or (kind and "/" in kind)):  # as kubectl: not silently one or the other
-        raise InvalidInput("delete: name objects or select them with -l, not both")
+    if selector and (names or filename or (kind and "/" in kind)):  # not silently one or the other
+        raise InvalidInput("delete: name objects (or give -f) or select them with -l, not both")
     if filename:
         targets = [(m.kind.kind, m.name) for m in load_manifests(filename, recursive, verb="delete", warn=False)]
     elif kind and "/" in kind:
@@ -174,6 +174,8 @@ def delete(
     result = ctx_of(ctx).client.delete(targets, kind=by_kind, selector=selector)
     for o, what in result.done:
         typer.echo(f"{KINDS[o.kind].qualified}/{o.name} {what}")
+    if selector and not result.done:
+        err("No resources found.")
     for k, n in result.missing:
         err(f'error: {KINDS[k].plural} "{n}" not found')
     if result.missing:

@@ -11,6 +11,7 @@ controllers on one store from delivering every event twice."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import hmac
@@ -89,10 +90,12 @@ def post(client: httpx.Client, spec: NotifierSpec, body: str, event_id: str) -> 
         headers["X-Reconciler-Signature"] = signature(_secret(spec.secret_ref.file), content)
     deadline = time.monotonic() + TIMEOUT
     try:
-        with client.stream("POST", spec.url, content=content, headers=headers) as response:
-            # the answer is its status; the body is read to its end so the connection serves
-            # the next event, but not past the deadline: a receiver that trickles a body
-            # byte by byte (each read within the timeout) must not hold the lane for ever
+        # the answer is its status (a failure to get it is one of the request); the body is read
+        # to its end so the connection serves the next event, but not past the deadline
+        # (checked between reads, each bounded by the timeout): a receiver that trickles a body
+        # must not hold the lane for ever, and one that breaks off its body has answered
+        stream = client.stream("POST", spec.url, content=content, headers=headers)
+        with stream as response, contextlib.suppress(httpx.HTTPError):
             for _ in response.iter_raw():
                 if time.monotonic() > deadline:
                     break

@@ -182,8 +182,8 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
         active job is stopped first ("deleting")."""
         targets = [(_kind_of(t.kind).kind, t.name) for t in request.items]
         kind = _kind_of(request.kind).kind if request.kind else None
-        if not targets and not request.label_selector:
-            raise InvalidInput("delete: give items, or labelSelector (and a kind, or none)")
+        if bool(targets) == bool(request.label_selector):
+            raise InvalidInput("delete: give items, or labelSelector (and a kind, or none), not both")
         return _json(
             deleted_doc(applying.delete(store, targets, kind=kind, selector=_selector(request.label_selector)))
         )

@@ -87,10 +87,12 @@ class StoredObject:
 
 def _shown_status(status: dict[str, Any]) -> dict[str, Any]:
     """A job's status as API.md 1.2 spells it: `outcome` and `reason` always there (null until
-    set), and each run's `exitCode`, `signal` and `reason`; stored without them while unset."""
+    set), and each run's `finishedAt`, `exitCode`, `signal`, `outcome` and `reason`; stored
+    without them while unset."""
     shown = {"outcome": None, "reason": None, **status}
     if runs := status.get("runs"):
-        shown["runs"] = [{"exitCode": None, "signal": None, "reason": None, **run} for run in runs]
+        unset = {"finishedAt": None, "exitCode": None, "signal": None, "outcome": None, "reason": None}
+        shown["runs"] = [{**unset, **run} for run in runs]
     return shown
 
 

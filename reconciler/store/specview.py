@@ -63,4 +63,5 @@ class SpecView:
         return self._spec("Pool", name)
 
     def jobs_in_pool(self, pool: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        return jobs_in_pool(self._session, pool)
+        """Its jobs, those this apply prunes left out (a pool may shrink below a pruned job)."""
+        return ((name, spec) for name, spec in jobs_in_pool(self._session, pool) if ("Job", name) not in self._pruned)

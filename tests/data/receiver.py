@@ -4,7 +4,8 @@ answers as the path says:
 - `/ok`: 200;
 - `/flaky`: 500 the first time an event id arrives, 200 after;
 - `/hang`: holds the request until `release()` (then 200);
-- `/trickle`: 200 at once, then a 100-byte body one byte a second (until `release()`).
+- `/trickle`: 200 at once, then a 100-byte body one byte a second (until `release()`);
+- `/cut`: 200 announcing a 100-byte body, 10 bytes of it, then the connection closed.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ class Receiver:
                     receiver._released.wait(60)
                 code = 500 if self.path == "/flaky" and seen == 1 else 200
                 self.send_response(code)
-                self.send_header("Content-Length", "100" if self.path == "/trickle" else "0")
+                self.send_header("Content-Length", "100" if self.path in ("/trickle", "/cut") else "0")
                 self.end_headers()
+                if self.path == "/cut":
+                    self.wfile.write(b"x" * 10)
+                    self.wfile.flush()
+                    self.close_connection = True
                 if self.path == "/trickle":
                     self.wfile.flush()
                     for _ in range(100):

@@ -175,6 +175,15 @@ def test_a_running_job_deleted_is_heard_as_cancelled(env):
     )
 
 
+def test_a_2xx_whose_body_is_broken_off_delivers(env):
+    """The answer is its status: a receiver that says 200 and closes before the body it
+    announced has been heard, and the event is not sent again."""
+    with Receiver() as receiver:
+        start(env, notifier_yaml("hook", f"  url: {receiver.url}/cut\n"), job_yaml("build", "command: [/bin/true]"))
+        status = wait_delivered(env, "hook", 1)
+        assert (status["failed"], status.get("lastError"), len(receiver.at("/cut"))) == (0, None, 1)
+
+
 def test_a_receiver_that_trickles_its_answer_does_not_hold_the_delivery(env):
     """The 200 came at once; a body sent a byte a second (each read well within the timeout)
     is read no longer than the delivery's 10 s: the event counts delivered without waiting
