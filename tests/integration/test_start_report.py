@@ -35,7 +35,7 @@ def test_a_run_that_lives_on_is_shown_running_with_its_pid(env):
     env.apply("held.yaml", job_yaml("held", held_until(go)))
     running = env.wait_phase("held", "Running", timeout=30)
     run = running["runs"][0]
-    assert run["pid"] > 0 and "finishedAt" not in run
+    assert run["pid"] > 0 and run["finishedAt"] is None
     started = _events(env, "held")["Started"]
 
     go.touch()
