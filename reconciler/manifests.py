@@ -25,7 +25,17 @@ from .api.meta import API_VERSION
 from .api.notifier import Notifier
 from .errors import InvalidInput
 from .problems import field_problems, locate, validation_problems
-from .yamldoc import MAX_NODES, Loader, ManifestLoader, construct, expanded_size, format_path, surely_small
+from .yamldoc import (
+    MAX_NODES,
+    Loader,
+    ManifestLoader,
+    construct,
+    expanded_size,
+    format_path,
+    items_node,
+    says_list,
+    surely_small,
+)
 
 __all__ = [
     "Document",
@@ -106,7 +116,7 @@ class Manifest:
             text, index, _, item = self._origin  # type: ignore[misc]
             self._node = text.node(index)
             if item is not None:
-                self._node = _items_node(self._node).value[item]  # type: ignore[union-attr]
+                self._node = items_node(self._node).value[item]  # type: ignore[union-attr]
         return self._node
 
     def where(self, *path: str | int) -> str:
@@ -222,7 +232,7 @@ def _parse(text: str, source: str, base_dir: Path, loaded: Loaded) -> None:
             line = node.start_mark.line + 1
             # the size limit is a document's; a List's (what `get` prints) is each item's, when
             # no alias can make its items more than the text holds
-            items = _items_node(node) if not text_has_alias and _says_list(node) else None
+            items = items_node(node) if not text_has_alias and says_list(node) else None
             parts = items.value if items is not None else [node]
             if any(not surely_small(p, text_has_alias) and expanded_size(p) > MAX_NODES for p in parts):
                 problems.append(
@@ -235,7 +245,7 @@ def _parse(text: str, source: str, base_dir: Path, loaded: Loaded) -> None:
                 continue
             placed: list[tuple[int | None, Any, yaml.Node]] = [(None, data, node)]
             if _is_list(data):  # what `get -o yaml|json` prints: its items, each as a document
-                items = _items_node(node)
+                items = items_node(node)
                 assert items is not None  # a List was constructed from it
                 placed = [
                     (i, item, item_node)
@@ -259,22 +269,6 @@ def _parse(text: str, source: str, base_dir: Path, loaded: Loaded) -> None:
         problems.append(f"{source}:1: invalid YAML: nested too deeply")
     finally:
         loader.dispose()
-
-
-def _items_node(node: yaml.Node) -> yaml.SequenceNode | None:
-    """The `items` sequence of a mapping node, if it has one (a List's)."""
-    if not isinstance(node, yaml.MappingNode):
-        return None
-    found = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "items"), None)
-    return found if isinstance(found, yaml.SequenceNode) else None
-
-
-def _says_list(node: yaml.Node) -> bool:
-    """Whether a document's node says `kind: List` (or `JobList`...), before it is constructed."""
-    if not isinstance(node, yaml.MappingNode):
-        return False
-    kind = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "kind"), None)
-    return isinstance(kind, yaml.ScalarNode) and kind.value.endswith("List")
 
 
 def _is_list(data: Any) -> bool:

@@ -99,6 +99,22 @@ def surely_small(node: yaml.Node, text_has_alias: bool) -> bool:
     return not text_has_alias and node.end_mark.index - node.start_mark.index < MAX_NODES // 2 - 2
 
 
+def items_node(node: yaml.Node) -> yaml.SequenceNode | None:
+    """The `items` sequence of a mapping node, if it has one (a List's)."""
+    if not isinstance(node, yaml.MappingNode):
+        return None
+    found = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "items"), None)
+    return found if isinstance(found, yaml.SequenceNode) else None
+
+
+def says_list(node: yaml.Node) -> bool:
+    """Whether a document's node says `kind: List` (or `JobList`...), before it is constructed."""
+    if not isinstance(node, yaml.MappingNode):
+        return False
+    kind = next((v for k, v in node.value if isinstance(k, yaml.ScalarNode) and k.value == "kind"), None)
+    return isinstance(kind, yaml.ScalarNode) and kind.value.endswith("List")
+
+
 _SCALAR_CONSTRUCTORS = {  # the SafeConstructor methods for plain scalar tags, called directly
     "tag:yaml.org,2002:null": "construct_yaml_null",
     "tag:yaml.org,2002:bool": "construct_yaml_bool",

@@ -373,3 +373,14 @@ def phase_of(status: JobStatusDict | dict[str, Any] | None) -> Phase:
 
 
 _PHASES: dict[str, Phase] = {phase.value: phase for phase in Phase}
+
+
+def shown_job_status(status: dict[str, Any]) -> dict[str, Any]:
+    """A job's status as API.md 1.2 spells it: `outcome` and `reason` always there (null until
+    set), and each run's `finishedAt`, `exitCode`, `signal`, `outcome` and `reason`; stored
+    without them while unset."""
+    shown = {"outcome": None, "reason": None, **status}
+    if runs := status.get("runs"):
+        unset = {"finishedAt": None, "exitCode": None, "signal": None, "outcome": None, "reason": None}
+        shown["runs"] = [{**unset, **run} for run in runs]
+    return shown

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from ..api.meta import API_VERSION, format_time
+from ..api.status import shown_job_status
 from ..errors import Conflict
 from ..jsontext import canonical
 from .dbapi import Connection, Row, Statement
@@ -81,19 +82,8 @@ class StoredObject:
             metadata["annotations"] = self.annotations
         document = {"apiVersion": API_VERSION, "kind": self.kind, "metadata": metadata, "spec": self.spec}
         if self.status is not None:
-            document["status"] = _shown_status(self.status) if self.kind == "Job" else self.status
+            document["status"] = shown_job_status(self.status) if self.kind == "Job" else self.status
         return document
-
-
-def _shown_status(status: dict[str, Any]) -> dict[str, Any]:
-    """A job's status as API.md 1.2 spells it: `outcome` and `reason` always there (null until
-    set), and each run's `finishedAt`, `exitCode`, `signal`, `outcome` and `reason`; stored
-    without them while unset."""
-    shown = {"outcome": None, "reason": None, **status}
-    if runs := status.get("runs"):
-        unset = {"finishedAt": None, "exitCode": None, "signal": None, "outcome": None, "reason": None}
-        shown["runs"] = [{**unset, **run} for run in runs]
-    return shown
 
 
 # attribute -> the text it is decoded from, where an object was read from a row
