@@ -23,6 +23,7 @@ from referencing import Registry, Resource
 from reconciler.api import schema
 from reconciler.api.kinds import KINDS
 from reconciler.api.meta import check_name
+from reconciler.api.status import shown_job_status
 
 ROOT = Path(__file__).resolve().parent.parent
 CRDS = ROOT / "crds"
@@ -179,6 +180,40 @@ def test_crd_schema_is_structural(kind):
     for path, node in schema_nodes(root):  # every nested node is a valid upstream JSONSchemaProps
         error = jsonschema.exceptions.best_match(props_validator.iter_errors(node))
         assert error is None, f"{kind}{path}: {error.message if error else ''}"
+
+
+def null_fields_not_nullable(value: Any, node: dict[str, Any], path: str = "") -> list[str]:
+    """The fields holding null in `value` whose CRD schema node does not say `nullable: true`
+    (an API server would prune those nulls)."""
+    if value is None:
+        return [] if node.get("nullable") else [path]
+    found = []
+    if isinstance(value, dict):
+        for key, sub in value.items():
+            child = node.get("properties", {}).get(key) or node.get("additionalProperties")
+            assert isinstance(child, dict), f"{path}.{key}: not in the CRD schema"
+            found += null_fields_not_nullable(sub, child, f"{path}.{key}")
+    elif isinstance(value, list):
+        for i, sub in enumerate(value):
+            found += null_fields_not_nullable(sub, node["items"], f"{path}[{i}]")
+    return found
+
+
+def test_crd_schema_lets_the_nulls_output_spells_stay():
+    """Output spells a job's unset outcome and reason, and a running run's finishedAt, exitCode,
+    signal, outcome and reason, as null (API.md 1.2); a CRD that did not say them nullable
+    would have an API server prune them."""
+    running = {
+        "phase": "Running",
+        "revision": 1,
+        "acceptedAt": "2026-12-06T10:00:00Z",
+        "runs": [{"number": 1, "revision": 1, "node": "n1", "startedAt": "2026-12-06T10:00:01Z"}],
+    }
+    shown = shown_job_status(running)
+    assert shown["outcome"] is None and shown["runs"][0]["exitCode"] is None  # what is checked holds nulls
+    status = crd_schema("Job")["properties"]["status"]
+    assert null_fields_not_nullable(shown, status) == []
+    assert null_fields_not_nullable({"phase": None}, status) == [".phase"]  # the check can fail
 
 
 @pytest.mark.parametrize("kind", list(KINDS))

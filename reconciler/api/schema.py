@@ -265,7 +265,10 @@ def _structural(node: dict[str, Any], where: str) -> dict[str, Any]:
     """One node in Kubernetes' structural form (a typed skeleton; junctors only validate)."""
     node = dict(node)
     if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
-        branches = [b for b in node.pop("anyOf") if b.get("type") != "null"]
+        given = node.pop("anyOf")
+        branches = [b for b in given if b.get("type") != "null"]
+        if len(branches) < len(given):  # null is a value it may hold (output spells unset fields null):
+            node["nullable"] = True  # without this flag an API server prunes such nulls
         # a SHORTHANDS string branch is for editors only: the CRD keeps the canonical form
         short = [b for b in branches if b.get(SHORTHAND_MARK)]
         branches = [b for b in branches if not b.get(SHORTHAND_MARK)]
@@ -284,6 +287,8 @@ def _structural(node: dict[str, Any], where: str) -> dict[str, Any]:
     if "const" in node:
         node["enum"] = [node.pop("const")]
     if "enum" in node:
+        if None in node["enum"]:
+            node["nullable"] = True
         node["enum"] = [v for v in node["enum"] if v is not None]
     for bound in ("exclusiveMinimum", "exclusiveMaximum"):  # draft 2020-12 numbers -> OpenAPI 3.0 flags
         if isinstance(node.get(bound), (int, float)) and not isinstance(node[bound], bool):
