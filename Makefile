@@ -10,13 +10,20 @@ $(BIN)/reconciler: pyproject.toml
 	$(BIN)/pip install -q -e '.[test,check]'
 	touch $@
 
-.PHONY: install up test check bench crds
+.PHONY: install bytecode up test check bench crds
 install: $(BIN)/reconciler
 
-up: install
+# Our own modules' bytecode, as pip leaves an installed package's (the editable install does
+# not, and a machine with PYTHONDONTWRITEBYTECODE set never writes it): without it every
+# command compiles the whole source again, a third of `up`'s fixed cost. Incremental: only
+# what changed is compiled again.
+bytecode: install
+	$(BIN)/python -m compileall -q reconciler
+
+up: bytecode
 	$(BIN)/reconciler up -f examples/shards
 
-test: install
+test: bytecode
 	$(BIN)/pytest -q
 
 check: install
@@ -25,7 +32,7 @@ check: install
 	$(BIN)/mypy
 	$(BIN)/lint-imports
 
-bench: install
+bench: bytecode
 	$(BIN)/python bench/run.py
 
 crds: install
