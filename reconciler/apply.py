@@ -164,6 +164,19 @@ def _apply_one(
     meta = m.obj.metadata
     annotations = {**user_annotations(meta.annotations), MANAGED_BY: "apply"}
     if current is None:
+        # a precondition on an object that is not there fails, as Kubernetes' does: the
+        # manifest was read from an object since deleted, which it must not make again
+        if meta.uid is not None:
+            raise Conflict(
+                f"{m.where('metadata', 'uid')}: {meta.uid} names a {m.kind.kind.lower()} {m.name!r} that does not "
+                "exist (deleted since the manifest was read); drop metadata.uid to create it"
+            )
+        if meta.resource_version is not None:
+            raise Conflict(
+                f"{m.where('metadata', 'resourceVersion')}: {meta.resource_version} is stale (there is no "
+                f"{m.kind.kind.lower()} {m.name!r}: deleted since the manifest was read); drop "
+                "metadata.resourceVersion to create it"
+            )
         status = None
         change = Change(m.kind, m.name, "created")  # `new` is filled in once the object is created
         said: list[tuple[StoredObject | Change, str, str]] = [

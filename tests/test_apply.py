@@ -496,6 +496,21 @@ def test_a_uid_that_is_not_the_stored_objects_is_a_conflict(store_url, tmp_path)
     ]
 
 
+def test_a_precondition_on_a_deleted_object_is_a_conflict_not_a_creation(store_url, tmp_path):
+    """A manifest read from an object (get -o yaml) carries its resourceVersion and uid; once
+    the object is deleted, applying that copy must not make it again (exit 4, nothing stored)."""
+    ok("apply", "-f", write(tmp_path / "a.yaml", job("d")), store=store_url)
+    read = get_json(store_url, "job", "d")["metadata"]
+    ok("delete", "job", "d", store=store_url)
+    before = dump_store(store_url)
+    for field in ("resourceVersion", "uid"):
+        copy = doc("Job", "d", {"command": ["true"]}, **{field: read[field]})
+        result = cli("apply", "-f", write(tmp_path / f"{field}.yaml", copy), store=store_url)
+        assert result.code == 4, result
+        assert f"metadata.{field}" in result.stderr and "deleted since the manifest was read" in result.stderr
+        assert dump_store(store_url) == before
+
+
 # --- get -----------------------------------------------------------------------------------
 
 SELECTOR_CASES = [

@@ -146,6 +146,21 @@ def test_put_with_a_stale_resource_version_is_409_and_create_of_an_existing_obje
     assert renamed.status_code == 422 and "does not match" in renamed.json()["message"]
 
 
+def test_a_put_carrying_the_version_or_uid_of_a_deleted_object_does_not_make_it_again(server):
+    """Kubernetes' preconditions: a writer holding a copy read before a delete must not undo it."""
+    http = server.http()
+    created = http.put(f"{PREFIX}/pools/gone", json=_pool("gone", 1)).json()
+    assert http.delete(f"{PREFIX}/pools/gone").status_code == 200
+    for precondition in ({"resourceVersion": created["metadata"]["resourceVersion"]}, {"uid": created["metadata"]["uid"]}):
+        old = _pool("gone", 5)
+        old["metadata"].update(precondition)
+        refused = http.put(f"{PREFIX}/pools/gone", json=old)
+        assert refused.status_code == 409, refused.text
+        assert "deleted since the manifest was read" in refused.json()["message"]
+    assert http.get(f"{PREFIX}/pools/gone").status_code == 404
+    assert http.put(f"{PREFIX}/pools/gone", json=_pool("gone", 5)).status_code == 201  # without them: created
+
+
 def _pool(name: str, slots: int) -> dict:
     return {
         "apiVersion": "reconciler.dev/v1alpha1",
