@@ -17,7 +17,7 @@ from .api.pool import GLOBAL_POOL
 from .api.revisions import execution_hash
 from .api.status import ACTIVE_PHASES, LIVE_PHASES, first_events, new_job_status
 from .api.validation import validate_apply
-from .errors import Conflict
+from .errors import Conflict, InvalidInput
 from .jsontext import canonical
 from .manifests import Loaded, Manifest, invalid, paused_gc
 from .selectors import Requirement, matches
@@ -91,6 +91,10 @@ def _apply(
     tx: Tx, loaded: Loaded, *, force: bool, prune: bool, selector: list[Requirement] | None, create_only: bool = False
 ) -> list[Change]:
     manifests = loaded.manifests
+    if selector:  # as kubectl's: only the objects the selector matches are applied (and pruned)
+        manifests = [m for m in manifests if matches(selector, m.obj.metadata.labels)]
+        if not manifests and not prune and not loaded.problems:
+            raise InvalidInput("no objects passed to apply match the label selector (-l)")
     session = tx.session
     # what the applied objects touch, not the whole store: an apply into a store of 100,000
     # jobs costs what it costs into an empty one (only --prune must see every object)

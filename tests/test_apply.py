@@ -375,14 +375,8 @@ def test_prune(store_url, tmp_path):
     subset = write(tmp_path / "subset.yaml", pool("p"), job("keep", pool="p"))
 
     only_x = ok("apply", "--prune", "-l", "team=x", "-f", subset, store=store_url)
-    assert sorted(lines(only_x.stdout)) == sorted(
-        [
-            "pool.reconciler.dev/p unchanged",
-            "job.reconciler.dev/keep unchanged",
-            "job.reconciler.dev/x1 pruned",
-            "job.reconciler.dev/x2 pruned",
-        ]
-    )
+    # -l limits both what is applied (p and keep do not match) and what is pruned
+    assert sorted(lines(only_x.stdout)) == ["job.reconciler.dev/x1 pruned", "job.reconciler.dev/x2 pruned"]
     assert names_of(store_url, "jobs") == ["keep", "y1"]
 
     rest = ok("apply", "--prune", "-f", subset, store=store_url)
@@ -392,6 +386,18 @@ def test_prune(store_url, tmp_path):
     # without --prune nothing is ever deleted
     ok("apply", "-f", write(tmp_path / "other.yaml", job("other")), store=store_url)
     assert names_of(store_url, "jobs") == ["keep", "other"]
+
+
+def test_apply_with_a_selector_applies_only_the_objects_it_matches(store_url, tmp_path):
+    """As kubectl's `apply -l`: the objects of the files that do not match are left alone."""
+    files = write(tmp_path / "two.yaml", job("yes", labels={"t": "a"}), job("no", labels={"t": "b"}))
+    result = ok("apply", "-l", "t=a", "-f", files, store=store_url)
+    assert lines(result.stdout) == ["job.reconciler.dev/yes created"]
+    assert names_of(store_url, "jobs") == ["yes"]
+    before = dump_store(store_url)
+    nothing = cli("apply", "-l", "t=typo", "-f", files, store=store_url)
+    assert nothing.code == 2 and "match the label selector" in nothing.stderr, nothing
+    assert dump_store(store_url) == before
 
 
 def test_prune_leaves_what_apply_did_not_make(store_url, tmp_path):

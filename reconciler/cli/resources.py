@@ -45,7 +45,9 @@ def apply(
     filename: list[str] = typer.Option([], "-f", "--filename", help="File, folder or - for stdin; repeatable."),
     recursive: bool = typer.Option(False, "-R", "--recursive", help="Read folders recursively."),
     prune: bool = typer.Option(False, "--prune", help="Delete applied objects (matching -l) that are not in this set."),
-    selector: str | None = typer.Option(None, "-l", "--selector", help="With --prune: only prune matching objects."),
+    selector: str | None = typer.Option(
+        None, "-l", "--selector", help="Apply (and with --prune, prune) only the objects it matches."
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Validate and report, store nothing."),
     force: bool = typer.Option(False, "--force", help="Allow changing an active job: its run is stopped."),
     output: str | None = typer.Option(None, "-o", "--output", help="name | json"),
