@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .api.kinds import KINDS, resolve_kind
-from .api.meta import from_epoch
+from .api.meta import from_epoch, to_epoch
 from .api.node import heartbeat_fresh, observed_status
 from .api.status import Phase
 from .errors import NotFound
@@ -132,25 +132,29 @@ def service_registry(store: Store) -> list[StoredObject]:
             "uid": job.uid,
             "labels": job.labels,
             "resourceVersion": str(job.resource_version),
+            "generation": job.generation,
+            "creationTimestamp": from_epoch(job.created_at),
         }
-        entries.append(service_object(entry, generation=job.generation, at=job.created_at))
+        entries.append(service_object(entry))
     return entries
 
 
-def service_object(entry: dict[str, Any], *, generation: int = 0, at: float = 0.0) -> StoredObject:
-    """A registry entry as the object `get services` lists (its status is the entry)."""
+def service_object(entry: dict[str, Any]) -> StoredObject:
+    """A registry entry as the object `get services` lists (its status is the entry), the
+    same from the store and from a server's `GET /services`."""
     spec = {"job": entry["name"]}
+    created = entry.get("creationTimestamp")
     return StoredObject(
         kind="Service",
         name=entry["name"],
         uid=entry.get("uid") or "",
-        generation=generation,
+        generation=int(entry.get("generation") or 0),
         resource_version=int(entry.get("resourceVersion") or 0),
         labels=dict(entry.get("labels") or {}),
         annotations={},
         spec=spec,
         status=entry,
-        created_at=at,
+        created_at=to_epoch(created) if created else 0.0,
         deleted_at=None,
         spec_text=json.dumps(spec),
     )

@@ -151,9 +151,9 @@ def test_a_put_carrying_the_version_or_uid_of_a_deleted_object_does_not_make_it_
     http = server.http()
     created = http.put(f"{PREFIX}/pools/gone", json=_pool("gone", 1)).json()
     assert http.delete(f"{PREFIX}/pools/gone").status_code == 200
-    for precondition in ({"resourceVersion": created["metadata"]["resourceVersion"]}, {"uid": created["metadata"]["uid"]}):
+    for field in ("resourceVersion", "uid"):
         old = _pool("gone", 5)
-        old["metadata"].update(precondition)
+        old["metadata"][field] = created["metadata"][field]
         refused = http.put(f"{PREFIX}/pools/gone", json=old)
         assert refused.status_code == 409, refused.text
         assert "deleted since the manifest was read" in refused.json()["message"]
@@ -306,5 +306,12 @@ def test_the_service_registry(server):
     entry = entries[0]
     assert entry["name"] == "web" and entry["port"] == 8080 and entry["run"] == 1 and entry["ready"] is True
     assert entry["node"] and entry["address"]
+    # `get services` prints the same object through the server as from the store: its
+    # generation and creation time are the job's, not zeros
+    local, remote = server.local("get", "services", "-o", "json"), server.cli("get", "services", "-o", "json")
+    assert local.code == remote.code == 0, (local, remote)
+    [shown] = [item["metadata"] for item in json.loads(remote.stdout)["items"]]
+    assert [shown] == [item["metadata"] for item in json.loads(local.stdout)["items"]]
+    assert shown["generation"] == 1 and shown["creationTimestamp"] == server.job("web")["metadata"]["creationTimestamp"]
     http.post(f"{PREFIX}/jobs/web/cancel")
     wait_until(lambda: http.get("/services").json() == [], timeout=30, message="web gone from the registry")
