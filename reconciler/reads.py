@@ -310,6 +310,25 @@ def events(store: Store, names: list[str], limit: int = 1000) -> list[Any]:
     return [r for r in rows if r.name in names] if names else rows
 
 
+class NewEvents:
+    """Which events of a newest page (oldest first, each with its row id) were not seen in
+    the pages before: what `get events -w` and the API's events watch print. An id is no
+    mark on its own (a PostgreSQL commit can make a smaller id visible after a larger one):
+    the ids seen are kept, and those below the page's oldest forgotten and never printed."""
+
+    def __init__(self, first: list[Any]):
+        self._seen = {r.id for r in first}
+        self._floor = min(self._seen, default=0)
+
+    def among(self, rows: list[Any]) -> list[Any]:
+        fresh = [r for r in rows if r.id >= self._floor and r.id not in self._seen]
+        if rows:
+            self._floor = max(self._floor, rows[0].id)
+            self._seen = {i for i in self._seen if i >= self._floor}
+        self._seen.update(r.id for r in fresh)
+        return fresh
+
+
 def watch(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> Iterator[StoredObject]:
     """Each selected object again whenever it changes (`get -w`), forever: the caller stops."""
     listing = objects(store, kind, names, selector)

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
     from ..reads import Listing
 
 EVENT_HEADERS = ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
+EVENT_POLL = 0.5  # seconds between looks for new events (`get events -w`)
 
 
 def _event_items(rows: list[Any]) -> list[dict[str, Any]]:
@@ -181,6 +182,7 @@ def watch_listing(client: Client, kind: str, names: list[str], selector: str | N
     from ..reads import EVENTS, SERVICES
 
     if kind.lower() in EVENTS:
+        watch_events(client, names, fmt)
         return
     label = "Service" if kind.lower() in SERVICES else _label(kind)
     headers, _, row = COLUMNS[label]
@@ -194,5 +196,30 @@ def watch_listing(client: Client, kind: str, names: list[str], selector: str | N
                 typer.echo(f"{kind_name(o.kind)}/{o.name}")
             else:
                 typer.echo(table(headers, [row(o, fmt == "wide")]).splitlines()[1])
+    except KeyboardInterrupt:
+        return
+
+
+def watch_events(client: Client, names: list[str], fmt: str | None) -> None:
+    """Print each event recorded after the listing (Ctrl-C ends), in the listing's format,
+    looking at the newest page (`client.events`, locally or through a server) every EVENT_POLL."""
+    import time
+
+    from ..reads import NewEvents
+
+    new = NewEvents(client.events(names))
+    try:
+        while True:
+            time.sleep(EVENT_POLL)
+            fresh = new.among(client.events(names))
+            if not fresh:
+                continue
+            if fmt in ("json", "yaml"):
+                for item in _event_items(fresh):
+                    typer.echo(dump_json(item) if fmt == "json" else "---\n" + dump_yaml(item), nl=fmt == "json")
+            elif fmt == "name":
+                typer.echo("\n".join(_event_names(fresh)))
+            else:
+                typer.echo("\n".join(_event_table(fresh).splitlines()[1:]))
     except KeyboardInterrupt:
         return

@@ -46,7 +46,7 @@ from .agents import Wake
 from .auth import Tokens
 from .errors import answer_errors
 from .guard import MAX_BODY, Guard
-from .watch import Broadcaster, watch_lines
+from .watch import Broadcaster, event_lines, watch_lines
 
 ACTIONS = ("cancel", "suspend", "resume", "rerun")
 ObjectBody = Annotated[
@@ -226,13 +226,24 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
             "", alias="fieldSelector", description="involvedObject.kind=K,involvedObject.name=N"
         ),
         limit: int = Query(EVENTS_LIMIT, ge=1, le=10_000),
+        watch: bool = False,
+        resource_version: str | None = Query(None, alias="resourceVersion"),
+        timeout_seconds: float | None = Query(None, alias="timeoutSeconds", gt=0),
     ) -> Response:
-        """The newest events, oldest first; of one object with fieldSelector."""
+        """The newest events, oldest first; of one object with fieldSelector. With watch=true,
+        JSON lines `{"type": "ADDED", "object": Event}`: the newest events first (those after
+        resourceVersion, if given), then each event as it is recorded."""
         fields = _fields(field_selector)
-        if fields:
-            rows = reads.object_events(store, fields["involvedObject.kind"], fields["involvedObject.name"], limit)
-        else:
-            rows = reads.events(store, [], limit)
+
+        def newest() -> list[Any]:
+            if fields:
+                return reads.object_events(store, fields["involvedObject.kind"], fields["involvedObject.name"], limit)
+            return reads.events(store, [], limit)
+
+        if watch:
+            since = _version(resource_version)
+            return StreamingResponse(event_lines(newest, since, timeout_seconds), media_type="application/json")
+        rows = newest()
         seq = store.change_seq()
         items = [event_doc(r) for r in rows]
         return _json(

@@ -23,7 +23,7 @@ import logging
 import math
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,11 +31,11 @@ import anyio
 
 from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
-from ..reads import ChangeReader, objects, poll_interval
+from ..reads import ChangeReader, NewEvents, objects, poll_interval
 from ..selectors import Requirement, matches
 from ..store import Store, StoredObject
 from ..threads import critical
-from ..wire import status
+from ..wire import event_doc, status
 
 log = logging.getLogger("reconciler.server")
 
@@ -357,6 +357,25 @@ async def watch_lines(
                     yield _line("BOOKMARK", bookmark)
                 continue
             yield _line(event.type, event.document)
+
+
+EVENT_POLL = 0.5  # seconds between looks for new events in an events watch
+
+
+async def event_lines(newest: Callable[[], list[Any]], since: int | None, timeout: float | None) -> AsyncIterator[str]:
+    """One events watch: ADDED for each event of the newest page (with `since`, only those
+    recorded after that resourceVersion), then for each new one, looked for every EVENT_POLL
+    (events are not in the change feed the object watches follow)."""
+    first = await anyio.to_thread.run_sync(newest)
+    for row in first:
+        if since is None or row.resource_version > since:
+            yield _line("ADDED", event_doc(row))
+    new = NewEvents(first)
+    with anyio.move_on_after(timeout if timeout is not None else math.inf):
+        while True:
+            await anyio.sleep(EVENT_POLL)
+            for row in new.among(await anyio.to_thread.run_sync(newest)):
+                yield _line("ADDED", event_doc(row))
 
 
 def _line(kind: str, document: dict[str, Any]) -> str:

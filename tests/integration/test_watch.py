@@ -144,6 +144,30 @@ def test_get_watch_prints_a_row_when_a_job_changes(sqlite_url, tmp_path):
     assert states[-1] == "Succeeded"
 
 
+def test_get_events_watch_prints_each_event_as_it_is_recorded(sqlite_url, tmp_path):
+    """As kubectl's `get events -w`: the listing, then every new event, until interrupted."""
+    (tmp_path / "a.yaml").write_text(_job("before"))
+    assert run_cli("apply", "-f", str(tmp_path / "a.yaml"), store=sqlite_url).code == 0
+    table, named = (
+        _start(["get", "events", "-w"], sqlite_url),
+        _start(["get", "events", "-w", "-o", "name"], sqlite_url),
+    )
+    try:
+        rows, names = _lines(table), _lines(named)
+        assert rows.get(timeout=30).split()[:3] == ["LAST", "SEEN", "TYPE"]
+        assert "job/before" in rows.get(timeout=30)
+        assert names.get(timeout=30).startswith("event/before.")
+        (tmp_path / "b.yaml").write_text(_job("after"))
+        assert run_cli("apply", "-f", str(tmp_path / "b.yaml"), store=sqlite_url).code == 0
+        row = rows.get(timeout=30)
+        assert row.split()[1:4] == ["Normal", "Created", "job/after"], row
+        assert names.get(timeout=30).startswith("event/after.")
+        assert table.poll() is None  # still following
+    finally:
+        _stop(table)
+        _stop(named)
+
+
 def _documents(lines: queue.Queue[str], count: int) -> list[dict]:
     """The next `count` JSON documents of a stream of indented ones, as they come."""
     decoder, text, found = json.JSONDecoder(), "", []

@@ -297,6 +297,45 @@ def test_metrics_through_the_api(server):
     assert 'reconciler_runs_total{outcome="Failed",reason=""} 1.0' in lines
 
 
+def test_an_events_watch_streams_each_new_event(server):
+    """GET events?watch=true: the newest events as ADDED, then each new one; with
+    resourceVersion, only those after it."""
+    http = server.http()
+    http.post(f"{PREFIX}/apply", json={"items": [job_manifest("first", labels={}, suspend=True)]})
+    listed = http.get(f"{PREFIX}/events").json()
+    since = listed["items"][-1]["metadata"]["resourceVersion"]
+    found: queue.Queue = queue.Queue()
+
+    def follow(params: dict) -> None:
+        with (
+            contextlib.suppress(httpx.HTTPError),  # the server goes first when the test ends
+            httpx.Client(base_url=server.url, timeout=30) as client,
+            client.stream("GET", f"{PREFIX}/events", params=params) as answer,
+        ):
+            for line in answer.iter_lines():
+                if line:
+                    found.put((params.get("resourceVersion"), json.loads(line)))
+
+    versionless = {"watch": "true", "timeoutSeconds": "20"}
+    for params in (versionless, {**versionless, "resourceVersion": since}):
+        threading.Thread(target=follow, args=(params,), daemon=True).start()
+    seen: list[tuple[str | None, str]] = []
+
+    def names_seen() -> set[tuple[str | None, str]]:
+        while not found.empty():
+            version, line = found.get()
+            assert line["type"] == "ADDED" and line["object"]["kind"] == "Event", line
+            seen.append((version, line["object"]["involvedObject"]["name"]))
+        return set(seen)
+
+    wait_until(lambda: (None, "first") in names_seen(), timeout=30, message="the listing of the versionless watch")
+    http.post(f"{PREFIX}/apply", json={"items": [job_manifest("second", labels={}, suspend=True)]})
+    wait_until(
+        lambda: {(None, "second"), (since, "second")} <= names_seen(), timeout=30, message="second's events, twice"
+    )
+    assert (since, "first") not in names_seen()  # recorded before the version it watches from
+
+
 def test_the_service_registry(server):
     http = server.http()
     service = job_manifest("web", command=["sleep", "60"], type="service", port=8080)

@@ -143,6 +143,24 @@ def test_get_watch_through_the_server_prints_each_change(server, tmp_path):
         watcher.communicate(timeout=30)
 
 
+def test_get_events_watch_through_the_server_prints_new_events(server, tmp_path):
+    watcher = _started(server, "get", "events", "-w", "-o", "name")
+    try:
+        assert watcher.stdout is not None
+        lines = _lines(watcher.stdout)
+        assert server.cli("run", "--name", "noted", "--", "true").code == 0
+        seen: list[str] = []
+        wait_until(
+            lambda: (seen.append(lines.get(timeout=30)) or seen[-1]).startswith("event/noted."),
+            timeout=30,
+            message="the new job's event",
+        )
+        assert watcher.poll() is None
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        watcher.communicate(timeout=30)
+
+
 def test_get_watch_of_pools_through_the_server_prints_usage_as_it_changes(server, tmp_path):
     """A pool's USED is derived by the server when it answers; a watch stream carries only
     writes, so the client lists such kinds again on a timer and prints what changed."""
