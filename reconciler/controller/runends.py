@@ -14,7 +14,7 @@ from ..api.meta import from_epoch
 from ..api.quantity import format_size
 from ..api.status import Phase, RunDict, RunOutcome
 from ..store import scheduling as sched
-from . import faults
+from . import deadlines, faults
 from .context import RETRY_SCHEDULED, Ctx
 from .retry import RunEnd, after_run, restart_delay
 from .runtime import AGAIN, DONE, Result, requeue_after
@@ -265,7 +265,10 @@ class RunEnds:
         ctx.move(Phase.BACKOFF, RETRY_SCHEDULED, decision.message)
         self.endings.write(ctx)
         faults.point("during-backoff", self.store.flush)
-        return AGAIN if decision.delay <= 0 else requeue_after(decision.delay)
+        if decision.delay <= 0:
+            return AGAIN
+        # the job's own timeout may come first: it ends the job in Backoff, not at the retry
+        return requeue_after(deadlines.soonest(ctx.now, ctx.now + decision.delay, ctx.job_deadline()))
 
 
 def run_identity(run: RunDict) -> ProcessIdentity | None:

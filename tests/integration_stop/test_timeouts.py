@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 
+from reconciler.api.meta import to_epoch
 from tests.crash.harness import Pid, group_members, job, read_pids
 
 FAST_STOP = {"stopGracePeriod": "1s"}
@@ -83,8 +84,10 @@ def test_job_timeout_ends_the_job_running_waiting_or_in_backoff(env, controller,
         job("deadline-backoff", "exit 1", timeout="2s", retry=retry_everything),
     )
     env.wait_running("deadline-running")
-    env.wait_phase("deadline-backoff", "Backoff")
+    retry_at = env.wait_phase("deadline-backoff", "Backoff")["nextRunAt"]
     done = env.wait_completed(["deadline-running", "deadline-waiting", "deadline-backoff"])
+    # at its deadline (2s after acceptance), not when its retry was due (30s after the run)
+    assert to_epoch(done["deadline-backoff"]["completionTime"]) < to_epoch(retry_at), done["deadline-backoff"]
 
     for name, status in done.items():
         assert (status["outcome"], status["reason"]) == ("TimedOut", "DeadlineExceeded"), (name, status)
