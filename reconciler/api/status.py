@@ -170,6 +170,12 @@ class JobStatus(Strict):
         default=None, description="Queued: its place in its pool's line, read when shown (never stored)."
     )
     next_run_at: Time | None = Field(default=None, description="During Backoff, or a service's restart delay.")
+    suspended_at: Time | None = Field(
+        default=None, description="While Suspended: since when. The job timeout does not count suspended time."
+    )
+    suspended_seconds: float | None = Field(
+        default=None, description="Seconds this revision was Suspended before, which its timeout does not count."
+    )
     restarts: int | None = Field(
         default=None, description="Service: how often it was restarted (runs dropped from `runs` included)."
     )
@@ -276,6 +282,8 @@ class JobStatusDict(TypedDict, total=False):
     nodeName: str
     queue: QueuePlaceDict
     nextRunAt: str
+    suspendedAt: str
+    suspendedSeconds: float
     restarts: int
     ready: bool
     startTime: str
@@ -292,6 +300,7 @@ _REVISION_FIELDS = (
     "startTime",
     "completionTime",
     "nextRunAt",
+    "suspendedSeconds",
     "admission",
     "nodeName",
     "stop",
@@ -320,6 +329,7 @@ def new_job_status(accepted_at: str, depends_on: Sequence[str] = (), *, suspende
     if suspended:
         status["phase"], status["reason"], status["message"] = Phase.SUSPENDED, SUSPENDED_REASON, SUSPENDED_MESSAGE
         status["outcome"] = None
+        status["suspendedAt"] = accepted_at  # the timeout's clock starts at the resume
     return status
 
 
@@ -350,6 +360,8 @@ def next_revision(status: JobStatusDict, accepted_at: str) -> None:
     status["acceptedAt"] = accepted_at
     for key in _REVISION_FIELDS:
         status.pop(key, None)  # type: ignore[misc]  # each is an optional key
+    if "suspendedAt" in status:  # suspended still: the new revision's clock is stopped from its start
+        status["suspendedAt"] = accepted_at
     status["dependencies"] = []
     status["waits"] = []
     status["bypassCount"] = 0

@@ -127,8 +127,12 @@ class Ctx:
         return revisions.spec_changed(self.obj)
 
     def job_deadline(self) -> float | None:
+        """When the job times out: its timeout after acceptance, not counting the time it
+        was Suspended (as Kubernetes stops a suspended Job's deadline); none while Suspended."""
         accepted = self.status.get("acceptedAt")
-        return deadlines.job_deadline(self.spec, to_epoch(accepted)) if accepted else None
+        if not accepted or "suspendedAt" in self.status:
+            return None
+        return deadlines.job_deadline(self.spec, to_epoch(accepted) + self.status.get("suspendedSeconds", 0.0))
 
     def changed(self) -> bool:
         return self.status != (self.obj.status or {})

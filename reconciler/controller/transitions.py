@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from ..api.meta import to_epoch
 from ..api.status import LIVE_PHASES, WARNING_OUTCOMES, ConditionDict, JobStatusDict, Phase, phase_of
 
 P = Phase
@@ -71,6 +72,11 @@ def move(
         raise IllegalTransition(f"{current} -> {to} is not an allowed transition ({reason})")
     if (to == Phase.COMPLETED) != (outcome is not None):
         raise IllegalTransition("an outcome is given exactly when the job completes")
+    if to == Phase.SUSPENDED and current != Phase.SUSPENDED:
+        status["suspendedAt"] = now  # the job timeout's clock stops (Ctx.job_deadline)
+    elif current == Phase.SUSPENDED and to != Phase.SUSPENDED and "suspendedAt" in status:
+        paused = to_epoch(now) - to_epoch(status.pop("suspendedAt"))
+        status["suspendedSeconds"] = round(status.get("suspendedSeconds", 0.0) + max(0.0, paused), 3)
     status["phase"] = to
     status["reason"] = reason
     status["message"] = message

@@ -103,6 +103,23 @@ def test_job_timeout_ends_the_job_running_waiting_or_in_backoff(env, controller,
     assert env.admissions() == [] and env.queue() == []
 
 
+def test_the_job_timeout_does_not_count_the_time_suspended(env, controller):
+    """As a suspended Kubernetes Job's deadline: the clock stops while the job is Suspended and
+    goes on from where it stopped when it is resumed (a job stored suspended starts it then)."""
+    env.apply(
+        job("parked", "true", suspend=True, timeout="1s"),
+        job("clock", "sleep 3"),  # outlives parked's timeout: time has passed once it ends
+    )
+    env.wait_completed(["clock"])
+    parked = env.status("parked")
+    assert (parked["phase"], parked["outcome"]) == ("Suspended", None), parked
+    assert parked["suspendedAt"] == parked["acceptedAt"]
+    env.cli("resume", "job/parked")
+    done = env.wait_completed(["parked"])["parked"]
+    assert (done["outcome"], done["reason"]) == ("Succeeded", "Succeeded"), done
+    assert done["suspendedSeconds"] >= 3 and "suspendedAt" not in done
+
+
 def test_command_ignoring_sigterm_is_killed_after_the_grace_period(env, controller, tmp_path):
     pidfile = tmp_path / "stubborn.pid"
     # `exec`: the process that ignores TERM (inherited SIG_IGN) is the long-running sleep
