@@ -227,10 +227,15 @@ class JobReconciler:
         self._record_waits(ctx, checks)
         if failed := next((c for c in checks if c.fatal), None):
             return self.endings.complete(ctx, "Aborted", "WaitProbeFailed", failed.message)
-        ready = verdict.satisfied and waits.gate(spec.wait_for, checks)
+        conditions_met = waits.gate(spec.wait_for, checks)
+        ready = verdict.satisfied and conditions_met
         abort_at = deadlines.wait_abort_deadline(spec, accepted)
         if not ready and deadlines.passed(abort_at, ctx.now):
-            message = "the wait conditions were not met before the abort deadline"
+            # the abort deadline bounds the whole wait: for dependencies and for conditions
+            unmet = [] if conditions_met else ["its wait conditions were not met"]
+            if not verdict.satisfied:
+                unmet.insert(0, f"{waiting_for(verdict.pending)[1]} (dependencies)")
+            message = f"past the wait abort deadline: {' and '.join(unmet)}"
             return self.endings.complete(ctx, "Aborted", "WaitAbortDeadline", message)
         if ready:
             self.endings.stop_watching(ctx.name)

@@ -148,6 +148,31 @@ def test_waits_gate_only_the_first_run(env):
     assert env.ok("logs", "job/gated").stdout == "second\n"
 
 
+def test_the_wait_abort_deadline_bounds_the_wait_for_dependencies_and_says_so(env):
+    """abortAfter bounds the whole of Waiting: a job whose conditions are met but whose
+    dependency has not completed by then is Aborted, and its message names the dependency,
+    not conditions that were met."""
+    gate = env.root / "gate"
+    manifest = env.write(
+        "late.yaml",
+        docs(
+            job_yaml("slow", f"shell: 'while [ ! -e {gate} ]; do sleep 0.05; done'"),
+            job_yaml(
+                "after-slow",
+                "command: ['true']\ndependsOn: [slow]\nwaitFor: {conditions: [{delay: 100ms}], abortAfter: 1s}",
+            ),
+        ),
+    )
+    env.ok("apply", "-f", manifest)
+    env.controller()
+    done = env.wait_phase("after-slow", "Completed")
+    gate.touch()  # slow ends too
+    env.wait_phase("slow", "Completed")
+    assert (done["outcome"], done["reason"]) == ("Aborted", "WaitAbortDeadline"), done
+    assert done["message"] == "past the wait abort deadline: waiting for slow (dependencies)", done
+    assert [(w["type"], w["satisfied"]) for w in done["waits"]] == [("delay", True)]
+
+
 def test_a_slow_probe_holds_up_no_other_job(env):
     """Probes run beside the reconcile loop (agent/probe.Probes), not in it: with the
     controller's one reconcile worker, a probe that takes long must not stop other jobs."""
