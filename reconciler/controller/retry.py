@@ -111,6 +111,13 @@ def after_run(
     if not ok:
         return AfterRun(False, outcome, reason, f"{detail}; not retryable")
     if attempts > retry.limit:
+        if retry.limit > 0:
+            # retries were used up: as a Kubernetes Job's, that is why the job ended, whatever
+            # ended its last run (whose reason stays on its record and in the message), and
+            # the reason tells a retryable end at the limit from one never retried
+            why = f" ({run.reason})" if run.reason else ""
+            return AfterRun(False, outcome, "BackoffLimitExceeded", f"{detail}{why}; retry limit {retry.limit} reached")
+        # none was allowed: the run's own reason says what happened (OOMKilled, RunTimeout, ...)
         reason = run.reason or "BackoffLimitExceeded" if run.outcome == "Failed" else reason
         return AfterRun(False, outcome, reason, f"{detail}; retry limit {retry.limit} reached")
     delay = backoff_delay(retry.backoff, attempts, rand)

@@ -299,8 +299,8 @@ RETRY_ALL = {
             False,
             False,
             "Failed",
-            "ArtifactInvalid",
-            id="artifact-unreachable-past-the-limit-keeps-its-reason",
+            "BackoffLimitExceeded",
+            id="artifact-unreachable-past-the-limit-retries-used-up",
         ),
         pytest.param(
             RETRY_ALL, RunEnd("Cancelled"), 1, False, False, "Cancelled", "Cancelled", id="run-cancelled-not-retried"
@@ -343,8 +343,18 @@ RETRY_ALL = {
             False,
             False,
             "TimedOut",
+            "BackoffLimitExceeded",
+            id="retryable-timeout-at-limit-retries-used-up",
+        ),
+        pytest.param(
+            {"limit": 0, "onTimeout": True},
+            RunEnd("TimedOut", -1, reason="RunTimeout"),
+            1,
+            False,
+            False,
+            "TimedOut",
             "RunTimeout",
-            id="retryable-timeout-at-limit-keeps-RunTimeout",
+            id="retryable-timeout-none-allowed-keeps-RunTimeout",
         ),
         pytest.param(
             {"limit": 1, "onLost": True},
@@ -353,8 +363,8 @@ RETRY_ALL = {
             False,
             False,
             "Lost",
-            "NodeLost",
-            id="retryable-lost-at-limit-keeps-NodeLost",
+            "BackoffLimitExceeded",
+            id="retryable-lost-at-limit-retries-used-up",
         ),
     ],
 )

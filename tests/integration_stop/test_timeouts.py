@@ -58,14 +58,16 @@ def test_run_timeout_ends_the_run_and_retries_only_with_on_timeout(env, controll
     assert_timed_out_run(env, "not-retried", once["runs"][0], "RunTimeout")
 
     twice = done["retried"]
-    assert (twice["outcome"], twice["reason"]) == ("TimedOut", "RunTimeout")
+    # its retries used up: the job's reason says so (each run's says RunTimeout), unlike once's
+    assert (twice["outcome"], twice["reason"]) == ("TimedOut", "BackoffLimitExceeded")
     assert [r["number"] for r in twice["runs"]] == [1, 2], "onTimeout: one retry, then the limit is reached"
     for run in twice["runs"]:
         assert_timed_out_run(env, "retried", run, "RunTimeout")
 
     # the CLI reports the same
     printed = env.get_json("retried")["status"]
-    assert (printed["phase"], printed["outcome"], printed["reason"]) == ("Completed", "TimedOut", "RunTimeout")
+    shown = (printed["phase"], printed["outcome"], printed["reason"])
+    assert shown == ("Completed", "TimedOut", "BackoffLimitExceeded")
     assert [r["exitCode"] for r in printed["runs"]] == [-1, -1]
     assert env.admissions() == [] and env.queue() == []
 
