@@ -31,6 +31,7 @@ from reconciler.files import make_private_dirs, read_small
 class ExitRecord:
     exit_code: int | None
     signal: int | None  # set when exit_code > 128 (shell convention: 128 + signal)
+    at: float | None = None  # when the wrapper wrote it (the file's mtime): when the run ended
 
 
 class StartFailed(Exception):
@@ -187,7 +188,11 @@ def read_exit(run_dir: pathlib.Path) -> ExitRecord | None:
         code = int(text)
     except ValueError:
         return None
-    return ExitRecord(exit_code=code, signal=code - 128 if code > 128 else None)
+    try:  # the end's time, also of a run that ended while no controller was there to see it
+        at: float | None = os.stat(os.path.join(run_dir, "exit")).st_mtime
+    except OSError:
+        at = None
+    return ExitRecord(exit_code=code, signal=code - 128 if code > 128 else None, at=at)
 
 
 def reap(identity: ProcessIdentity) -> int | None:

@@ -10,7 +10,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from ..agent.local import ExitRecord, ProcessIdentity, Usage
-from ..api.meta import from_epoch
+from ..api.meta import from_epoch, to_epoch
 from ..api.quantity import format_size
 from ..api.status import Phase, RunDict, RunOutcome
 from ..store import scheduling as sched
@@ -53,7 +53,12 @@ class RunEnds:
             )
         outcome = RunOutcome.SUCCEEDED if exited.exit_code == 0 else RunOutcome.FAILED
         return self.finish(
-            ctx, run, RunEnd(outcome, exited.exit_code), exit_code=exited.exit_code, signal=exited.signal
+            ctx,
+            run,
+            RunEnd(outcome, exited.exit_code),
+            exit_code=exited.exit_code,
+            signal=exited.signal,
+            finished_at=_ended_at(run, exited),
         )
 
     def _oom_killed(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result | None:
@@ -68,7 +73,10 @@ class RunEnds:
         message = f"the kernel killed {usage.oom_kills} process(es) of the run at its memory limit ({limit})"
         code, sig = (exited.exit_code, exited.signal) if exited is not None else (None, None)
         end = RunEnd(RunOutcome.FAILED, code, reason="OOMKilled")
-        return self.finish(ctx, run, end, exit_code=code, signal=sig, reason="OOMKilled", message=message)
+        at = _ended_at(run, exited) if exited is not None else None
+        return self.finish(
+            ctx, run, end, exit_code=code, signal=sig, reason="OOMKilled", message=message, finished_at=at
+        )
 
     # -- Stopping ------------------------------------------------------------------------
     def begin_stop(self, ctx: Ctx, identity: ProcessIdentity, stop: Stop, cgroup: str | None) -> Result:
@@ -269,6 +277,16 @@ class RunEnds:
             return AGAIN
         # the job's own timeout may come first: it ends the job in Backoff, not at the retry
         return requeue_after(deadlines.soonest(ctx.now, ctx.now + decision.delay, ctx.job_deadline()))
+
+
+def _ended_at(run: RunDict, exited: ExitRecord) -> str | None:
+    """When the run ended by its exit record (its wrapper wrote it then), not when the
+    controller saw it: a run that ended while no controller ran keeps its true end. Never
+    before its start (a clock stepped back)."""
+    if exited.at is None:
+        return None
+    started = run.get("startedAt")
+    return from_epoch(max(exited.at, to_epoch(started)) if started else exited.at)
 
 
 def run_identity(run: RunDict) -> ProcessIdentity | None:

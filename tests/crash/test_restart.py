@@ -36,6 +36,7 @@ def test_exit_codes_of_runs_that_ended_or_lived_on_while_the_controller_was_down
     assert ended.read_text().strip() == "7"
     assert env.status("ends-meanwhile")["phase"] == "Running", "nothing records the end while no controller is up"
 
+    restarted_at = time.time()
     env.start_controller()
     assert wrappers["lives-on"].alive()
     go.touch()
@@ -45,6 +46,10 @@ def test_exit_codes_of_runs_that_ended_or_lived_on_while_the_controller_was_down
         assert (run["number"], run["outcome"], run["exitCode"]) == (1, "Failed", 7), (name, run)
         assert (run["pid"], run["processStartTime"]) == (wrappers[name].pid, wrappers[name].start), (name, run)
         assert status["outcome"] == "Failed", (name, status)
+    # the run that ended meanwhile ended when its wrapper wrote its exit, not when it was seen
+    [meanwhile] = done["ends-meanwhile"]["runs"]
+    finished = to_epoch(meanwhile["finishedAt"])
+    assert abs(finished - ended.stat().st_mtime) < 0.001 and finished < restarted_at, meanwhile
     assert env.admissions() == [] and env.queue() == []
 
 
