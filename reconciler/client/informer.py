@@ -62,6 +62,7 @@ class Informer:
         self._received: queue.Queue[tuple[str, Any]] = queue.Queue()
         self._arrived = threading.Event()  # set by each put: `wait` returns for the next poll
         self._stop = threading.Event()
+        self.failure: ReconcilerError | None = None  # why the server cannot be followed now, if it cannot
         self._thread = threading.Thread(target=self._follow, name=f"watch-{plural}", daemon=True)
         self._thread.start()
 
@@ -106,7 +107,7 @@ class Informer:
         while not self._stop.is_set():
             try:
                 for kind, obj in changes(self.http, self.plural, self._since):
-                    attempt = 0
+                    attempt, self.failure = 0, None
                     if self._stop.is_set():
                         return
                     if kind == "BOOKMARK":
@@ -118,10 +119,12 @@ class Informer:
                     self._since, found = list_objects(self.http, self.plural)
                 except ReconcilerError:
                     continue
+                self.failure = None
                 self._put(("LIST", found))
             except ReconcilerError as exc:
                 if self._stop.is_set():  # closed: the connection went with it
                     return
+                self.failure = exc
                 if not warned:
                     print(f"warning: {exc}; trying again", file=sys.stderr, flush=True)
                     warned = True

@@ -256,7 +256,12 @@ class RemoteClient:
                 chosen = sorted((o for o in jobs.objects.values() if not names or o.name in names), key=_name)
                 return wait_states(chosen, jobs.objects.get, names, condition, requirements)
 
-            return wait_until(look, lambda: bool(jobs.poll()), timeout)
+            result = wait_until(look, lambda: bool(jobs.poll()), timeout)
+            if result.names("pending") and jobs.failure is not None:
+                # the wait ran out while the server could not be reached: that is the news,
+                # not a condition that was never met
+                raise jobs.failure
+            return result
         finally:
             jobs.close()
 

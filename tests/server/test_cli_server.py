@@ -12,8 +12,10 @@ import sys
 import textwrap
 import threading
 
+import psutil
+
 from tests.helpers import run_cli, wait_until
-from tests.server.conftest import settled
+from tests.server.conftest import settled, stop_server
 
 
 def _write(path, text: str) -> str:
@@ -141,6 +143,26 @@ def test_get_watch_through_the_server_prints_each_change(server, tmp_path):
     finally:
         watcher.send_signal(signal.SIGINT)
         watcher.communicate(timeout=30)
+
+
+def test_wait_through_a_server_that_goes_away_names_the_server(serve, sqlite_url):
+    """A wait whose time runs out while the server cannot be reached says so (exit 1), as get
+    -w and logs -f do, not that the condition was not met."""
+    server = serve(sqlite_url)
+    assert server.cli("run", "--name", "long", "--", "sleep", "60").code == 0
+    wait_until(lambda: _phase(server, "long") == "Running", timeout=30)
+    waiting = _started(server, "wait", "job/long", "--for", "condition=Completed", "--timeout", "6s")
+    port = int(server.url.rsplit(":", 1)[1])
+
+    def watching() -> bool:  # its watch stream is open: the wait is under way
+        conns = psutil.Process(waiting.pid).net_connections(kind="tcp")
+        return any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED for c in conns)
+
+    wait_until(watching, timeout=30, message="the wait's watch stream")
+    stop_server(server)
+    _, err = waiting.communicate(timeout=60)
+    assert waiting.returncode == 1, err
+    assert f"cannot reach the server at {server.url}" in err and "timed out waiting" not in err, err
 
 
 def test_get_events_watch_through_the_server_prints_new_events(server, tmp_path):
