@@ -38,6 +38,7 @@ REASONS = {
     422: "Invalid",
     500: "InternalError",
     503: "ServiceUnavailable",
+    504: "Timeout",
 }
 
 

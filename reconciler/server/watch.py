@@ -331,6 +331,11 @@ async def watch_lines(
     with `bookmarks`, a BOOKMARK after each batch of changes (its resourceVersion: watch again
     from there and nothing is missed)."""
     skip: dict[str, int] = {}
+    if since is not None and since > (current := await anyio.to_thread.run_sync(store.change_seq)):
+        # a version of another store, or of this one before it was replaced: nothing would
+        # ever come after it. As Kubernetes' "Too large resource version": list again
+        yield _line("ERROR", status(504, f"too large resource version: {since} (the store is at {current})"))
+        return
     await anyio.to_thread.run_sync(broadcaster.catch_up)
     try:
         sub = broadcaster.subscribe(since)

@@ -108,6 +108,22 @@ def test_watch_without_resource_version_starts_with_every_object_and_follows_a_s
     assert _of(events, "other") == ["ADDED"] and _of(events, "keep") == ["ADDED", "DELETED"]
 
 
+def test_a_watch_from_a_version_the_store_has_not_reached_is_refused_not_left_silent(server):
+    """A version of another store (or of this one before it was replaced) would never see a
+    change: the stream says so at once, as Kubernetes' "Too large resource version"."""
+    http = server.http()
+    listed = int(http.get(f"{PREFIX}/jobs").json()["metadata"]["resourceVersion"])
+    params = {"watch": "true", "resourceVersion": str(listed + 1000), "timeoutSeconds": "20"}
+    answer = http.get(f"{PREFIX}/jobs", params=params)
+    [line] = [json.loads(text) for text in answer.text.splitlines() if text]
+    assert line["type"] == "ERROR" and line["object"]["code"] == 504, line
+    assert "too large resource version" in line["object"]["message"]
+    current = http.get(
+        f"{PREFIX}/jobs", params={"watch": "true", "resourceVersion": str(listed), "timeoutSeconds": "1"}
+    )
+    assert current.status_code == 200 and "ERROR" not in current.text  # its own version is watched
+
+
 def test_apply_refusal_is_422_naming_each_object_and_field_and_stores_nothing(server):
     http = server.http()
     bad_ref = job_manifest("b", dependsOn=["ghost"])
