@@ -165,15 +165,19 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
     def apply(request: ApplyRequest) -> Response:
         """All-or-nothing apply, as `reconciler apply`: each object's action (created,
         configured, unchanged, pruned); a refusal (422) names each object and field."""
+        loaded = _checked(_items(request.items))
         changes = applying.apply_manifests(
             store,
-            _checked(_items(request.items)),
+            loaded,
             dry_run=request.dry_run,
             force=request.force,
             prune=request.prune,
             selector=_selector(request.label_selector),
         )
-        return _json({"kind": "ApplyResult", "dryRun": request.dry_run, "items": [change_doc(c) for c in changes]})
+        said = {"kind": "ApplyResult", "dryRun": request.dry_run, "items": [change_doc(c) for c in changes]}
+        if warnings := _status_ignored(loaded):
+            said["warnings"] = warnings
+        return _warned(_json(said), warnings)
 
     @app.post(f"{PREFIX}/delete", tags=["verbs"])
     def delete_many(request: DeleteRequest) -> Response:
@@ -339,8 +343,8 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
     def create(plural: str, body: ObjectBody, dry_run: str | None = Query(None, alias="dryRun")) -> Response:
         """Create an object; 409 when it exists."""
         info = _kind(plural)
-        change = _one(store, info, None, body, create_only=True, dry_run=bool(dry_run), force=False)
-        return _json(change.after, 201)
+        change, warnings = _one(store, info, None, body, create_only=True, dry_run=bool(dry_run), force=False)
+        return _warned(_json(change.after, 201), warnings)
 
     @app.delete(PREFIX + "/{plural}", tags=["resources"])
     def delete_collection(plural: str, label_selector: str = Query("", alias="labelSelector")) -> Response:
@@ -366,8 +370,8 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
     ) -> Response:
         """Create or update an object, as apply does; a stale metadata.resourceVersion is 409."""
         info = _kind(plural)
-        change = _one(store, info, name, body, create_only=False, dry_run=bool(dry_run), force=force)
-        return _json(change.after, 201 if change.action == "created" else 200)
+        change, warnings = _one(store, info, name, body, create_only=False, dry_run=bool(dry_run), force=force)
+        return _warned(_json(change.after, 201 if change.action == "created" else 200), warnings)
 
     @app.delete(PREFIX + "/{plural}/{name}", tags=["resources"])
     def delete(plural: str, name: str) -> Response:
@@ -403,8 +407,8 @@ def _one(
     create_only: bool,
     dry_run: bool,
     force: bool,
-) -> applying.Change:
-    """PUT and POST of one object: an apply of it alone."""
+) -> tuple[applying.Change, list[str]]:
+    """PUT and POST of one object: an apply of it alone; and its warnings."""
     if body.get("kind", info.kind) != info.kind:
         raise InvalidInput(f"kind: {body.get('kind')!r} does not match the URL's {info.plural}")
     meta = body.get("metadata")
@@ -413,7 +417,24 @@ def _one(
     loaded = _items([body])
     if loaded.problems:
         raise invalid(loaded.problems)
-    return applying.apply_manifests(store, loaded, dry_run=dry_run, force=force, create_only=create_only)[0]
+    change = applying.apply_manifests(store, loaded, dry_run=dry_run, force=force, create_only=create_only)[0]
+    return change, ["status is written only by the system; ignored"] if _status_ignored(loaded) else []
+
+
+def _status_ignored(loaded: Loaded) -> list[str]:
+    """API.md 1: a `status` given on apply is ignored, with a warning (each object's)."""
+    return [
+        f"{m.source} ({m.kind.kind}/{m.name}): status is written only by the system; ignored"
+        for m in loaded.manifests
+        if m.ignored_status
+    ]
+
+
+def _warned(response: Response, warnings: list[str]) -> Response:
+    """Warnings as Kubernetes sends them: a `Warning: 299 - "text"` header each."""
+    for text in warnings:
+        response.headers.append("Warning", '299 - "' + text.replace('"', "'") + '"')
+    return response
 
 
 def _fields(text: str) -> dict[str, str]:

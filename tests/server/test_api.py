@@ -186,6 +186,23 @@ def _pool(name: str, slots: int) -> dict:
     }
 
 
+def test_a_status_given_to_the_api_is_ignored_with_a_warning(server):
+    """API.md 1: status is written only by the system; ignored (with a warning) on apply, as
+    a Kubernetes API server warns: a `Warning: 299` header, and in an ApplyResult its list."""
+    http = server.http()
+    given = job_manifest("told", suspend=True)
+    given["status"] = {"phase": "Running"}
+    applied = http.post(f"{PREFIX}/apply", json={"items": [job_manifest("plain", suspend=True), given]})
+    assert applied.status_code == 200
+    assert applied.json()["warnings"] == ["items[1] (Job/told): status is written only by the system; ignored"]
+    assert applied.headers.get_list("warning") == ['299 - "' + applied.json()["warnings"][0] + '"']
+    assert http.get(f"{PREFIX}/jobs/told").json()["status"]["phase"] == "Suspended"
+    put = http.put(f"{PREFIX}/jobs/other", json={**given, "metadata": {"name": "other"}})
+    assert put.status_code == 201 and "status is written only by the system" in put.headers["warning"]
+    quiet = http.put(f"{PREFIX}/jobs/plain", json=job_manifest("plain", suspend=True))
+    assert "warning" not in quiet.headers
+
+
 def test_errors_are_kubernetes_status_objects(server):
     http = server.http()
     cases = [
