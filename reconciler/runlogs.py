@@ -38,7 +38,19 @@ class RunLogs:
         if self.run.get("pid") is None:  # its command was never spawned
             reason = self.run.get("reason") or self.run.get("outcome") or "not started"
             return f'run {number} of job "{self.job}" never started ({reason}): it has no logs'
+        node = self.run.get("node")
+        if node and self._remote(node):
+            return (
+                f'run {number} of job "{self.job}" ran on node {node}, whose agent keeps its logs: '
+                "read them through the server (--server URL)"
+            )
         return f'run {number} of job "{self.job}" has no logs (nothing in {self.dir})'
+
+    def _remote(self, node: str) -> bool:
+        """Whether a node's runs are a remote agent's (their files are on its machine)."""
+        with self.store.read() as session:
+            found = repo.get(session, kind="Node", name=node)
+        return found is not None and bool((found.status or {}).get("remote"))
 
     def read(self, stream: str | None, tail: int | None = None) -> Iterator[str]:
         """The kept text of each stream (or its last `tail` lines), in pieces of bounded

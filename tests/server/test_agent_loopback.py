@@ -70,6 +70,9 @@ def test_a_working_dir_the_node_lacks_is_replaced_by_the_runs_own_folder(agent, 
     assert run["limits"] == "rlimit" or "cpuSeconds" in run  # its cgroup's count, reported at its end
     printed = server.cli("logs", "job/where").stdout.strip()
     assert printed.startswith(str(tmp_path / "agent" / "runs" / "where."))
+    # on the store alone, the logs are not there: it says where they are
+    local = server.local("logs", "job/where")
+    assert local.code == 1 and "ran on node far, whose agent keeps its logs" in local.stderr, local
 
 
 def test_cancel_and_run_timeout_stop_a_remote_run(agent):
