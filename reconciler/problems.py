@@ -63,6 +63,12 @@ def _message(error: ErrorDetails, spelled: str | None = None) -> str:
         return "unknown field"
     if kind == "missing":
         return "required field is missing"
+    if kind == "too_short" and isinstance(error.get("input"), str):  # min_length over a validated string
+        return (
+            f"must have at least {ctx.get('min_length', 1)} character(s)"
+            if ctx.get("min_length", 1) > 1
+            else "must not be empty"
+        )
     if kind == "literal_error":
         expected = str(ctx.get("expected", ""))
         return "must be one of " + expected.replace("'", "").replace(" or ", ", ")

@@ -111,6 +111,7 @@ CASES: list[Case] = [
     one("unknown-kind", HEAD + "kind: Deployment  # <--\nmetadata: {name: x}\nspec: {}\n", "kind", "Job"),
     one("duplicate-yaml-key", job('  command: ["true"]\n  slots: 1\n  slots: 2  # <--\n'), "spec.slots", "duplicate"),
     one("alias-bomb", _alias_bomb(), None, "too large", line=1, extra=["aliases"]),
+    one("empty-shell", job('  shell: ""  # <--\n'), "spec.shell", "must not be empty"),
     one("alias-self-reference", job('  command: ["true"]\n  env: &loop {x: *loop}\n'), None, "", line=1),
     Case(
         "oversized-file",

@@ -89,6 +89,12 @@ def format_duration(seconds: float) -> str:
     return "".join(parts)
 
 
+def format_left(seconds: float) -> str:
+    """A time still to go, as messages say it: a duration's spelling, to the tenth of a
+    second below ten seconds and to the second above (`59m59s`, never `3.6e+03s`)."""
+    return format_duration(round(seconds, 1) if seconds < 10 else round(seconds))
+
+
 def spelled(text: str) -> Any:
     """A field's default in its canonical spelling (`"5s"`, `"4Ki"`): the models validate
     their defaults, so the field's own parser turns it into its number, as it would the same

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Protocol, TextIO
 
-from ..api.status import Outcome, Phase, shown_state
+from ..api.status import Outcome, Phase, RunDict, shown_state
 
 if TYPE_CHECKING:
     from ..converge import Watched
@@ -32,6 +32,13 @@ class Progress(Protocol):
     def close(self) -> None: ...
 
 
+def _run_number(state: str, runs: list[RunDict]) -> int:
+    """The run a line is about: a Starting job's next run once its last one has ended (the
+    record of the run being started is written with its start), else the last run."""
+    last = runs[-1]
+    return int(last["number"]) + 1 if state == "Starting" and last.get("finishedAt") else int(last["number"])
+
+
 class LineProgress:
     """One line per state change; what CI logs want."""
 
@@ -49,7 +56,7 @@ class LineProgress:
             if self.last.get(name) != key:
                 self.last[name] = key
                 stamp = datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-                extra = f" run={runs[-1]['number']}" if runs else ""
+                extra = f" run={_run_number(state, runs)}" if runs else ""
                 reason = f" ({detail})" if detail and detail != state else ""
                 print(f"{stamp} job/{name} {state}{extra}{reason}", file=self.stream, flush=True)
 

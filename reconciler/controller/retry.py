@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..api.job import Backoff, Restart, Retry
+from ..api.quantity import format_left
 
 
 @dataclass(frozen=True)
@@ -101,7 +102,8 @@ def after_run(
     if deadline_passed:
         return AfterRun(False, "TimedOut", "DeadlineExceeded", "the job exceeded its timeout")
     if restart is not None and (run.outcome != "StartFailed" or run.retryable):
-        return AfterRun(True, delay=restart, message=f"service run ended {run.outcome}; restarting in {restart:.3g}s")
+        message = f"service run ended {run.outcome}; restarting in {format_left(restart)}"
+        return AfterRun(True, delay=restart, message=message)
     if run.outcome == "Succeeded":
         return AfterRun(False, "Succeeded", None, "the run exited 0")
     ok, outcome, reason = _retryable(retry, run)
@@ -121,4 +123,4 @@ def after_run(
         reason = run.reason or "BackoffLimitExceeded" if run.outcome == "Failed" else reason
         return AfterRun(False, outcome, reason, f"{detail}; retry limit {retry.limit} reached")
     delay = backoff_delay(retry.backoff, attempts, rand)
-    return AfterRun(True, delay=delay, message=f"{detail}; retry {attempts} of {retry.limit} in {delay:.3g}s")
+    return AfterRun(True, delay=delay, message=f"{detail}; retry {attempts} of {retry.limit} in {format_left(delay)}")

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from ..api.annotations import LOST_RUN
 from ..api.meta import from_epoch, to_epoch
+from ..api.quantity import format_left
 from ..api.status import Phase, RunDict, RunOutcome
 from ..store import scheduling as sched
 from . import deadlines
@@ -48,7 +49,7 @@ class ServiceSteps:
         ctx.status["restarts"] = ctx.status.get("restarts", 0) + 1
         runs = ctx.status["runs"]
         del runs[: max(0, len(runs) - KEPT_SERVICE_RUNS)]
-        ended = f"run {run['number']} ended; restarting in {restart.delay:.3g}s"
+        ended = f"run {run['number']} ended; restarting in {format_left(restart.delay)}"
         if restart.crash_loop:
             reset = ctx.spec.restart_policy.reset_after
             why = f"{restart.streak} run(s) in a row lived shorter than resetAfter ({reset:g}s)"

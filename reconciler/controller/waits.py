@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..api.job import WaitCondition, WaitFor
+from ..api.quantity import format_left
 from ..api.status import WaitDict
 
 PATH_POLL = 1.0  # default interval for path conditions
@@ -51,7 +52,7 @@ def check(
     if cond.delay is not None:
         at = accepted_at + cond.delay
         ok = now >= at
-        message = "delay elapsed" if ok else f"{at - now:.3g}s of delay left"
+        message = "delay elapsed" if ok else f"{format_left(at - now)} of delay left"
         return Check("delay", ok, message, recheck_in=None if ok else at - now)
     if cond.path is not None:
         ok, message = path_check(cond.path, cond.type)

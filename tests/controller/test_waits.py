@@ -64,6 +64,7 @@ def test_until(offset, now, satisfied, recheck):
     [
         pytest.param("30s", T0, False, 30.0, "30s of delay left", id="just-accepted"),
         pytest.param("30s", T0 + 10, False, 20.0, "20s of delay left", id="part-elapsed"),
+        pytest.param("2h", T0 + 1.5, False, 7198.5, "1h59m58s of delay left", id="hours-left-spelled-as-a-duration"),
         pytest.param("30s", T0 + 30, True, None, "delay elapsed", id="exactly-elapsed"),
         pytest.param("500ms", T0 + 1, True, None, "delay elapsed", id="sub-second-elapsed"),
         pytest.param("0s", T0, True, None, "delay elapsed", id="zero-delay"),
