@@ -134,17 +134,18 @@ class Document(Manifest):
         super().__init__(kind, obj, source, ignored_status=ignored_status)
 
     def where(self, *path: str | int) -> str:
-        return f"{self.source}.{format_path(path)}" if path else self.source
+        return _at(self.source, format_path(path)) if path else self.source
 
 
-def documents(items: list[Any], base_dir: Path, *, source: str = "items") -> Loaded:
+def documents(items: list[Any], base_dir: Path, *, source: str | None = "items") -> Loaded:
     """The objects of a request body (JSON documents), validated as files are: the manifests
-    that validated and the problems of the rest, each naming `items[N].field.path`. A
-    relative workingDir resolves against `base_dir` (the server's working directory, as a
-    manifest read from stdin resolves against the current one)."""
+    that validated and the problems of the rest, each naming `items[N].field.path` (with
+    source None, a request of one object: `field.path`). A relative workingDir resolves
+    against `base_dir` (the server's working directory, as a manifest read from stdin
+    resolves against the current one)."""
     loaded = Loaded()
     for index, data in enumerate(items):
-        where = f"{source}[{index}]"
+        where = f"{source}[{index}]" if source is not None else ""
         problems, found = _document(data, where, base_dir)
         loaded.problems += problems
         if found is not None:
@@ -156,13 +157,13 @@ def documents(items: list[Any], base_dir: Path, *, source: str = "items") -> Loa
 
 def _document(data: Any, where: str, base_dir: Path) -> tuple[list[str], Document | None]:
     if not isinstance(data, dict):
-        return [f"{where}: must be an object with apiVersion, kind, metadata and spec"], None
+        return [f"{where or '(document)'}: must be an object with apiVersion, kind, metadata and spec"], None
     if data.get("apiVersion") != API_VERSION:
-        return [f"{where}.apiVersion: must be {API_VERSION}"], None
+        return [f"{_at(where, 'apiVersion')}: must be {API_VERSION}"], None
     kind = data.get("kind")
     info = KINDS.get(kind) if isinstance(kind, str) else None
     if info is None:
-        return [f"{where}.kind: must be one of {', '.join(KINDS)}"], None
+        return [f"{_at(where, 'kind')}: must be one of {', '.join(KINDS)}"], None
     data = dict(data)
     ignored_status = data.pop("status", None) is not None
     try:
@@ -176,8 +177,14 @@ def _document(data: Any, where: str, base_dir: Path) -> tuple[list[str], Documen
 
 def _placed(where: str, problem: str) -> str:
     """`field.path: message` of a document as `items[N].field.path: message`."""
+    if not where:
+        return problem
     whole = "(document): "
     return f"{where}: {problem[len(whole) :]}" if problem.startswith(whole) else f"{where}.{problem}"
+
+
+def _at(where: str, path: str) -> str:
+    return f"{where}.{path}" if where else path
 
 
 @contextmanager

@@ -414,7 +414,7 @@ def _one(
     meta = body.get("metadata")
     if name is not None and isinstance(meta, dict) and meta.get("name") != name:
         raise InvalidInput(f"metadata.name: {meta.get('name')!r} does not match the name in the URL ({name!r})")
-    loaded = _items([body])
+    loaded = documents([body], Path.cwd(), source=None)  # one object: its fields named alone
     if loaded.problems:
         raise invalid(loaded.problems)
     change = applying.apply_manifests(store, loaded, dry_run=dry_run, force=force, create_only=create_only)[0]

@@ -177,6 +177,22 @@ def test_a_put_carrying_the_version_or_uid_of_a_deleted_object_does_not_make_it_
     assert http.put(f"{PREFIX}/pools/gone", json=_pool("gone", 5)).status_code == 201  # without them: created
 
 
+def test_a_refusal_of_one_object_names_its_fields_alone(server):
+    """PUT and POST carry one object, not a list: a refusal names `spec.bogus`, not
+    `items[0].spec.bogus` of an `items` the request never had."""
+    http = server.http()
+    bad = {**_pool("solo", 1), "spec": {"slots": 1, "bogus": 1}}
+    for answer in (http.put(f"{PREFIX}/pools/solo", json=bad), http.post(f"{PREFIX}/pools", json=bad)):
+        assert answer.status_code == 422, answer.text
+        assert [c["field"] for c in answer.json()["details"]["causes"]] == ["spec.bogus"]
+        assert "items[" not in answer.json()["message"]
+    created = http.put(f"{PREFIX}/pools/solo", json=_pool("solo", 1)).json()
+    stale = _pool("solo", 2)
+    stale["metadata"]["resourceVersion"] = str(int(created["metadata"]["resourceVersion"]) - 1)
+    refused = http.put(f"{PREFIX}/pools/solo", json=stale)
+    assert refused.status_code == 409 and refused.json()["message"].startswith("metadata.resourceVersion: ")
+
+
 def _pool(name: str, slots: int) -> dict:
     return {
         "apiVersion": "reconciler.dev/v1alpha1",
