@@ -113,6 +113,13 @@ CASES: list[Case] = [
     one("alias-bomb", _alias_bomb(), None, "too large", line=1, extra=["aliases"]),
     one("empty-shell", job('  shell: ""  # <--\n'), "spec.shell", "must not be empty"),
     one("alias-self-reference", job('  command: ["true"]\n  env: &loop {x: *loop}\n'), None, "", line=1),
+    one(
+        "label-each-bad-one-named",
+        job('  command: ["true"]\n', meta='  labels:\n    "b c": x  # <--\n    d: "bad value!"\n'),
+        "metadata.labels.b c",
+        "label key",
+        extra=["metadata.labels.d: invalid label value"],
+    ),
     Case(
         "oversized-file",
         {"jobs.yaml": job('  command: ["true"]\n') + "#" + "x" * (8 * 2**20) + "\n"},
@@ -193,14 +200,14 @@ CASES: list[Case] = [
     ),
     one(
         "label-key-bad",
-        job('  command: ["true"]\n', meta='  labels:  # <--\n    "bad key!": x\n'),
-        "metadata.labels",
+        job('  command: ["true"]\n', meta='  labels:\n    "bad key!": x  # <--\n'),
+        "metadata.labels.bad key!",
         "label key",
     ),
     one(
         "label-value-bad",
-        job('  command: ["true"]\n', meta='  labels:  # <--\n    tier: "-front end-"\n'),
-        "metadata.labels",
+        job('  command: ["true"]\n', meta='  labels:\n    tier: "-front end-"  # <--\n'),
+        "metadata.labels.tier",
         "label value",
     ),
     # --- quantities -----------------------------------------------------------------------

@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
 from pydantic.alias_generators import to_camel
 
 API_VERSION: Final = "reconciler.dev/v1alpha1"
@@ -110,9 +110,14 @@ def _resource_version(value: str) -> str:
     return value
 
 
+# checked key by key, so that every bad label is named by its own path (metadata.labels.KEY)
+LabelKey = Annotated[str, AfterValidator(check_label_key)]
+LabelValue = Annotated[str, AfterValidator(check_label_value)]
+
+
 class ObjectMeta(Strict):
     name: Name = Field(description="DNS-1123 label naming the object; unique per kind.")
-    labels: dict[str, str] = Field(default_factory=dict, description="Key/value pairs for selectors (-l).")
+    labels: dict[LabelKey, LabelValue] = Field(default_factory=dict, description="Key/value pairs for selectors (-l).")
     annotations: dict[str, str] = Field(default_factory=dict, description="Free-form notes, not used for selection.")
     uid: str | None = Field(default=None, description="Set by the system.")
     generation: int | None = Field(default=None, description="Set by the system; bumped on every spec change.")
@@ -122,14 +127,6 @@ class ObjectMeta(Strict):
     )
     creation_timestamp: Time | None = Field(default=None, description="Set by the system.")
     deletion_timestamp: Time | None = Field(default=None, description="Set by the system.")
-
-    @field_validator("labels")
-    @classmethod
-    def _labels(cls, labels: dict[str, str]) -> dict[str, str]:
-        for key, value in labels.items():
-            check_label_key(key)
-            check_label_value(value)
-        return labels
 
 
 class Condition(Strict):
