@@ -80,11 +80,15 @@ def diff(
     ctx: typer.Context,
     filename: list[str] = typer.Option([], "-f", "--filename"),
     recursive: bool = typer.Option(False, "-R", "--recursive"),
+    force: bool = typer.Option(
+        False, "--force", help="What apply --force would change (an active job's new spec: its run is stopped)."
+    ),
 ) -> None:
     """Show what apply would change; exit 0 when nothing, 1 when something."""
     from .render import dump_yaml
 
-    changes = ctx_of(ctx).client.apply(read_manifests(filename, recursive, verb="diff"), dry_run=True, selector=None)
+    manifests = read_manifests(filename, recursive, verb="diff")
+    changes = ctx_of(ctx).client.apply(manifests, dry_run=True, force=force, selector=None)
     changed = False
     for c in changes:
         if c.action == "unchanged" or c.after is None:

@@ -99,6 +99,11 @@ def test_changing_an_active_job_needs_force(env):
     assert refused.code == 4, refused
     assert "--force" in refused.stderr
     assert env.status("long")["phase"] == "Running" and env.peek("long")["metadata"]["generation"] == 1
+    # diff says the same; diff --force previews what apply --force would change, and changes nothing
+    assert env.cli("diff", "-f", str(env.root / "long.yaml")).code == 4
+    preview = env.cli("diff", "--force", "-f", str(env.root / "long.yaml"))
+    assert preview.code == 1 and "+  - revised" in preview.stdout, preview
+    assert env.status("long")["phase"] == "Running" and env.peek("long")["metadata"]["generation"] == 1
 
     assert "configured" in env.ok("apply", "-f", str(env.root / "long.yaml"), "--force").stdout
     env.wait_completed("long")
