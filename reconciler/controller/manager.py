@@ -101,7 +101,9 @@ class Controller:
             wake=self._wake_step,
             notified=lambda: store.after_commit(self.notifier.wake),
         )
-        self.runner = Runner(self.queue, self.jobs, workers=workers, batching=store, forget=self.jobs.forget)
+        self.runner = Runner(
+            self.queue, self.jobs, workers=workers, batching=store, forget=self.jobs.forget, order=self.jobs.by_priority
+        )
         self._stop = threading.Event()
         self._watcher = critical("change-watcher", self._watch)
         self._feed: ChangeFeed | None = None

@@ -77,6 +77,7 @@ class WorkQueue:
         self._urgent: deque[tuple[Key, int]] = deque()
         self._queued: dict[Key, tuple[bool, int]] = {}  # key -> (urgent, its live entry); others are stale
         self._processing: set[Key] = set()
+        self._handed: dict[Key, bool] = {}  # key being processed -> whether it was urgent (put_back)
         self._dirty: dict[Key, bool] = {}
         self._streak = 0  # urgent keys handed out in a row
         self._timers: list[tuple[float, int, Key]] = []
@@ -171,15 +172,29 @@ class WorkQueue:
                 if self._queued.get(key, (None, None))[1] == entry:  # else stale: promoted or handed out
                     urgent = self._queued.pop(key)[0]
                     self._streak = self._streak + 1 if urgent else 0
+                    self._handed[key] = urgent
                     return key
         return None
 
     def done(self, key: Key) -> None:
         with self._cond:
             self._processing.discard(key)
+            self._handed.pop(key, None)
             urgent = self._dirty.pop(key, None)
             if urgent is not None:
                 self._add_locked(key, urgent)
+
+    def put_back(self, keys: list[Key]) -> None:
+        """Keys handed out and not processed: at the front of their lanes again, in this
+        order, as urgent as when they were taken (or as added meanwhile)."""
+        with self._cond:
+            for key in reversed(keys):
+                self._processing.discard(key)
+                urgent = self._handed.pop(key, False) or bool(self._dirty.pop(key, False))
+                self._seq += 1
+                self._queued[key] = (urgent, self._seq)
+                (self._urgent if urgent else self._ready).appendleft((key, self._seq))
+            self._cond.notify()
 
     def close(self) -> None:
         with self._cond:
@@ -229,11 +244,13 @@ class Runner:
         *,
         batching: Batching | None = None,
         forget: Callable[[], None] | None = None,
+        order: Callable[[list[Key]], list[Key]] | None = None,
     ):
         self.queue = queue
         self._reconcile = reconcile
         self._batching = batching
         self._forget = forget
+        self._order = order
         self._failures: dict[Key, int] = {}
         self._threads = [critical(f"reconcile-{i}", self._work) for i in range(workers)]
 
@@ -254,17 +271,22 @@ class Runner:
                 self._batch(key, self._batching)
 
     def _batch(self, key: Key, batching: Batching) -> None:
+        # every key ready now, in the order the reconciler asks (jobs: by priority, so that
+        # of jobs made eligible together the most urgent is admitted first); what the batch
+        # has no time for goes back to the front of the queue
+        keys = [key]
+        while len(keys) < MAX_BATCH and (ready := self.queue.get_nowait()) is not None:
+            keys.append(ready)
+        if self._order is not None and len(keys) > 1:
+            keys = self._ordered(keys, self._order)
         outcomes: list[tuple[Key, Outcome]] = []
         lost: Exception | None = None
         try:
             with batching.batch() as batch:
-                while True:
+                for key in keys:
                     outcomes.append((key, self._run(key)))
-                    if batch.lost or len(outcomes) >= MAX_BATCH or batching.batch_age() >= MAX_BATCH_AGE:
+                    if batch.lost or batching.batch_age() >= MAX_BATCH_AGE:
                         break
-                    if (ready := self.queue.get_nowait()) is None:
-                        break
-                    key = ready
             if batch.lost:
                 # every key of the batch is retried; the error that rolled it back is named
                 cause = next((o for _, o in outcomes if isinstance(o, Exception)), None)
@@ -274,12 +296,24 @@ class Runner:
             raise
         except Exception as exc:  # the batch's commit failed: its writes are gone
             lost = exc
+        if len(outcomes) < len(keys):
+            self.queue.put_back(keys[len(outcomes) :])
         if lost is not None:
             if self._forget is not None:
                 self._forget()
             outcomes = [(k, lost) for k, _ in outcomes]
         for done, outcome in outcomes:
             self._finish(done, outcome)
+
+    @staticmethod
+    def _ordered(keys: list[Key], order: Callable[[list[Key]], list[Key]]) -> list[Key]:
+        try:
+            ordered = order(keys)
+        except Exception:  # e.g. the store is briefly unavailable: the order taken stands
+            log.warning("ordering %d keys failed; taken as they came", len(keys), exc_info=True)
+            return keys
+        assert sorted(ordered) == sorted(keys), "an order must hold the same keys"
+        return ordered
 
     def _run(self, key: Key) -> Outcome:
         faults.point("worker-dies")

@@ -666,3 +666,53 @@ def test_a_lost_batch_names_the_error_that_rolled_it_back(steady_random):
     for _, outcome in outcomes[:2]:
         assert isinstance(outcome, RuntimeError) and "bad SQL in a" in str(outcome)
         assert isinstance(outcome.__cause__, ValueError)
+
+
+def test_keys_put_back_come_out_first_again_in_order_and_as_urgent_as_they_were():
+    q = WorkQueue()
+    q.add("normal")
+    q.add("later")
+    q.add("hot", urgent=True)
+    taken = [q.get_nowait(), q.get_nowait()]
+    assert taken == ["hot", "normal"]
+    q.add("hotter", urgent=True)
+    q.put_back(taken)
+    assert [q.get_nowait() for _ in range(4)] == ["hot", "hotter", "normal", "later"]
+
+
+class Aging:
+    """Batching whose batches are old after `limit` keys (the Batching protocol)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.batches: list[list[str]] = []
+
+    @contextlib.contextmanager
+    def batch(self):
+        self.batches.append([])
+        yield types.SimpleNamespace(lost=False)
+
+    def batch_age(self) -> float:
+        return runtime.MAX_BATCH_AGE if len(self.batches[-1]) >= self.limit else 0.0
+
+
+def test_a_batch_is_reconciled_in_the_order_asked_and_what_it_has_no_time_for_comes_next():
+    q = WorkQueue()
+    for key in ("a", "b", "c", "d"):
+        q.add(key)
+    aging = Aging(limit=2)
+    calls: list[str] = []
+
+    def reconcile(key):
+        calls.append(key)
+        aging.batches[-1].append(key)
+        return runtime.DONE
+
+    runner = Runner(q, reconcile, workers=1, batching=aging, order=lambda keys: sorted(keys, reverse=True))
+    runner.start()
+    try:
+        wait_until(lambda: len(calls) == 4 and q.idle(), timeout=DEADLINE, message="every key reconciled")
+    finally:
+        runner.stop()
+    # all four were ready together: d and c first (the order's), then the two put back
+    assert aging.batches == [["d", "c"], ["b", "a"]]

@@ -114,6 +114,26 @@ def test_priority_then_eligible_order(env):
     assert max_concurrent(run_intervals(jobs)) == 1
 
 
+def test_priority_decides_among_jobs_applied_together_into_a_free_pool(any_env):
+    """Jobs stored together become eligible together: the free slot goes to the highest
+    priority, not to the job the controller happened to look at first (names sort the
+    other way round)."""
+    env = any_env
+    names = {"a-low": 0, "b-mid": 5, "c-high": 100}
+    manifest = env.write(
+        "together.yaml",
+        docs(
+            pool_yaml("solo", 1),
+            *(job_yaml(n, f"command: ['true']\npool: solo\npriority: {p}") for n, p in names.items()),
+        ),
+    )
+    result = env.up(manifest)
+    assert result.code == 0, result.stderr
+    jobs = env.jobs()
+    assert sorted(names, key=lambda n: _start(jobs, n)) == ["c-high", "b-mid", "a-low"]
+    assert max_concurrent(run_intervals(jobs, list(names))) == 1
+
+
 def test_bounded_bypass(env):
     go = env.root / "go"
     smalls = [f"small-{i}" for i in range(1, 6)]
