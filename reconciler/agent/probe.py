@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ..api.job import WaitCondition
 from ..threads import critical
+from .probeprocs import ProbeProcs
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +87,17 @@ class Probes:
     or woken by anything else) gets the same answer instead of losing it."""
 
     def __init__(
-        self, wake: Callable[[str], None], threads: int = PROBE_THREADS, clock: Callable[[], float] = time.monotonic
+        self,
+        wake: Callable[[str], None],
+        threads: int = PROBE_THREADS,
+        clock: Callable[[], float] = time.monotonic,
+        procs: ProbeProcs | None = None,
     ):
         self._wake = wake
         self._clock = clock
+        self._recorded = procs  # each probe process on disk while it runs: a crash's are killed
+        if procs is not None:
+            procs.reap_orphans()
         self._lock = threading.Lock()
         self._probes: dict[Key, _Probe] = {}
         self._procs: dict[int, subprocess.Popen[bytes]] = {}  # running probe processes, by thread id
@@ -128,13 +136,18 @@ class Probes:
             self._todo.put(None)
 
     def _running(self, proc: subprocess.Popen[bytes] | None) -> None:
+        recorded, ended = self._recorded, None
+        if proc is not None and recorded is not None:
+            recorded.started(proc.pid)  # before it is known to run: a crash from here leaves its file
         with self._lock:
             if proc is None:
-                self._procs.pop(threading.get_ident(), None)
-            elif self._closed:
-                _kill(proc)
+                ended = self._procs.pop(threading.get_ident(), None)
             else:
                 self._procs[threading.get_ident()] = proc
+                if self._closed:
+                    _kill(proc)
+        if proc is None and ended is not None and recorded is not None:
+            recorded.ended(ended.pid)  # reaped: its pid may be anyone's now, its file goes
 
     def _work(self) -> None:
         while (item := self._todo.get()) is not None:

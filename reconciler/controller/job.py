@@ -15,6 +15,7 @@ from typing import Any
 
 from ..agent.local import LocalAgent
 from ..agent.probe import Probes
+from ..agent.probeprocs import ProbeProcs
 from ..api import revisions
 from ..api.job import JobSpec, WaitCondition
 from ..api.meta import from_epoch, to_epoch
@@ -58,7 +59,7 @@ class JobReconciler:
         self.wake = wake
         self.owner = owner
         self.paths = PathWatch(wake, clock)
-        self.probes = Probes(wake)
+        self.probes = Probes(wake, procs=ProbeProcs(agent.state_dir / "probes"))
         self.endings = Endings(store, paths=self.paths, probes=self.probes, wake=wake)
         self._waiting_on: dict[str, list[str]] = {}  # job -> its dependencies, while last seen waiting for them
         self._priority: dict[str, int] = {}  # job -> spec.priority, as last seen (by_priority)

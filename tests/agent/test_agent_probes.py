@@ -137,3 +137,34 @@ def gone(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def test_probe_records_kill_only_what_a_gone_owner_left_and_never_a_stranger(tmp_path):
+    """reap_orphans kills a recorded probe whose owner is gone; leaves a probe whose owner
+    (another controller) lives; and a record whose pid now names another process (another
+    start time) kills nothing. Each file of a probe it is done with goes."""
+    import signal
+    import subprocess
+
+    from reconciler.agent.probeprocs import ProbeProcs
+
+    def started(proc: subprocess.Popen) -> float:
+        return psutil.Process(proc.pid).create_time()
+
+    folder = tmp_path / "probes"
+    ProbeProcs(folder)  # makes the folder
+    orphan, kept, stranger, live_owner = (subprocess.Popen(["sleep", "300"], start_new_session=True) for _ in range(4))
+    gone_owner = subprocess.Popen(["true"])
+    gone_owner.wait()
+    try:
+        (folder / str(orphan.pid)).write_text(f"{started(orphan)} {gone_owner.pid} 1.0\n")
+        (folder / str(kept.pid)).write_text(f"{started(kept)} {live_owner.pid} {started(live_owner)}\n")
+        (folder / str(stranger.pid)).write_text(f"12345.0 {gone_owner.pid} 1.0\n")  # its pid, another start
+        assert ProbeProcs(folder).reap_orphans() == 1
+        assert orphan.wait(10) == -signal.SIGKILL
+        assert kept.poll() is None and stranger.poll() is None
+        assert sorted(p.name for p in folder.iterdir()) == [str(kept.pid)]
+    finally:
+        for proc in (orphan, kept, stranger, live_owner):
+            proc.kill()
+            proc.wait()

@@ -174,3 +174,20 @@ def test_only_the_wrapper_itself_is_adopted_not_a_process_that_shares_its_argv(e
     finally:
         lookalike.kill()
         lookalike.wait()
+
+
+def test_a_probe_left_running_by_a_killed_controller_is_killed_by_the_next(env, tmp_path):
+    """A wait probe leads its own session, which only its controller kills (timeout, close):
+    a controller killed with kill -9 leaves it, and the next controller kills it at start
+    rather than let it run unbounded beside its own probe of the same condition."""
+    pids = tmp_path / "probe.pids"
+    probe = {"command": ["sh", "-c", f"echo $$ >> {pids}; exec sleep 300"], "timeout": "10m", "interval": "1s"}
+    env.apply(job("gated", "true", waitFor={"conditions": [{"probe": probe}]}))
+    first = env.start_controller()
+    [orphan] = read_pids(pids, 1)
+    first.kill()
+    assert orphan.alive(), "nothing kills the probe while no controller runs"
+    env.start_controller()
+    wait_until(lambda: not orphan.alive(), 30, message="the orphaned probe killed")
+    wait_until(lambda: len(pids.read_text().split()) >= 2, 30, message="the new controller's own probe")
+    assert env.status("gated")["phase"] == "Waiting"
