@@ -105,6 +105,9 @@ class Forbidden(ReconcilerError):
     """403: the token's role may not do this; the request was understood and refused (exit 1)."""
 
 
+NO_ROUTE = "the server could not find the requested resource"  # Kubernetes' words for a 404 of no route
+
+
 def error_of(code: int, document: dict[str, Any] | None, server: str) -> ReconcilerError:
     """The error a Status answer stands for, with the exit code the same error has locally
     (see README, "Exit codes over the API")."""
@@ -115,6 +118,11 @@ def error_of(code: int, document: dict[str, Any] | None, server: str) -> Reconci
     if code == 403:
         return Forbidden(f"forbidden by the server at {server}: {message}")
     if code == 404:
+        if message == NO_ROUTE:  # not an object missing: a URL that names no route of the API
+            return ReconcilerError(
+                f"the server at {server} has no such route ({message}): is the server's URL its root, "
+                "as http://HOST:PORT, with no path?"
+            )
         return NotFound(message)
     if code == 409:
         return Conflict(message)

@@ -9,7 +9,7 @@ from starlette.exceptions import HTTPException
 
 from ..errors import ReconcilerError
 from ..store import StoreError
-from ..wire import error_status, status
+from ..wire import NO_ROUTE, error_status, status
 
 
 def answer_errors(app: FastAPI) -> None:
@@ -45,5 +45,5 @@ def answer_errors(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, exc: HTTPException) -> Response:
-        message = "the server could not find the requested resource" if exc.status_code == 404 else str(exc.detail)
+        message = NO_ROUTE if exc.status_code == 404 else str(exc.detail)
         return JSONResponse(status(exc.status_code, message), status_code=exc.status_code, headers=exc.headers)

@@ -165,6 +165,18 @@ def test_wait_through_a_server_that_goes_away_names_the_server(serve, sqlite_url
     assert f"cannot reach the server at {server.url}" in err and "timed out waiting" not in err, err
 
 
+def test_a_server_url_with_a_path_is_said_to_be_wrong_not_an_object_not_found(server):
+    """--server URL/apis names no route: exit 1 saying so, not "not found" (exit 3) as if an
+    object were missing."""
+    from tests.helpers import run_cli
+
+    wrong = run_cli("get", "jobs", store=server.store, env={"RECONCILER_SERVER": server.url + "/apis"})
+    assert wrong.code == 1, wrong
+    assert "has no such route" in wrong.stderr and "its root" in wrong.stderr, wrong.stderr
+    missing = server.cli("get", "job", "nope")
+    assert missing.code == 3 and 'jobs "nope" not found' in missing.stderr  # a real 404 of an object
+
+
 def test_get_events_watch_through_the_server_prints_new_events(server, tmp_path):
     watcher = _started(server, "get", "events", "-w", "-o", "name")
     try:
