@@ -12,7 +12,7 @@ import pathlib
 import shutil
 import subprocess
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from reconciler.agent.groups import (
     arming,
@@ -31,7 +31,8 @@ from reconciler.files import make_private_dirs, read_small
 class ExitRecord:
     exit_code: int | None
     signal: int | None  # set when exit_code > 128 (shell convention: 128 + signal)
-    at: float | None = None  # when the wrapper wrote it (the file's mtime): when the run ended
+    # when the wrapper wrote it (the file's mtime): when the run ended; not part of what it says
+    at: float | None = field(default=None, compare=False)
 
 
 class StartFailed(Exception):

@@ -138,7 +138,8 @@ def test_an_unreachable_url_is_retried_per_the_retry_limit_then_fails_saying_so(
     manifest = env.write("down.yaml", job_yaml("down", f"command: ['true']\n{retry}\n{artifact(url)}"))
     assert env.up(manifest).code == 1
     status = env.get_job("down")["status"]
-    assert (status["outcome"], status["reason"]) == ("Failed", "ArtifactInvalid")
+    # its retries used up: BackoffLimitExceeded, each run saying ArtifactInvalid
+    assert (status["outcome"], status["reason"]) == ("Failed", "BackoffLimitExceeded")
     assert f"{url} is unreachable" in status["message"] and status["message"].endswith("(attempt 3 of 3)")
     runs = status["runs"]
     assert [(r["number"], r["outcome"], r["reason"]) for r in runs] == [
