@@ -119,8 +119,7 @@ class Controller:
                 for dep in deps:
                     self.jobs.dependents[dep].add(job)
             names = sched.open_job_names(session) + sched.job_names_needing_revision(session)
-        for name in names:
-            self.queue.add(name)
+        self.queue.add_many(names)
         self.runner.start()
         self._watcher.start()
         self.notifier.start()
@@ -218,9 +217,8 @@ class Controller:
             next_poll = time.monotonic() + interval
             try:
                 foreign = feed.poll()
-                for change in foreign:
-                    if change.kind == "Job" and not self.settled.take(change):
-                        self.queue.add(change.name)
+                # added at once: jobs stored together are ordered together (by priority)
+                self.queue.add_many([c.name for c in foreign if c.kind == "Job" and not self.settled.take(c)])
                 self.settled.prune(feed.seq)
                 if any(change.kind in ("Pool", "Node") for change in foreign):
                     self._wake_first_in_line()  # a pool or node may have room now

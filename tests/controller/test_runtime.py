@@ -716,3 +716,28 @@ def test_a_batch_is_reconciled_in_the_order_asked_and_what_it_has_no_time_for_co
         runner.stop()
     # all four were ready together: d and c first (the order's), then the two put back
     assert aging.batches == [["d", "c"], ["b", "a"]]
+
+
+def test_a_key_a_step_makes_ready_joins_the_batch_that_made_it():
+    """A chain's next job, woken by the step that completed the one before, is reconciled in
+    the same batch (its admission shares that transaction), not in a batch of its own."""
+    q = WorkQueue()
+    q.add("k0")
+    aging = Aging(limit=100)
+    calls: list[str] = []
+
+    def reconcile(key):
+        calls.append(key)
+        aging.batches[-1].append(key)
+        number = int(key[1:])
+        if number < 19:
+            q.add(f"k{number + 1}")  # as a completion wakes its dependent
+        return runtime.DONE
+
+    runner = Runner(q, reconcile, workers=1, batching=aging, order=lambda keys: keys)
+    runner.start()
+    try:
+        wait_until(lambda: len(calls) == 20 and q.idle(), timeout=DEADLINE, message="the whole chain")
+    finally:
+        runner.stop()
+    assert aging.batches == [[f"k{i}" for i in range(20)]]

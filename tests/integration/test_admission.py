@@ -134,6 +134,20 @@ def test_priority_decides_among_jobs_applied_together_into_a_free_pool(any_env):
     assert max_concurrent(run_intervals(jobs, list(names))) == 1
 
 
+def test_priority_decides_among_jobs_applied_together_to_a_running_controller(env):
+    """The same with the controller already running: the change feed hands the stored jobs
+    to the worker together, not one at a time."""
+    env.controller()
+    env.apply("pool.yaml", pool_yaml("solo", 1))
+    names = {"a-low": 0, "b-mid": 5, "c-high": 100}
+    env.apply(
+        "together.yaml", docs(*(job_yaml(n, f"command: ['true']\npool: solo\npriority: {p}") for n, p in names.items()))
+    )
+    env.wait_completed()
+    jobs = env.jobs()
+    assert sorted(names, key=lambda n: _start(jobs, n)) == ["c-high", "b-mid", "a-low"]
+
+
 def test_bounded_bypass(env):
     go = env.root / "go"
     smalls = [f"small-{i}" for i in range(1, 6)]
