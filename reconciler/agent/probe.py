@@ -137,17 +137,25 @@ class Probes:
 
     def _running(self, proc: subprocess.Popen[bytes] | None) -> None:
         recorded, ended = self._recorded, None
-        if proc is not None and recorded is not None:
-            recorded.started(proc.pid)  # before it is known to run: a crash from here leaves its file
         with self._lock:
             if proc is None:
                 ended = self._procs.pop(threading.get_ident(), None)
             else:
-                self._procs[threading.get_ident()] = proc
+                self._procs[threading.get_ident()] = proc  # first: close() kills what it holds
                 if self._closed:
                     _kill(proc)
-        if proc is None and ended is not None and recorded is not None:
-            recorded.ended(ended.pid)  # reaped: its pid may be anyone's now, its file goes
+        if recorded is None:
+            return
+        subject = proc if proc is not None else ended
+        if subject is None:
+            return
+        try:
+            if proc is not None:
+                recorded.started(subject.pid)
+            else:
+                recorded.ended(subject.pid)  # reaped: its pid may be anyone's now, its file goes
+        except OSError:  # the probe still runs, bounded by its timeout: only a crash's cleanup is lost
+            log.warning("the record of probe %d was not kept", subject.pid, exc_info=True)
 
     def _work(self) -> None:
         while (item := self._todo.get()) is not None:

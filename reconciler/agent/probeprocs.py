@@ -33,11 +33,13 @@ class ProbeProcs:
         if started is None:  # gone already: nothing to leave behind
             return
         text = f"{started} {self._me.pid} {self._me.start_time}\n"
-        fd = os.open(self.folder / str(pid), os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        part = self.folder / f"{pid}.part"  # renamed into place whole: no reader sees half a record
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
             os.write(fd, text.encode())
         finally:
             os.close(fd)
+        os.rename(part, self.folder / str(pid))
 
     def ended(self, pid: int) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -47,14 +49,16 @@ class ProbeProcs:
         """Kill the probes whose controller is gone; how many were still running."""
         killed = 0
         for path in self.folder.iterdir():
+            if not path.name.isdecimal():
+                continue  # a record being written (PID.part), or not ours
             parts = (read_small(path) or "").split()
-            if not path.name.isdecimal() or len(parts) != 3:
-                path.unlink(missing_ok=True)  # not ours, or cut short by a crash: nothing to trust
+            if len(parts) != 3:
+                path.unlink(missing_ok=True)  # not a record: nothing to trust
                 continue
             probe = ProcessIdentity(int(path.name), float(parts[0]))
             owner = ProcessIdentity(int(parts[1]), float(parts[2]))
-            if owner != self._me and is_alive(owner):
-                continue  # another live controller's probe
+            if is_alive(owner):
+                continue  # a live controller's probe (this process's too: its own close kills them)
             if is_alive(probe):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(probe.pid, signal.SIGKILL)  # its own session: it and what it started
