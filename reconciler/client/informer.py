@@ -33,10 +33,13 @@ def list_objects(http: Http, plural: str, selector: str | None = None) -> tuple[
 
 
 def changes(http: Http, plural: str, since: int, selector: str | None = None) -> Iterator[tuple[str, Any]]:
-    """(type, object) of one watch stream from `since`: ADDED, MODIFIED and DELETED with the
-    object (a StoredObject), BOOKMARK with its resourceVersion (an int). Relist on 410."""
+    """(type, object) of one watch stream from `since`: OPEN first (with `since`) once the
+    server has answered, then ADDED, MODIFIED and DELETED with the object (a StoredObject),
+    BOOKMARK with its resourceVersion (an int). Relist on an ERROR (410, 504)."""
     params = {"watch": True, "resourceVersion": str(since), "allowWatchBookmarks": True, "labelSelector": selector}
-    for line in http.lines(f"{PREFIX}/{plural}", params):
+    lines = http.lines(f"{PREFIX}/{plural}", params)
+    yield "OPEN", since  # the server answered: whatever failed before is over
+    for line in lines:
         if not line.strip():
             continue
         event = json.loads(line)
@@ -110,6 +113,8 @@ class Informer:
                     attempt, self.failure = 0, None
                     if self._stop.is_set():
                         return
+                    if kind == "OPEN":
+                        continue
                     if kind == "BOOKMARK":
                         self._since = obj
                     else:

@@ -153,6 +153,8 @@ class RemoteClient:
         while True:
             try:
                 for event, obj in changes(self.http, plural, since, selector):
+                    if event == "OPEN":
+                        continue
                     if event == "BOOKMARK":
                         since = obj
                     elif service:  # a job changed: the registry, derived by the server, again
