@@ -283,7 +283,8 @@ class JobSpec(Strict):
     resources: Resources = Field(default_factory=_unset)
     retry: Retry = Field(default_factory=_unset)
     timeout: Duration | None = Field(
-        default=None, description="Whole job from acceptance; default 1h for run, none for service."
+        default=None,
+        description="Whole job from acceptance, time Suspended not counted; default 1h for run, none for service.",
     )
     run_timeout: Duration | None = Field(default=None, description="One run.")
     stop_grace_period: Duration = Field(

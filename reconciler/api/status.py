@@ -153,7 +153,10 @@ class JobStatus(Strict):
     )
     revision: int = 1
     accepted_at: Time | None = Field(
-        default=None, description="When this revision was accepted: waits' delay and the job timeout count from here."
+        default=None,
+        description=(
+            "When this revision was accepted: waits' delay and the job timeout (less time Suspended) count from here."
+        ),
     )
     eligible_at: Time | None = Field(
         default=None, description="When dependencies and waits were satisfied: the queue position."

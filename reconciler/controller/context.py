@@ -130,8 +130,8 @@ class Ctx:
         """When the job times out: its timeout after acceptance, not counting the time it
         was Suspended (as Kubernetes stops a suspended Job's deadline); none while Suspended."""
         accepted = self.status.get("acceptedAt")
-        if not accepted or "suspendedAt" in self.status:
-            return None
+        if not accepted or "suspendedAt" in self.status or self.phase == Phase.SUSPENDED:
+            return None  # (a job suspended before suspendedAt was kept has none: its clock stops too)
         return deadlines.job_deadline(self.spec, to_epoch(accepted) + self.status.get("suspendedSeconds", 0.0))
 
     def changed(self) -> bool:

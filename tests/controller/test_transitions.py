@@ -246,3 +246,39 @@ def test_explicit_event_reason_overrides_outcome_and_keeps_warning():
         {"phase": "Running"}, "Completed", reason="R", message="m", now=T1, outcome="Lost", event_reason="RunLost"
     )
     assert event == Event("RunLost", "m", True)
+
+
+def _at(seconds: float) -> str:
+    return from_epoch(1_800_000_000 + seconds)
+
+
+@pytest.mark.parametrize(
+    ("before", "back_to"),
+    [("Waiting", "Waiting"), ("Queued", "Queued"), ("Backoff", "Backoff"), ("Stopping", "Waiting")],
+)
+def test_time_suspended_is_kept_from_every_way_in_and_out(before, back_to):
+    """The move into Suspended stamps suspendedAt; the move out adds the time to
+    suspendedSeconds (the job timeout leaves it out); two suspensions add up."""
+    status = {"phase": before, "revision": 1}
+    move(status, "Suspended", reason="Suspended", message="", now=_at(10))
+    assert status["suspendedAt"] == _at(10)
+    move(status, back_to, reason="Resumed", message="", now=_at(12.5))
+    assert "suspendedAt" not in status and status["suspendedSeconds"] == 2.5
+    move(status, "Suspended", reason="Suspended", message="", now=_at(20))
+    move(status, "Completed", reason="Cancelled", message="", now=_at(21), outcome="Cancelled")
+    assert "suspendedAt" not in status and status["suspendedSeconds"] == 3.5
+
+
+def test_a_move_that_stays_suspended_keeps_when_it_began():
+    status = {"phase": "Waiting", "revision": 1}
+    move(status, "Suspended", reason="Suspended", message="", now=_at(1))
+    move(status, "Suspended", reason="Suspended", message="again", now=_at(5))
+    assert status["suspendedAt"] == _at(1)
+
+
+def test_a_new_revision_starts_its_clock_anew_even_while_suspended():
+    from reconciler.api.status import next_revision
+
+    status = {"phase": "Suspended", "revision": 1, "suspendedAt": _at(1), "suspendedSeconds": 7.0}
+    next_revision(status, _at(50))
+    assert status["suspendedAt"] == _at(50) and "suspendedSeconds" not in status

@@ -109,7 +109,7 @@ def test_the_job_timeout_does_not_count_the_time_suspended(env, controller):
     """As a suspended Kubernetes Job's deadline: the clock stops while the job is Suspended and
     goes on from where it stopped when it is resumed (a job stored suspended starts it then)."""
     env.apply(
-        job("parked", "true", suspend=True, timeout="1s"),
+        job("parked", "true", suspend=True, timeout="2s"),
         job("clock", "sleep 3"),  # outlives parked's timeout: time has passed once it ends
     )
     env.wait_completed(["clock"])
