@@ -8,7 +8,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..api.job import WaitCondition, WaitFor
-from ..api.quantity import format_left
+from ..api.meta import from_epoch
+from ..api.quantity import format_duration
 from ..api.status import WaitDict
 
 PATH_POLL = 1.0  # default interval for path conditions
@@ -52,7 +53,9 @@ def check(
     if cond.delay is not None:
         at = accepted_at + cond.delay
         ok = now >= at
-        message = "delay elapsed" if ok else f"{format_left(at - now)} of delay left"
+        # its end, not a countdown: the message stays the same while it waits, so an unchanged
+        # result is not written again (job.py `_record_waits`)
+        message = "delay elapsed" if ok else f"delay of {format_duration(cond.delay)} until {from_epoch(at)}"
         return Check("delay", ok, message, recheck_in=None if ok else at - now)
     if cond.path is not None:
         ok, message = path_check(cond.path, cond.type)

@@ -62,9 +62,11 @@ def test_until(offset, now, satisfied, recheck):
 @pytest.mark.parametrize(
     ("delay", "now", "satisfied", "recheck", "message"),
     [
-        pytest.param("30s", T0, False, 30.0, "30s of delay left", id="just-accepted"),
-        pytest.param("30s", T0 + 10, False, 20.0, "20s of delay left", id="part-elapsed"),
-        pytest.param("2h", T0 + 1.5, False, 7198.5, "1h59m58s of delay left", id="hours-left-spelled-as-a-duration"),
+        pytest.param("30s", T0, False, 30.0, f"delay of 30s until {from_epoch(T0 + 30)}", id="just-accepted"),
+        pytest.param("30s", T0 + 10, False, 20.0, f"delay of 30s until {from_epoch(T0 + 30)}", id="part-elapsed"),
+        pytest.param(
+            "2h", T0 + 1.5, False, 7198.5, f"delay of 2h until {from_epoch(T0 + 7200)}", id="a-duration-not-seconds"
+        ),
         pytest.param("30s", T0 + 30, True, None, "delay elapsed", id="exactly-elapsed"),
         pytest.param("500ms", T0 + 1, True, None, "delay elapsed", id="sub-second-elapsed"),
         pytest.param("0s", T0, True, None, "delay elapsed", id="zero-delay"),
@@ -231,7 +233,7 @@ def test_all_mode_does_not_rerun_a_probe_that_already_passed():
     wf = wait_for({"probe": {"command": ["x"]}}, {"delay": "1m"})
     previous = [
         {"type": "probe", "satisfied": True, "message": "ok"},
-        {"type": "delay", "satisfied": False, "message": "60s of delay left"},
+        {"type": "delay", "satisfied": False, "message": f"delay of 1m until {from_epoch(T0 + 60)}"},
     ]
     checks = evaluate(wf, accepted_at=T0, now=T0 + 1, probe=no_probe, previous=previous)
     assert checks[0] == Check("probe", True, "ok")
