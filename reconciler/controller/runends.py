@@ -153,6 +153,8 @@ class RunEnds:
             if run is None:
                 return self.runs.unstarted(ctx, stop)
             lost = message
+        if finished_at is None and run is not None and exited is not None:
+            finished_at = _ended_at(run, exited)  # a stopped run too ended when its wrapper said
         if run is not None:
             if lost is not None:
                 code, sig = (exited.exit_code, exited.signal) if exited else (None, None)
@@ -219,7 +221,8 @@ class RunEnds:
         message: str = "",
         finished_at: str | None = None,
     ) -> Result:
-        """`finished_at`: when the run ended as its remote agent saw it (else now)."""
+        """`finished_at`: when the run ended (its exit record's time, or as its remote agent
+        saw it); else now."""
         outcome = end.outcome
         self._close_run(ctx, run, outcome, exit_code, signal, reason, finished_at)
         code = f" with exit code {exit_code}" if exit_code is not None else ""
