@@ -170,16 +170,13 @@ def _apply_one(
     if current is None:
         # a precondition on an object that is not there fails, as Kubernetes' does: the
         # manifest was read from an object since deleted, which it must not make again
-        if meta.uid is not None:
+        given = [f for f, v in (("uid", meta.uid), ("resourceVersion", meta.resource_version)) if v is not None]
+        if given:
+            fields = " and ".join(f"metadata.{f}" for f in given)
             raise Conflict(
-                f"{m.where('metadata', 'uid')}: {meta.uid} names a {m.kind.kind.lower()} {m.name!r} that does not "
-                "exist (deleted since the manifest was read); drop metadata.uid to create it"
-            )
-        if meta.resource_version is not None:
-            raise Conflict(
-                f"{m.where('metadata', 'resourceVersion')}: {meta.resource_version} is stale (there is no "
-                f"{m.kind.kind.lower()} {m.name!r}: deleted since the manifest was read); drop "
-                "metadata.resourceVersion to create it"
+                f"{m.where('metadata', given[0])}: there is no {m.kind.kind.lower()} {m.name!r} (deleted since "
+                f"the manifest was read): {fields} {'name' if len(given) > 1 else 'names'} an object that is "
+                f"gone; drop {'them' if len(given) > 1 else 'it'} to create it"
             )
         status = None
         change = Change(m.kind, m.name, "created")  # `new` is filled in once the object is created

@@ -151,7 +151,7 @@ def test_wait_through_a_server_that_goes_away_names_the_server(serve, sqlite_url
     server = serve(sqlite_url)
     assert server.cli("run", "--name", "long", "--", "sleep", "60").code == 0
     wait_until(lambda: _phase(server, "long") == "Running", timeout=30)
-    waiting = _started(server, "wait", "job/long", "--for", "condition=Completed", "--timeout", "6s")
+    waiting = _started(server, "wait", "job/long", "--for", "condition=Completed", "--timeout", "15s")
     port = int(server.url.rsplit(":", 1)[1])
 
     def watching() -> bool:  # its watch stream is open: the wait is under way
