@@ -295,7 +295,8 @@ class Runner:
         try:
             with batching.batch() as batch:
                 while True:
-                    outcomes.append((keys[len(outcomes)], self._run(keys[len(outcomes)])))
+                    key = keys[len(outcomes)]
+                    outcomes.append((key, self._run(key)))
                     if batch.lost or len(outcomes) >= MAX_BATCH or batching.batch_age() >= MAX_BATCH_AGE:
                         break
                     if len(outcomes) == len(keys):
