@@ -252,7 +252,7 @@ class JobReconciler:
         abort_at = deadlines.wait_abort_deadline(spec, accepted)
         if not ready and deadlines.passed(abort_at, ctx.now):
             # the abort deadline bounds the whole wait: for dependencies and for conditions
-            unmet = [] if conditions_met else ["its wait conditions were not met"]
+            unmet = [] if conditions_met else ["; ".join(c.message for c in checks if not c.satisfied)]
             if not verdict.satisfied:
                 unmet.insert(0, f"{waiting_for(verdict.pending)[1]} (dependencies)")
             message = f"past the wait abort deadline: {' and '.join(unmet)}"

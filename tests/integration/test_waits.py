@@ -120,6 +120,8 @@ def test_wait_conditions(env):
         assert not env.run_dir(name, 1).exists()
     assert "not ready" in jobs["w-fatal"]["status"]["message"]
     assert epoch(jobs["w-abort"]["status"]["completionTime"]) >= accepted("w-abort") + 1.0 - STAMP
+    # it names the condition that was not met, as status.waits says it
+    assert jobs["w-abort"]["status"]["message"] == f"past the wait abort deadline: {never} does not exist"
     # the last evaluation of each condition stays on record
     assert [(w["type"], w["satisfied"]) for w in jobs["w-probe"]["status"]["waits"]] == [("probe", True)]
     assert all(w.get("message") and w.get("lastCheckedAt") for j in jobs.values() for w in j["status"].get("waits", []))
