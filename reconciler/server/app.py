@@ -246,7 +246,8 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
 
         if watch:
             since = _version(resource_version)
-            return StreamingResponse(event_lines(newest, since, timeout_seconds), media_type="application/json")
+            stream = event_lines(store, newest, since, timeout_seconds)
+            return StreamingResponse(stream, media_type="application/json")
         rows = newest()
         seq = store.change_seq()
         items = [event_doc(r) for r in rows]

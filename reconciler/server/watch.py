@@ -331,10 +331,8 @@ async def watch_lines(
     with `bookmarks`, a BOOKMARK after each batch of changes (its resourceVersion: watch again
     from there and nothing is missed)."""
     skip: dict[str, int] = {}
-    if since is not None and since > (current := await anyio.to_thread.run_sync(store.change_seq)):
-        # a version of another store, or of this one before it was replaced: nothing would
-        # ever come after it. As Kubernetes' "Too large resource version": list again
-        yield _line("ERROR", status(504, f"too large resource version: {since} (the store is at {current})"))
+    if (refused := await _too_new(store, since)) is not None:
+        yield refused
         return
     await anyio.to_thread.run_sync(broadcaster.catch_up)
     try:
@@ -367,10 +365,16 @@ async def watch_lines(
 EVENT_POLL = 0.5  # seconds between looks for new events in an events watch
 
 
-async def event_lines(newest: Callable[[], list[Any]], since: int | None, timeout: float | None) -> AsyncIterator[str]:
+async def event_lines(
+    store: Store, newest: Callable[[], list[Any]], since: int | None, timeout: float | None
+) -> AsyncIterator[str]:
     """One events watch: ADDED for each event of the newest page (with `since`, only those
     recorded after that resourceVersion), then for each new one, looked for every EVENT_POLL
-    (events are not in the change feed the object watches follow)."""
+    (events are not in the change feed the object watches follow). A version the store has
+    not reached is refused at once, as an object watch refuses it."""
+    if (refused := await _too_new(store, since)) is not None:
+        yield refused
+        return
     first = await anyio.to_thread.run_sync(newest)
     for row in first:
         if since is None or row.resource_version > since:
@@ -381,6 +385,15 @@ async def event_lines(newest: Callable[[], list[Any]], since: int | None, timeou
             await anyio.sleep(EVENT_POLL)
             for row in new.among(await anyio.to_thread.run_sync(newest)):
                 yield _line("ADDED", event_doc(row))
+
+
+async def _too_new(store: Store, since: int | None) -> str | None:
+    """The ERROR line for a version the store has not reached (of another store, or of this
+    one before it was replaced: nothing would ever come after it), as Kubernetes' "Too large
+    resource version" (504): list again. None for a version it has reached."""
+    if since is None or since <= (current := await anyio.to_thread.run_sync(store.change_seq)):
+        return None
+    return _line("ERROR", status(504, f"too large resource version: {since} (the store is at {current})"))
 
 
 def _line(kind: str, document: dict[str, Any]) -> str:

@@ -122,6 +122,9 @@ def test_a_watch_from_a_version_the_store_has_not_reached_is_refused_not_left_si
         f"{PREFIX}/jobs", params={"watch": "true", "resourceVersion": str(listed), "timeoutSeconds": "1"}
     )
     assert current.status_code == 200 and "ERROR" not in current.text  # its own version is watched
+    events = http.get(f"{PREFIX}/events", params=params)  # the events watch says the same
+    [line] = [json.loads(text) for text in events.text.splitlines() if text]
+    assert line["type"] == "ERROR" and line["object"]["code"] == 504, line
 
 
 def test_apply_refusal_is_422_naming_each_object_and_field_and_stores_nothing(server):
