@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..api.quantity import format_duration
 from ..api.source import shown_url
 from ..waiting import why_waiting
 from .render import age, dump_yaml, job_state, table
@@ -99,6 +100,11 @@ def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:
     ]
     if why := why_waiting(spec, status):  # after Message: the same words as the dashboard's
         state.insert(5, ("Why Waiting", why))
+    suspended = [("Suspended Since", status.get("suspendedAt"))]  # the job timeout leaves suspended time out
+    if seconds := status.get("suspendedSeconds"):
+        suspended.append(("Time Suspended", format_duration(seconds)))
+    after = next(i for i, (k, _) in enumerate(state) if k == "Accepted") + 1
+    state[after:after] = [(k, v) for k, v in suspended if v]
     if adm := status.get("admission"):
         state.append(
             ("Admission", f"pool={adm.get('pool') or 'global'} slots={adm.get('slots')} at {adm.get('admittedAt')}")

@@ -116,10 +116,13 @@ def test_the_job_timeout_does_not_count_the_time_suspended(env, controller):
     parked = env.status("parked")
     assert (parked["phase"], parked["outcome"]) == ("Suspended", None), parked
     assert parked["suspendedAt"] == parked["acceptedAt"]
+    assert "Suspended Since:" in env.cli("describe", "job", "parked").stdout
     env.cli("resume", "job/parked")
     done = env.wait_completed(["parked"])["parked"]
     assert (done["outcome"], done["reason"]) == ("Succeeded", "Succeeded"), done
     assert done["suspendedSeconds"] >= 3 and "suspendedAt" not in done
+    described = env.cli("describe", "job", "parked").stdout
+    assert "Time Suspended:" in described and "Suspended Since:" not in described
 
 
 def test_command_ignoring_sigterm_is_killed_after_the_grace_period(env, controller, tmp_path):
