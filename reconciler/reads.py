@@ -310,6 +310,9 @@ def events(store: Store, names: list[str], limit: int = 1000) -> list[Any]:
     return [r for r in rows if r.name in names] if names else rows
 
 
+EVENT_POLL = 0.5  # seconds between looks for new events (get events -w, the API's events watch)
+
+
 class NewEvents:
     """Which events of a newest page (oldest first, each with its row id) were not seen in
     the pages before: what `get events -w` and the API's events watch print. An id is no

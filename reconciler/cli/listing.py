@@ -16,7 +16,6 @@ if TYPE_CHECKING:
     from ..reads import Listing
 
 EVENT_HEADERS = ["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"]
-EVENT_POLL = 0.5  # seconds between looks for new events (`get events -w`)
 
 
 def _event_items(rows: list[Any]) -> list[dict[str, Any]]:
@@ -205,7 +204,7 @@ def watch_events(client: Client, names: list[str], fmt: str | None) -> None:
     looking at the newest page (`client.events`, locally or through a server) every EVENT_POLL."""
     import time
 
-    from ..reads import NewEvents
+    from ..reads import EVENT_POLL, NewEvents
 
     new = NewEvents(client.events(names))
     try:

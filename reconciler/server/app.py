@@ -43,6 +43,7 @@ from ..wire import (
 )
 from . import agents, dashboard, seed
 from .agents import Wake
+from .apiwarnings import status_ignored, warned
 from .auth import Tokens
 from .errors import answer_errors
 from .guard import MAX_BODY, Guard
@@ -175,9 +176,9 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
             selector=_selector(request.label_selector),
         )
         said = {"kind": "ApplyResult", "dryRun": request.dry_run, "items": [change_doc(c) for c in changes]}
-        if warnings := _status_ignored(loaded):
+        if warnings := status_ignored(loaded):
             said["warnings"] = warnings
-        return _warned(_json(said), warnings)
+        return warned(_json(said), warnings)
 
     @app.post(f"{PREFIX}/delete", tags=["verbs"])
     def delete_many(request: DeleteRequest) -> Response:
@@ -345,7 +346,7 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
         """Create an object; 409 when it exists."""
         info = _kind(plural)
         change, warnings = _one(store, info, None, body, create_only=True, dry_run=bool(dry_run), force=False)
-        return _warned(_json(change.after, 201), warnings)
+        return warned(_json(change.after, 201), warnings)
 
     @app.delete(PREFIX + "/{plural}", tags=["resources"])
     def delete_collection(plural: str, label_selector: str = Query("", alias="labelSelector")) -> Response:
@@ -372,7 +373,7 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
         """Create or update an object, as apply does; a stale metadata.resourceVersion is 409."""
         info = _kind(plural)
         change, warnings = _one(store, info, name, body, create_only=False, dry_run=bool(dry_run), force=force)
-        return _warned(_json(change.after, 201 if change.action == "created" else 200), warnings)
+        return warned(_json(change.after, 201 if change.action == "created" else 200), warnings)
 
     @app.delete(PREFIX + "/{plural}/{name}", tags=["resources"])
     def delete(plural: str, name: str) -> Response:
@@ -419,23 +420,7 @@ def _one(
     if loaded.problems:
         raise invalid(loaded.problems)
     change = applying.apply_manifests(store, loaded, dry_run=dry_run, force=force, create_only=create_only)[0]
-    return change, ["status is written only by the system; ignored"] if _status_ignored(loaded) else []
-
-
-def _status_ignored(loaded: Loaded) -> list[str]:
-    """API.md 1: a `status` given on apply is ignored, with a warning (each object's)."""
-    return [
-        f"{m.source} ({m.kind.kind}/{m.name}): status is written only by the system; ignored"
-        for m in loaded.manifests
-        if m.ignored_status
-    ]
-
-
-def _warned(response: Response, warnings: list[str]) -> Response:
-    """Warnings as Kubernetes sends them: a `Warning: 299 - "text"` header each."""
-    for text in warnings:
-        response.headers.append("Warning", '299 - "' + text.replace('"', "'") + '"')
-    return response
+    return change, ["status is written only by the system; ignored"] if status_ignored(loaded) else []
 
 
 def _fields(text: str) -> dict[str, str]:

@@ -31,7 +31,7 @@ import anyio
 
 from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
-from ..reads import ChangeReader, NewEvents, objects, poll_interval
+from ..reads import EVENT_POLL, ChangeReader, NewEvents, objects, poll_interval
 from ..selectors import Requirement, matches
 from ..store import Store, StoredObject
 from ..threads import critical
@@ -360,9 +360,6 @@ async def watch_lines(
                     yield _line("BOOKMARK", bookmark)
                 continue
             yield _line(event.type, event.document)
-
-
-EVENT_POLL = 0.5  # seconds between looks for new events in an events watch
 
 
 async def event_lines(
