@@ -25,7 +25,7 @@ from ..store import repository as repo
 from ..threads import critical
 from . import faults
 from .intake import Intake, Settled, note_connection
-from .messages import draft
+from .messages import Drafter
 from .queues import Consumer, QueueError, consumer
 
 log = logging.getLogger("reconciler.ingest")
@@ -64,7 +64,8 @@ class Lane:
         self.wanted = wanted
         self.spec = _spec(wanted.spec_text)
         self.intake = Intake(store, wanted.name, wanted.uid, settled)
-        self.base_dir = Path.cwd()  # where a message's relative workingDir resolves (asked once)
+        # a message's relative workingDir resolves where the controller runs (asked once)
+        self.drafter = Drafter(self.spec.template, Path.cwd())
         self.stopping = threading.Event()
         self.say_stopped = False  # on stop, say the queue is no longer consumed (not when a new lane takes over)
         self._noted: tuple[bool, str | None] | None = None
@@ -104,7 +105,6 @@ class Lane:
     def _consume(self, inbox: Consumer) -> bool:
         """Fetch, store, then settle, batch after batch; False when the Source is gone
         (nothing settled: the messages go back to the queue when the lane closes it)."""
-        template = self.spec.template
         while not self.stopping.is_set():
             if time.monotonic() >= self._forget_at:
                 self.intake.forget(time.time())
@@ -113,7 +113,7 @@ class Lane:
             self._note(True, None)
             if not messages:
                 continue
-            verdicts = self.intake.store_batch([(m, draft(m.body, template, base_dir=self.base_dir)) for m in messages])
+            verdicts = self.intake.store_batch([(m, self.drafter.draft(m.body)) for m in messages])
             if verdicts is None:
                 return False
             faults.point("after-ingest")  # stored, not acknowledged: the crash test's point

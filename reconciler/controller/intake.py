@@ -126,7 +126,7 @@ class _Batch:
             problems = validate_apply([Built(KINDS["Job"], job)], self.view)
             if problems:
                 return Verdict(message, "rejected", problem="; ".join(problems))
-        spec = dump(job.spec)
+        spec = d.spec if d.spec is not None else dump(job.spec)
         self.view.remember("Job", name, spec)
         self.taken.add(name)
         self.known[message.id] = name

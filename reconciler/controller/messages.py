@@ -7,15 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from ..api.annotations import user_annotations
 from ..api.job import Job
-from ..api.meta import API_VERSION
+from ..api.meta import API_VERSION, dump
 from ..api.oneoff import JobRequest
 from ..api.source import job_defaults
 from ..manifests import resolve_working_dir
@@ -27,6 +27,7 @@ PLACEHOLDER = "unnamed"  # validates a job that is named job-N once the store is
 # spec fields the message replaces whole, not key by key: an artifact's sha256 is the digest
 # of its url's zip, so the template's must not stay beside the message's url
 WHOLE = frozenset({"artifact"})
+M = TypeVar("M", bound=BaseModel)
 
 
 @dataclass(slots=True)
@@ -36,6 +37,62 @@ class Draft:
     job: Job | None = None
     named: bool = False  # the manifest named it; else intake names it job-N
     problem: str | None = None  # `field.path: message`, as apply names a field
+    spec: dict[str, Any] | None = None  # the job's spec as stored (meta.dump), when made with it
+
+
+class Drafter:
+    """A Source's drafts: `draft` under its template, with a shortcut for the seed's plainest
+    request. A request that gives a command and perhaps env_vars, and nothing else, differs
+    from the template's own job only in spec.shell and spec.env; such a request takes that
+    job, validated once, with its two fields checked by the rules JobSpec checks them by and
+    set, instead of a validation of the whole merged document (a third of storing a message).
+    Anything else, and any request those rules refuse (so the refusal names the field as
+    apply does), is drafted the long way. tests/test_drafts.py holds the two ways equal."""
+
+    def __init__(self, template: dict[str, Any], base_dir: Path):
+        self.template = template
+        self.base_dir = base_dir
+        self._base = _base_job(template, base_dir)
+        self._base_spec = None if self._base is None else dump(self._base.spec)
+        self._base_env: dict[str, str] = {} if self._base is None else self._base.spec.env
+
+    def draft(self, body: bytes) -> Draft:
+        if len(body) <= MAX_BODY and self._base is not None:
+            try:
+                data = orjson.loads(body)
+            except ValueError:  # not JSON, or not UTF-8: the long way says which
+                data = None
+            if isinstance(data, dict) and "kind" not in data and "apiVersion" not in data:
+                quick = self.shortcut(data)
+                if quick is not None:
+                    return quick
+        return draft(body, self.template, base_dir=self.base_dir)
+
+    def shortcut(self, data: dict[str, Any]) -> Draft | None:
+        """A request's draft by the shortcut, or None when it must go the long way."""
+        base = self._base
+        if base is None or self._base_spec is None:
+            return None
+        try:
+            request = JobRequest.model_validate(data)
+        except ValidationError:
+            return None
+        shell, env = request.command, request.env_vars
+        if (
+            not shell
+            or "\0" in shell
+            or request.deploy_url
+            or request.port is not None
+            or request.instance_id
+            or "job_type" in request.model_fields_set
+            or not all(_env_entry_ok(k, v) for k, v in env.items())
+        ):
+            return None
+        merged = {**self._base_env, **env} if env else self._base_env
+        fields_set = base.spec.model_fields_set | ({"env"} if env else set())
+        spec = _replaced(base.spec, {"shell": shell, "env": merged}, fields_set)
+        job = _replaced(base, {"spec": spec}, set(base.model_fields_set))
+        return Draft(job=job, spec={**self._base_spec, "shell": shell, "env": dict(merged)})
 
 
 def draft(body: bytes, template: dict[str, Any], *, base_dir: Path | None = None) -> Draft:
@@ -99,6 +156,35 @@ def _data(text: str) -> tuple[Any, str | None]:
     if dupes:
         return None, "; ".join(dupes)
     return data, None
+
+
+def _base_job(template: dict[str, Any], base_dir: Path) -> Job | None:
+    """The job a template makes with a placeholder command (the request's replaces it), or
+    None when the shortcut cannot stand for the long way: the template's own job does not
+    validate, or its workingDir depends on the environment (`~`), read again per message."""
+    working_dir = template.get("workingDir")
+    if isinstance(working_dir, str) and working_dir.startswith("~"):
+        return None
+    document = {"apiVersion": API_VERSION, "kind": "Job", "metadata": {"name": PLACEHOLDER}, "spec": {"shell": "true"}}
+    return _validated(_under(template, document), False, base_dir).job
+
+
+def _env_entry_ok(key: str, value: str) -> bool:
+    """What JobSpec's env check accepts (the long way names what it refuses)."""
+    return bool(key) and "=" not in key and "\0" not in key and "\0" not in value
+
+
+def _replaced(model: M, changes: dict[str, Any], fields_set: set[str]) -> M:
+    """A shallow copy of a validated model with `changes`, checked by the caller, set: as
+    pydantic's model_construct builds one (model_copy's generic copies take three times as
+    long). The nested models stay shared, as the spec cache shares a spec between jobs: a
+    validated spec is never changed."""
+    copy = type(model).__new__(type(model))
+    object.__setattr__(copy, "__dict__", {**model.__dict__, **changes})
+    object.__setattr__(copy, "__pydantic_fields_set__", fields_set)
+    object.__setattr__(copy, "__pydantic_extra__", None)
+    object.__setattr__(copy, "__pydantic_private__", None)
+    return copy
 
 
 def _what(data: Any) -> str:
