@@ -249,12 +249,23 @@ class QueuedSteps:
             placed = place(empty, **_needs(entry))
             return placed.node is not None
 
+        # Nor does one whose wait is not for this scope's room (its own pool is full, or its
+        # node): passing it here takes nothing it waits for, so it is no pass, and once passed
+        # maxBypass times it would hold every job of a store-wide limit behind one full pool.
+        # The head of a scope is the first in line that waits for the scope's room, or fits.
+        def heads(entry: queuing.QueueEntry, free: int) -> bool:
+            if entry.uid == me.uid:
+                return True
+            if not could_place(entry):
+                return False
+            return entry.slots > free or fits_now(entry)
+
         for scope_name in ["global"] + ([me.pool] if me.pool else []):
             f = facts(scope_name)
             if f.capacity is None:
                 continue
             line = lines.get(scope_name) or queuing.in_line(session, me.pool, scope_is_pool=scope_name != "global")
-            head = next((e for e in line if e.uid == me.uid or could_place(e)), None)
+            head = next((e for e in line if heads(e, f.capacity - f.used)), None)
             head_fits = head is not None and head.uid != me.uid and fits_now(head)
             scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head), head_fits))
             if head is not None and head.uid == me.uid:

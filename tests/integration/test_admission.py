@@ -177,6 +177,37 @@ def test_bounded_bypass(env):
     assert max_concurrent(run_intervals(jobs)) <= 2
 
 
+def test_a_job_waiting_for_its_own_pool_holds_no_other_line(env):
+    """A job whose own pool is full is no obstacle in the global scope, which has room for
+    it: younger jobs pass it there without counting, however many, and are never held by
+    the bypass limit (it held the whole store behind one full pool)."""
+    go = env.root / "go"
+    env.controller()
+    env.apply(
+        "full.yaml",
+        docs(
+            pool_yaml("global", 3, max_bypass=1),
+            pool_yaml("narrow", 1),
+            job_yaml("holder", held_until(go) + "\npool: narrow"),
+        ),
+    )
+    env.wait_phase("holder", "Running")
+    env.apply("waiting.yaml", job_yaml("waiting", "command: ['true']\npool: narrow"))
+    env.wait_status("waiting", lambda s: s.get("reason") == "InsufficientSlots", what="waiting held by its pool")
+    others = [f"other-{i}" for i in range(5)]
+    for name in others:  # one after another: each is a pass of `waiting` in global's line
+        env.apply(f"{name}.yaml", job_yaml(name, "command: ['true']"))
+        env.wait_completed(name)
+    status = env.status("waiting")
+    assert (status["phase"], status["reason"]) == ("Queued", "InsufficientSlots")
+    assert status.get("bypassCount", 0) == 0
+    go.touch()
+    env.wait_completed()
+    assert {n: j["status"]["outcome"] for n, j in env.jobs().items()} == dict.fromkeys(
+        ["holder", "waiting", *others], "Succeeded"
+    )
+
+
 def test_lowering_a_pool_holds_admissions_only(env):
     go_a, go_b = env.root / "go-a", env.root / "go-b"
     env.controller()
