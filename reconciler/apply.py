@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api.annotations import MANAGED_BY, system_annotations, user_annotations
+from .api.annotations import HOSTNAME_LABEL, MANAGED_BY, system_annotations, user_annotations
 from .api.job import JobSpec
 from .api.kinds import KINDS, KindInfo
 from .api.meta import dump, format_time, utcnow
@@ -105,9 +105,11 @@ def _apply(
         doomed = [
             obj
             for key, obj in sorted(stored.items())
-            # not one a node's agent made, or `run`
+            # not one a node's agent made (its registered node, even once a manifest
+            # configured it), or `run`
             if key not in applied
             and obj.annotations.get(MANAGED_BY) == "apply"
+            and not (obj.kind == "Node" and HOSTNAME_LABEL in obj.labels)
             and (not selector or matches(selector, obj.labels))
         ]
     else:
@@ -205,8 +207,11 @@ def _apply_one(
         )
     annotations.update(system_annotations(current.annotations))
     annotations[MANAGED_BY] = "apply"
+    # the system's labels stay as its annotations do (a registered node's hostname), unless
+    # the manifest gives them
+    labels = {**system_annotations(current.labels), **meta.labels}
     spec_changed = canonical(spec) != current.spec_text
-    if not spec_changed and meta.labels == current.labels and annotations == current.annotations:
+    if not spec_changed and labels == current.labels and annotations == current.annotations:
         return Change(m.kind, m.name, "unchanged", old=current, new=current), None, []
     phase = (current.status or {}).get("phase")
     if (
@@ -220,7 +225,7 @@ def _apply_one(
             f"{m.where('spec')}: job {m.name!r} is {phase}; its spec cannot change while a revision "
             "is under way (wait for it, cancel it, or apply --force to stop it and start the new revision)"
         )
-    obj = repo.update_object(tx, current, spec=spec, labels=meta.labels, annotations=annotations)
+    obj = repo.update_object(tx, current, spec=spec, labels=labels, annotations=annotations)
     event = (
         obj,
         "Configured",

@@ -8,6 +8,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .api.annotations import HOSTNAME_LABEL
 from .api.meta import ObjectMeta
 from .api.node import Capacity, heartbeat_fresh, heartbeat_status
 from .errors import Conflict, InvalidInput
@@ -40,7 +41,7 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
         capacity = Capacity.model_validate(beat.capacity).model_dump(by_alias=True, exclude_none=True)
     except ValueError as exc:
         raise InvalidInput(f"heartbeat of node {node}: {exc}") from None
-    labels = {**beat.labels, "reconciler.dev/hostname": beat.agent.partition(":")[0][:63]}
+    labels = {**beat.labels, HOSTNAME_LABEL: beat.agent.partition(":")[0][:63]}
     with store.write() as tx:  # not `known`: the controller's change feed wakes the jobs that wait for a node
         obj = repo.get(tx.session, kind="Node", name=node)
         if obj is None:

@@ -419,6 +419,37 @@ def test_prune_leaves_what_apply_did_not_make(store_url, tmp_path):
     assert names_of(store_url, "nodes") == ["this-host"]
 
 
+def test_a_registered_node_configured_by_apply_keeps_its_hostname_and_is_never_pruned(store_url, tmp_path):
+    """A manifest for the host's node (labels, capacity) configures it; the label its agent
+    set stays (the system's, as its annotations are), and a later prune leaves it."""
+    from reconciler.controller.nodes import heartbeat
+    from reconciler.store import Store
+
+    store = Store(store_url)
+    try:
+        heartbeat(store, "this-host", "test:1:0", 1_800_000_000.0)
+    finally:
+        store.dispose()
+    node = doc("Node", "this-host", {"capacity": {"slots": 10}}, labels={"gpu": "true", "zone": "a"})
+    ok("apply", "-f", write(tmp_path / "node.yaml", node), store=store_url)
+    labels = get_json(store_url, "node", "this-host")["metadata"]["labels"]
+    assert labels == {"gpu": "true", "zone": "a", "reconciler.dev/hostname": socket.gethostname()[:63]}
+    again = ok("apply", "-f", write(tmp_path / "node.yaml", node), store=store_url)
+    assert lines(again.stdout) == ["node.reconciler.dev/this-host unchanged"]
+    result = ok(
+        "apply",
+        "--prune",
+        "-l",
+        "zone=a",
+        "-f",
+        write(tmp_path / "p.yaml", pool("p", labels={"zone": "a"})),
+        store=store_url,
+    )
+    assert "this-host" not in result.stdout
+    assert names_of(store_url, "nodes") == ["this-host"]
+    assert get_json(store_url, "node", "this-host")["spec"]["capacity"]["slots"] == 10
+
+
 def test_prune_removes_a_pool_together_with_its_jobs(sqlite_url, tmp_path):
     ok("apply", "-f", write(tmp_path / "a.yaml", pool("gone"), job("user", pool="gone"), job("stay")), store=sqlite_url)
     result = ok("apply", "--prune", "-f", write(tmp_path / "b.yaml", job("stay")), store=sqlite_url)

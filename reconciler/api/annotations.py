@@ -3,7 +3,10 @@ action, and how objects say who made them (the Kubernetes way: intent as metadat
 
 from __future__ import annotations
 
-SYSTEM_PREFIX = "reconciler.dev/"  # annotations under it are the system's, kept across applies
+SYSTEM_PREFIX = "reconciler.dev/"  # annotations and labels under it are the system's, kept across applies
+# on a Node an agent registered (the controller's for its host, or a remote agent's): the
+# host's name; such a node is never pruned, whoever applied a manifest for it since
+HOSTNAME_LABEL = "reconciler.dev/hostname"
 
 CANCEL = "reconciler.dev/cancel-revision"  # value: the revision to cancel
 CANCEL_REASON = "reconciler.dev/cancel-reason"  # value: who or what asked (the job's message says it)
@@ -30,4 +33,5 @@ def user_annotations(annotations: dict[str, str]) -> dict[str, str]:
 
 
 def system_annotations(annotations: dict[str, str]) -> dict[str, str]:
+    """The system's entries of annotations, or of labels."""
     return {k: v for k, v in annotations.items() if k.startswith(SYSTEM_PREFIX)}

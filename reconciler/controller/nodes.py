@@ -6,6 +6,7 @@ import os
 import re
 import socket
 
+from ..api.annotations import HOSTNAME_LABEL
 from ..api.meta import from_epoch
 from ..api.node import heartbeat_fresh, heartbeat_status
 from ..store import Store
@@ -47,7 +48,7 @@ def heartbeat(
                 # operator declares them: declared here, a service's default 2 CPUs would take a
                 # 2-core host whole and hold back every other job, which slots never did
                 spec={"capacity": {}, "unschedulable": False},
-                labels={"reconciler.dev/hostname": socket.gethostname()[:63]},
+                labels={HOSTNAME_LABEL: socket.gethostname()[:63]},
                 annotations={"reconciler.dev/managed-by": "agent"},
             )
             repo.record_events(tx, repo.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
