@@ -246,7 +246,10 @@ def delete_object(tx: Tx, obj: StoredObject, going: frozenset[str] = frozenset()
             else [name for name, _ in specview.jobs_in_pool(tx.session, obj.name) if name not in going]
         )
         if users:
-            raise Conflict(f'pool "{obj.name}" is used by job(s) {", ".join(users[:5])}; delete or move them first')
+            more = f" and {len(users) - 5} more" if len(users) > 5 else ""
+            raise Conflict(
+                f'pool "{obj.name}" is used by job(s) {", ".join(users[:5])}{more}; delete or move them first'
+            )
     phase = (obj.status or {}).get("phase")
     if obj.kind == "Job" and phase in LIVE_PHASES:
         if obj.deleted_at is None:

@@ -450,6 +450,29 @@ def test_a_registered_node_configured_by_apply_keeps_its_hostname_and_is_never_p
     assert get_json(store_url, "node", "this-host")["spec"]["capacity"]["slots"] == 10
 
 
+def test_a_pool_may_be_lowered_below_finished_jobs_and_paused_at_zero(store_url, tmp_path):
+    """Only jobs that may still wait for a slot hold a pool's size up: a Completed one does
+    not, and 0 slots pauses the pool (every job waits until it is raised)."""
+    ok("up", "-f", write(tmp_path / "done.yaml", pool("p", 2), job("big", pool="p", slots=2)), store=store_url)
+    assert get_json(store_url, "job", "big")["status"]["phase"] == "Completed"
+    ok("apply", "-f", write(tmp_path / "p1.yaml", pool("p", 1)), store=store_url)
+    ok("apply", "-f", write(tmp_path / "w.yaml", job("waiting", pool="p", slots=1, suspend=True)), store=store_url)
+    ok("apply", "-f", write(tmp_path / "p0.yaml", pool("p", 0)), store=store_url)
+    ok("apply", "-f", write(tmp_path / "p2.yaml", pool("p", 2)), store=store_url)
+    ok("apply", "-f", write(tmp_path / "w2.yaml", job("waiting", pool="p", slots=2, suspend=True)), store=store_url)
+    refused = cli("apply", "-f", write(tmp_path / "p1.yaml", pool("p", 1)), store=store_url)
+    assert refused.code == 2 and "1 slots is less than job 'waiting' needs (2)" in refused.stderr
+    assert get_json(store_url, "pool", "p")["spec"]["slots"] == 2
+
+
+def test_deleting_a_pool_in_use_counts_the_jobs_it_does_not_name(sqlite_url, tmp_path):
+    jobs = [job(f"user-{i}", pool="p", suspend=True) for i in range(7)]
+    ok("apply", "-f", write(tmp_path / "a.yaml", pool("p", 1), *jobs), store=sqlite_url)
+    refused = cli("delete", "pool", "p", store=sqlite_url)
+    assert refused.code == 4
+    assert "used by job(s) user-0, user-1, user-2, user-3, user-4 and 2 more" in refused.stderr
+
+
 def test_prune_removes_a_pool_together_with_its_jobs(sqlite_url, tmp_path):
     ok("apply", "-f", write(tmp_path / "a.yaml", pool("gone"), job("user", pool="gone"), job("stay")), store=sqlite_url)
     result = ok("apply", "--prune", "-f", write(tmp_path / "b.yaml", job("stay")), store=sqlite_url)

@@ -59,7 +59,8 @@ class Stored(Protocol):
 
     def job(self, name: str) -> dict[str, Any] | None: ...
     def pool(self, name: str) -> dict[str, Any] | None: ...
-    def jobs_in_pool(self, pool: str) -> Iterable[tuple[str, dict[str, Any]]]: ...  # global: every job
+    # the jobs not Completed that name the pool (global: every job not Completed)
+    def jobs_in_pool(self, pool: str) -> Iterable[tuple[str, dict[str, Any]]]: ...
     def pruned(self, kind: str, name: str) -> bool: ...  # stored, but this apply deletes it (--prune)
 
 
@@ -167,6 +168,8 @@ def validate_apply(
 
     for m in manifests:  # a pool shrunk below a job that names it would strand that job forever
         cap = _capacity(new_pools[m.name]) if m.kind.kind == "Pool" else None
+        if cap == 0:  # paused (as Airflow's pools are): every job waits until it is raised again
+            continue
         too_big = _first_that_needs_more(m.name, cap, new_jobs, stored) if cap is not None else None
         if too_big is not None:
             job, slots = too_big
@@ -178,8 +181,9 @@ def _first_that_needs_more(
     pool: str, cap: int, new_jobs: dict[str, Candidate], stored: Stored
 ) -> tuple[str, int] | None:
     """The first job (by name) naming `pool` (every job, for global) that needs more than
-    `cap` slots: the applied versions, and the stored jobs, which are read only when the
-    pool shrinks below what it was (else they fit already)."""
+    `cap` slots: the applied versions, and the stored jobs not Completed (a finished job
+    waits for no slot), which are read only when the pool shrinks below what it was (else
+    they fit already)."""
     every = pool == GLOBAL_POOL
     needs = {n: c.obj.spec.slots for n, c in new_jobs.items() if every or c.obj.spec.pool == pool}
     stored_spec = stored.pool(pool)

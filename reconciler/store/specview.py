@@ -14,16 +14,27 @@ from .repository import StoredObject
 
 _SPEC = Statement("SELECT spec FROM objects WHERE kind = :kind AND name = :name")
 # A job's canonical spec spells its pool `"pool":"NAME"` (names are DNS labels: no LIKE wildcards)
-_JOBS_IN_POOL = Statement("SELECT name, spec FROM objects WHERE kind = 'Job' AND spec LIKE :pattern ORDER BY name")
-_JOB_SPECS = Statement("SELECT name, spec FROM objects WHERE kind = 'Job' ORDER BY name")
+_IN_POOL = " AND spec LIKE :pattern"
+# a completed job waits for no slot (a job's phase is NULL until its first status write)
+_UNFINISHED = " AND (phase IS NULL OR phase != 'Completed')"
 
 
-def jobs_in_pool(session: Connection, pool: str) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(name, spec) of the jobs that name `pool` (every job, for the global pool)."""
+def _jobs(where: str) -> Statement:
+    return Statement(f"SELECT name, spec FROM objects WHERE kind = 'Job'{where} ORDER BY name")
+
+
+_JOBS_IN_POOL, _JOB_SPECS = _jobs(_IN_POOL), _jobs("")
+_UNFINISHED_IN_POOL, _UNFINISHED_SPECS = _jobs(_IN_POOL + _UNFINISHED), _jobs(_UNFINISHED)
+
+
+def jobs_in_pool(session: Connection, pool: str, *, unfinished: bool = False) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(name, spec) of the jobs that name `pool` (every job, for the global pool); only those
+    not Completed when `unfinished`."""
     if pool == GLOBAL_POOL:
-        rows = _JOB_SPECS.execute(session).all()
+        rows = (_UNFINISHED_SPECS if unfinished else _JOB_SPECS).execute(session).all()
     else:
-        rows = _JOBS_IN_POOL.execute(session, {"pattern": f'%"pool":"{pool}"%'}).all()
+        query = _UNFINISHED_IN_POOL if unfinished else _JOBS_IN_POOL
+        rows = query.execute(session, {"pattern": f'%"pool":"{pool}"%'}).all()
     for row in rows:
         spec = json.loads(row.spec)
         if pool == GLOBAL_POOL or spec.get("pool") == pool:  # the text matched; the spec decides
@@ -63,5 +74,7 @@ class SpecView:
         return self._spec("Pool", name)
 
     def jobs_in_pool(self, pool: str) -> Iterator[tuple[str, dict[str, Any]]]:
-        """Its jobs, those this apply prunes left out (a pool may shrink below a pruned job)."""
-        return ((name, spec) for name, spec in jobs_in_pool(self._session, pool) if ("Job", name) not in self._pruned)
+        """Its jobs not Completed, those this apply prunes left out (a pool may shrink below a
+        pruned job, or a finished one)."""
+        jobs = jobs_in_pool(self._session, pool, unfinished=True)
+        return ((name, spec) for name, spec in jobs if ("Job", name) not in self._pruned)
