@@ -137,7 +137,7 @@ def _apply(
         change.new = obj
     if events:
         repo.record_events(tx, *(repo.ObjectEvent(_written(o), reason, message) for o, reason, message in events))
-    going = frozenset(o.name for o in doomed if o.kind == "Job")
+    going = frozenset((o.kind, o.name) for o in doomed)
     for obj in doomed:
         delete_object(tx, obj, going)
         changes.append(Change(KINDS[obj.kind], obj.name, "pruned", old=obj))
@@ -234,21 +234,27 @@ def _apply_one(
     return Change(m.kind, m.name, "configured", old=current, new=obj), None, [event]
 
 
-def delete_object(tx: Tx, obj: StoredObject, going: frozenset[str] = frozenset()) -> str:
+def delete_object(tx: Tx, obj: StoredObject, going: frozenset[tuple[str, str]] = frozenset()) -> str:
     """Delete now, or, for a job whose process may be alive, mark it for deletion so the
     controller stops the process tree first (like a Kubernetes finalizer). Returns what happened.
-    `going`: the jobs deleted with it (a running one is only marked): a pool may go with them."""
-    if obj.kind == "Pool":
-        # no job names the global pool: it limits every job, and can go whenever
-        users = (
-            []
-            if obj.name == GLOBAL_POOL
-            else [name for name, _ in specview.jobs_in_pool(tx.session, obj.name) if name not in going]
-        )
+    `going`: (kind, name) of the objects deleted with it (a running job is only marked): a
+    pool may go with the jobs and Sources that name it."""
+    if obj.kind == "Pool" and obj.name != GLOBAL_POOL:  # no job names global: it can go whenever
+        users = [n for n, _ in specview.jobs_in_pool(tx.session, obj.name) if ("Job", n) not in going]
         if users:
             more = f" and {len(users) - 5} more" if len(users) > 5 else ""
             raise Conflict(
                 f'pool "{obj.name}" is used by job(s) {", ".join(users[:5])}{more}; delete or move them first'
+            )
+        sources = [
+            s.name
+            for s in repo.list_objects(tx.session, kind="Source")
+            if s.spec.get("template", {}).get("pool") == obj.name and ("Source", s.name) not in going
+        ]
+        if sources:  # every job they make would be refused for naming a missing pool
+            raise Conflict(
+                f'pool "{obj.name}" is named by the template of source(s) {", ".join(sources)}; '
+                "change or delete them first"
             )
     phase = (obj.status or {}).get("phase")
     if obj.kind == "Job" and phase in LIVE_PHASES:
@@ -304,6 +310,6 @@ def delete(
                     missing.append((k, n))
                 else:
                     objs.append(obj)
-        going = frozenset(o.name for o in objs if o.kind == "Job")
+        going = frozenset((o.kind, o.name) for o in objs)
         done = [(o, delete_object(tx, o, going)) for o in sorted(objs, key=lambda o: _DELETE_ORDER[o.kind])]
     return Deleted(done, missing)

@@ -68,9 +68,45 @@ def test_an_invalid_source_is_refused_naming_file_line_and_field(tmp_path, sqlit
     assert run_cli("get", "sources", "-o", "name", store=sqlite_url).stdout == ""
 
 
+POOL = {"apiVersion": API, "kind": "Pool", "metadata": {"name": "batch"}, "spec": {"slots": 2}}
+
+
+@pytest.mark.parametrize(
+    ("template", "key", "field", "words"),
+    [
+        ({"pool": "nosuch"}, "pool:", "spec.template.pool", "pool 'nosuch' does not exist"),
+        ({"pool": "batch", "slots": 5}, "slots:", "spec.template.slots", "5 slots can never fit pool 'batch'"),
+        ({"dependsOn": ["nosuch"]}, "- nosuch", "spec.template.dependsOn[0].job", "job 'nosuch' does not exist"),
+    ],
+)
+def test_what_a_template_names_must_exist_and_fit(tmp_path, sqlite_url, template, key, field, words):
+    """Every job a Source makes would be refused for it: the Source is refused instead."""
+    path = tmp_path / "source.yaml"
+    text = yaml.safe_dump_all([POOL, source({"amqp": AMQP, "template": template})], sort_keys=False)
+    path.write_text(text)
+    lines = text.splitlines()
+    after = lines.index("kind: Source")
+    line = 1 + next(i for i, t in enumerate(lines) if i > after and t.strip().startswith(key))
+    result = run_cli("apply", "-f", str(path), store=sqlite_url)
+    assert result.code == 2, result.stdout + result.stderr
+    assert f"{path}:{line}: {field}: {words}" in result.stderr, result.stderr
+    assert run_cli("get", "sources,pools", "-o", "name", store=sqlite_url).stdout == ""
+
+
+def test_a_pool_a_template_names_is_not_deleted_before_the_source(tmp_path, sqlite_url):
+    path = tmp_path / "source.yaml"
+    path.write_text(yaml.safe_dump_all([POOL, source({"amqp": AMQP, "template": {"pool": "batch"}})]))
+    assert run_cli("apply", "-f", str(path), store=sqlite_url).code == 0
+    refused = run_cli("delete", "pool", "batch", store=sqlite_url)
+    assert refused.code == 4 and "named by the template of source(s) inbox" in refused.stderr
+    both = run_cli("delete", "source/inbox", "pool/batch", store=sqlite_url)
+    assert both.code == 0, both.stderr
+
+
 def test_a_source_is_stored_shown_and_deleted(tmp_path, sqlite_url):
     path = tmp_path / "source.yaml"
     spec = {"amqp": AMQP, "template": {"labels": {"from": "inbox"}, "pool": "batch", "retry": {"limit": 2}}}
+    run_cli("apply", "-f", "-", store=sqlite_url, input=yaml.safe_dump(POOL))
     path.write_text(yaml.safe_dump(source(spec), sort_keys=False))
     assert run_cli("apply", "-f", str(path), store=sqlite_url).stdout == "source.reconciler.dev/inbox created\n"
     table = run_cli("get", "sources", store=sqlite_url).stdout.splitlines()

@@ -83,8 +83,16 @@ class SourceSpec(Strict):
                     check_label_key(key)
                     check_label_value(value)
         # the job fields, checked as a job's: a ValidationError here names spec.template.FIELD
-        JobSpec.model_validate({**job_defaults(template), "command": ["true"]})
+        _template_job(template)
         return template
+
+    def job_template(self) -> JobSpec:
+        """The template's job fields as a job's spec (a placeholder command): what it names."""
+        return _template_job(self.template)
+
+
+def _template_job(template: dict[str, Any]) -> JobSpec:
+    return JobSpec.model_validate({**job_defaults(template), "command": ["true"]})
 
 
 def job_defaults(template: dict[str, Any]) -> dict[str, Any]:

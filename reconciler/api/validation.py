@@ -120,38 +120,46 @@ def validate_apply(
         return new_pools[name] if name in new_pools else stored.pool(name)
 
     global_cap = _capacity(pool(GLOBAL_POOL))
-    for name, m in new_jobs.items():
-        spec = m.obj.spec
+
+    def references(m: Candidate, spec: Any, *at: str) -> None:
+        """What a job spec names must exist and fit: its dependencies, its pool, its slots
+        (`at`: where the spec is, in the object: a Job's spec, or a Source's template)."""
         edges: dict[str, list[str]] = {}
         for i, dep in enumerate(spec.depends_on):
             if dep.job in edges and sorted(edges[dep.job]) != sorted(dep.outcomes):
                 problems.append(
-                    f"{m.where('spec', 'dependsOn', i)}: job {dep.job!r} is named twice with different outcomes"
+                    f"{m.where(*at, 'dependsOn', i)}: job {dep.job!r} is named twice with different outcomes"
                 )
             edges.setdefault(dep.job, list(dep.outcomes))
-            if dep.job == name:
-                problems.append(f"{m.where('spec', 'dependsOn', i, 'job')}: a job cannot depend on itself")
+            if m.kind.kind == "Job" and dep.job == m.name:
+                problems.append(f"{m.where(*at, 'dependsOn', i, 'job')}: a job cannot depend on itself")
             elif dep.job not in new_jobs and ("Job", dep.job) not in refused and stored.job(dep.job) is None:
                 why = (
                     "--prune would delete it: it is in none of the files applied"
                     if stored.pruned("Job", dep.job)
                     else "neither stored nor in this apply"
                 )
-                problems.append(f"{m.where('spec', 'dependsOn', i, 'job')}: job {dep.job!r} does not exist ({why})")
+                problems.append(f"{m.where(*at, 'dependsOn', i, 'job')}: job {dep.job!r} does not exist ({why})")
         named = pool(spec.pool) if spec.pool is not None else None
         if spec.pool is not None and named is None:
             if ("Pool", spec.pool) not in refused:
                 pruned = " (--prune would delete it: it is in none of the files applied)"
                 gone = pruned if stored.pruned("Pool", spec.pool) else ""
-                problems.append(f"{m.where('spec', 'pool')}: pool {spec.pool!r} does not exist{gone}")
+                problems.append(f"{m.where(*at, 'pool')}: pool {spec.pool!r} does not exist{gone}")
         elif spec.pool is not None and (cap := _capacity(named)) is not None and spec.slots > cap:
             problems.append(
-                f"{m.where('spec', 'slots')}: {spec.slots} slots can never fit pool {spec.pool!r} ({cap} slots)"
+                f"{m.where(*at, 'slots')}: {spec.slots} slots can never fit pool {spec.pool!r} ({cap} slots)"
             )
         if global_cap is not None and spec.slots > global_cap:
             problems.append(
-                f"{m.where('spec', 'slots')}: {spec.slots} slots can never fit the global limit ({global_cap} slots)"
+                f"{m.where(*at, 'slots')}: {spec.slots} slots can never fit the global limit ({global_cap} slots)"
             )
+
+    for m in new_jobs.values():
+        references(m, m.obj.spec, "spec")
+    for m in manifests:  # a Source's template is under every job it makes: a missing pool refuses them all
+        if m.kind.kind == "Source":
+            references(m, m.obj.spec.job_template(), "spec", "template")
 
     def edges_of(name: str) -> list[str]:  # the new version's edges, else the stored job's
         if name in new_jobs:
