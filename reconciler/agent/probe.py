@@ -8,6 +8,7 @@ import contextlib
 import logging
 import os
 import queue
+import selectors
 import signal
 import subprocess
 import threading
@@ -49,16 +50,68 @@ def run_probe(
         return False, f"probe could not start: {exc.strerror or exc}"
     running(proc)
     try:
-        out, _ = proc.communicate(timeout=probe.timeout)
-    except subprocess.TimeoutExpired:
-        _kill(proc)
-        proc.communicate()
-        return False, f"probe timed out after {probe.timeout:g}s"
+        out, in_time = _collect(proc, probe.output_limit, probe.timeout)
     finally:
         running(None)
-    text = out[: probe.output_limit].decode("utf-8", "replace").strip()
+    if not in_time:
+        return False, f"probe timed out after {probe.timeout:g}s"
+    text = out.decode("utf-8", "replace").strip()
     verdict = "succeeded" if proc.returncode == 0 else f"exited {proc.returncode}"
     return proc.returncode == 0, f"probe {verdict}" + (f": {text}" if text else "")
+
+
+def _collect(proc: subprocess.Popen[bytes], limit: int, timeout: float) -> tuple[bytes, bool]:
+    """The first `limit` bytes of the probe's output, and whether it exited within `timeout`.
+    Read until the probe exits, not until its pipe closes (a child it started in another
+    session may hold the pipe for ever); what passes the limit is read and dropped, so a
+    chatty probe neither fills memory nor blocks on a full pipe. Once it has exited, what is
+    left of its process group is killed (the zombie still holds the group's id), then it is
+    reaped; on time out, the group is killed."""
+    assert proc.stdout is not None
+    fd = proc.stdout.fileno()
+    os.set_blocking(fd, False)
+    kept = bytearray()
+    deadline = time.monotonic() + timeout
+    pidfd = os.pidfd_open(proc.pid)  # readable once the probe exits, without reaping it
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            selector.register(pidfd, selectors.EVENT_READ)
+            exited = False
+            while not exited and (left := deadline - time.monotonic()) > 0:
+                for key, _ in selector.select(left):
+                    if key.fd == pidfd:
+                        exited = True
+                    elif not _read(fd, kept, limit):  # the pipe closed: only the exit is awaited
+                        selector.unregister(fd)
+        _kill(proc)
+        if exited:
+            _read(fd, kept, limit, at_most=AFTER_EXIT)  # what it wrote last, still in the pipe
+    finally:
+        os.close(pidfd)
+        proc.stdout.close()
+        proc.wait()
+    return bytes(kept), exited
+
+
+AFTER_EXIT = 2**20  # bytes read from the pipe once the probe exited: a child left writing is not waited for
+
+
+def _read(fd: int, kept: bytearray, limit: int, at_most: int = 4 * 65536) -> bool:
+    """Read what the pipe holds now (at most `at_most` bytes: a writer as fast as the reader
+    must not keep it from the deadline), keeping up to `limit` bytes in all; False at its end."""
+    read = 0
+    while read < at_most:
+        try:
+            chunk = os.read(fd, 65536)
+        except BlockingIOError:
+            return True
+        if not chunk:
+            return False
+        read += len(chunk)
+        if len(kept) < limit:
+            kept += chunk[: limit - len(kept)]
+    return True
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

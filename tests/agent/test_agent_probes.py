@@ -8,7 +8,7 @@ import threading
 
 import psutil
 
-from reconciler.agent.probe import Probes
+from reconciler.agent.probe import Probes, run_probe
 from reconciler.api.job import WaitCondition
 from tests.helpers import wait_until
 
@@ -168,3 +168,45 @@ def test_probe_records_kill_only_what_a_gone_owner_left_and_never_a_stranger(tmp
         for proc in (orphan, kept, stranger, live_owner):
             proc.kill()
             proc.wait()
+
+
+def probe(command: list[str], timeout: str = "5s", limit: str = "4Ki") -> WaitCondition:
+    return WaitCondition.model_validate({"probe": {"command": command, "timeout": timeout, "outputLimit": limit}})
+
+
+def test_a_probe_keeps_its_output_up_to_the_limit_and_no_more(tmp_path):
+    ok, said = run_probe(probe(["sh", "-c", "echo ready; exit 0"]))
+    assert (ok, said) == (True, "probe succeeded: ready")
+    ok, said = run_probe(probe(["sh", "-c", "echo not yet; exit 3"]))
+    assert (ok, said) == (False, "probe exited 3: not yet")
+    # 64 MiB of output: read and dropped past the limit, not held (nor blocking the probe)
+    ok, said = run_probe(probe(["sh", "-c", "head -c 67108864 /dev/zero | tr '\\0' x; exit 0"], timeout="60s"))
+    assert ok and said == "probe succeeded: " + "x" * 4096
+
+
+def test_a_chatty_probe_is_timed_out_without_its_output_filling_memory(tmp_path):
+    before = psutil.Process().memory_info().rss
+    ok, said = run_probe(probe(["yes"], timeout="1s"))
+    assert (ok, said) == (False, "probe timed out after 1s")
+    assert psutil.Process().memory_info().rss - before < 64 * 2**20
+
+
+def test_a_child_left_holding_the_pipe_is_not_waited_for(tmp_path):
+    """A probe that exits leaving a child of its own session holding the pipe gets its verdict
+    at its exit, and the child is killed with its group; one in another session (setsid)
+    does not hold the probe to its timeout."""
+    marker = tmp_path / "child"
+    ok, said = run_probe(probe(["sh", "-c", f"sleep 30 & echo $! > {marker}; echo done; exit 0"], timeout="20s"))
+    assert (ok, said) == (True, "probe succeeded: done")
+    child = int(marker.read_text())
+    wait_until(lambda: not psutil.pid_exists(child) or psutil.Process(child).status() == "zombie", timeout=10)
+    escaped = tmp_path / "escaped"
+    # its verdict at its exit (waiting for the pipe's end, it was "timed out")
+    ok, said = run_probe(probe(["sh", "-c", f"setsid sleep 600 & echo $! > {escaped}; exit 1"], timeout="20s"))
+    assert (ok, said) == (False, "probe exited 1")
+    os.kill(int(escaped.read_text()), 9)
+    # timed out, it is not waited for either (it was, until the escaped child's end: the
+    # test's own timeout would end it first)
+    ok, said = run_probe(probe(["sh", "-c", f"setsid sleep 600 & echo $! > {escaped}; sleep 600"], timeout="1s"))
+    assert (ok, said) == (False, "probe timed out after 1s")
+    os.kill(int(escaped.read_text()), 9)
