@@ -168,6 +168,10 @@ class RunEnds:
                 signal = exited.signal if exited else None
                 self._close_run(ctx, run, RunOutcome.CANCELLED, code, signal, reason, finished_at)
         ctx.status.pop("stop", None)
+        if reason != "Deleted" and ctx.obj.deleted_at is not None:
+            # deleted while the run stopped for another reason: the deletion wins, now (no
+            # later change would bring the job back to be removed)
+            return self.endings.finalize_delete(ctx)
         if (
             reason == "RunTimeout"
             and run is not None
@@ -186,11 +190,14 @@ class RunEnds:
                 Phase.SUSPENDED, "Suspended", "suspended; the run was stopped and the job keeps its queue position"
             )
             self.endings.write(ctx)
-            return DONE
+            # a resume, a cancel or a new spec asked for while the run stopped was written
+            # while Stopping, and no later change brings it back: the next look takes it up
+            return AGAIN
         if reason == "SpecChanged":
             return self.endings.start_revision(ctx)
         outcome = "TimedOut" if reason == "DeadlineExceeded" else "Cancelled"
-        return self.endings.complete(ctx, outcome, reason, message)
+        self.endings.complete(ctx, outcome, reason, message)
+        return AGAIN  # as a suspension's: a new spec given meanwhile starts its revision
 
     def _timed_out(self, ctx: Ctx, run: RunDict) -> None:
         """The stderr line the seed scheduler wrote for timed-out runs (a remote agent writes

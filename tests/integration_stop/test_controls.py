@@ -168,3 +168,31 @@ def test_controls_select_jobs_by_label(env, controller):
     for args in (("cancel",), ("suspend", "job/a1", "-l", "team=a"), ("resume", "-l", "team in (a")):
         refused = env.cli(*args, ok=False)
         assert refused.code == 2 and refused.stderr.startswith("error:"), (args, refused.stderr)
+
+
+DEAF = "trap '' TERM; sleep 300"  # ignores SIGTERM (its sleep too): it stops only at the grace period's SIGKILL
+
+
+def test_requests_made_while_a_run_stops_are_not_lost(env, controller):
+    """A delete, a resume or a cancel given while a run is stopping for another request is
+    written while the job is Stopping; once the stop is over the job goes where the last
+    word says (it stayed Terminating, or Suspended with suspend: false, for good)."""
+    for name in ("cancelled-then-deleted", "suspended-then-resumed", "suspended-then-cancelled"):
+        env.apply(job(name, DEAF, stopGracePeriod="3s"))
+        env.wait_running(name)
+    env.cli("cancel", "job/cancelled-then-deleted")
+    env.cli("suspend", "job/suspended-then-resumed", "job/suspended-then-cancelled")
+    for name in ("cancelled-then-deleted", "suspended-then-resumed", "suspended-then-cancelled"):
+        env.wait_phase(name, "Stopping")
+    env.cli("delete", "job", "cancelled-then-deleted")
+    env.cli("resume", "job/suspended-then-resumed")
+    env.cli("cancel", "job/suspended-then-cancelled")
+    assert env.status("suspended-then-cancelled")["phase"] == "Stopping", "the grace period is not over yet"
+
+    wait_until(lambda: env.obj("cancelled-then-deleted") is None, 30, message="the deleted job removed")
+    resumed = env.wait_running("suspended-then-resumed", run=2)
+    assert [r["outcome"] for r in resumed["runs"][:1]] == ["Cancelled"]
+    cancelled = env.wait_phase("suspended-then-cancelled", "Completed")
+    assert (cancelled["outcome"], cancelled["reason"]) == ("Cancelled", "Cancelled")
+    env.cli("delete", "job", "suspended-then-resumed")
+    wait_until(lambda: env.obj("suspended-then-resumed") is None, 30, message="the resumed job removed")
