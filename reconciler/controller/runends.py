@@ -17,7 +17,7 @@ from ..store import scheduling as sched
 from . import deadlines, faults
 from .context import RETRY_SCHEDULED, Ctx
 from .retry import RunEnd, after_run, restart_delay
-from .runtime import AGAIN, DONE, Result, requeue_after
+from .runtime import AGAIN, Result, requeue_after
 from .services import lifetimes
 from .stops import Stop, drained
 

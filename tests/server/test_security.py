@@ -105,6 +105,28 @@ def test_a_non_loopback_host_without_tokens_is_refused(sqlite_url, tmp_path):
     assert half_tls.returncode == 2 and "--tls-cert and --tls-key go together" in half_tls.stderr
 
 
+def test_without_tokens_a_web_page_cannot_drive_the_api(server):
+    """Loopback without tokens trusts whoever can reach 127.0.0.1, which a browser can on a
+    page's behalf: a rebound DNS name (its own Host) and cross-site requests are refused,
+    writes and reads alike; the CLI's and a local browser tab's requests pass."""
+    http = server.http(token="")
+    apply = {"items": [job_manifest("rebound")]}
+    rebound = http.post(f"{PREFIX}/apply", json=apply, headers={"Host": "rebind.evil.example:80"})
+    assert rebound.status_code == 403 and "DNS rebinding" in rebound.json()["message"]
+    assert http.get(f"{PREFIX}/jobs", headers={"Host": "rebind.evil.example"}).status_code == 403
+    cross = http.post(f"{PREFIX}/apply", json=apply, headers={"Origin": "http://evil.example"})
+    assert cross.status_code == 403 and "evil.example" in cross.json()["message"]
+    form = http.post(f"{PREFIX}/jobs/rebound/cancel", content=b"x", headers={"Sec-Fetch-Site": "cross-site"})
+    assert form.status_code == 403
+    assert http.get(f"{PREFIX}/jobs").json()["items"] == []  # none of it was stored
+    for host in ("127.0.0.1", "localhost", "[::1]"):
+        port = server.url.rsplit(":", 1)[1]
+        assert http.get(f"{PREFIX}/jobs", headers={"Host": f"{host}:{port}"}).status_code == 200
+    same_origin = http.post(f"{PREFIX}/apply", json=apply, headers={"Origin": server.url})
+    assert same_origin.status_code == 200
+    assert server.cli("get", "jobs", "-o", "name").stdout.strip() == "job.reconciler.dev/rebound"
+
+
 def test_a_bad_tokens_file_is_refused_naming_file_and_line(sqlite_url, tmp_path):
     path = tmp_path / "tokens"
     path.write_text(f"{ADMIN} admin\nshort admin\n{VIEWER} superuser\n{AGENT} agent\n{ADMIN} viewer\n")
