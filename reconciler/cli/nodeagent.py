@@ -25,7 +25,11 @@ def agent(
     log_port: int = typer.Option(
         9002, "--log-port", min=0, max=65535, help="Serve run logs to the server on this port (0: any free one)."
     ),
-    log_host: str = typer.Option("0.0.0.0", "--log-host", help="Address the log port listens on."),
+    log_host: str | None = typer.Option(
+        None,
+        "--log-host",
+        help="Address the log port listens on (default: all with a token; without one, loopback only).",
+    ),
     address: str | None = typer.Option(
         None, "--address", help="Where the server reaches this node (default: the address routed to the server)."
     ),
@@ -38,6 +42,7 @@ def agent(
     options), then run what is placed on it."""
     from ..api.meta import check_name
     from ..nodeagent.daemon import NodeAgent, Options, default_state_dir
+    from ..server.serve import is_loopback
 
     server, token = ctx_of(ctx).server, ctx_of(ctx).token
     if not server:
@@ -51,6 +56,13 @@ def agent(
             token = Path(token_file).read_text().strip()
         except OSError as exc:
             raise InvalidInput(f"--token-file {token_file}: {exc}") from None
+    if log_host is None:
+        log_host = "0.0.0.0" if token else "127.0.0.1"
+    elif not token and not is_loopback(log_host):
+        raise InvalidInput(
+            f"--log-host {log_host}: without a token the log port has no authentication, so it listens on "
+            "loopback only (127.0.0.1, ::1, localhost); give --token or --token-file to serve the server's machine"
+        )
     pairs = [p for p in (labels or "").split(",") if p] + list(label)
     parsed: dict[str, str] = {}
     for pair in pairs:

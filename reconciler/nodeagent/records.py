@@ -98,7 +98,8 @@ class Record:
         path = Path(self.dir) / RECORD
         tmp = path.with_name(f".{RECORD}.{threading.get_ident()}")  # threads save a record each under its own name
         document = {k: v for k, v in vars(self).items() if k != "stop_at"}  # flat: no asdict deep copy
-        with open(tmp, "w") as out:
+        # private, as every state file is (its folder is too)
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
             out.write(json.dumps(document))  # one write, not a chunk per token
         os.replace(tmp, path)
 

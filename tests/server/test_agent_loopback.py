@@ -4,9 +4,11 @@ lives, a run timeout, a stale report."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import ssl
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -73,6 +75,28 @@ def test_a_working_dir_the_node_lacks_is_replaced_by_the_runs_own_folder(agent, 
     # on the store alone, the logs are not there: it says where they are
     local = server.local("logs", "job/where")
     assert local.code == 1 and "ran on node far, whose agent keeps its logs" in local.stderr, local
+
+
+def test_an_agent_without_a_token_serves_its_logs_on_loopback_only(agent, tmp_path):
+    """Its log port has no authentication then: it listens on loopback (the server that
+    fetches logs is on this machine: it listens on loopback too without tokens), its run
+    records are private, and asking for another address is refused."""
+    server, proc = agent
+    listening = [
+        c.laddr
+        for p in [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        for c in p.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert listening and all(ipaddress.ip_address(a.ip).is_loopback for a in listening), listening
+    _apply(server, job_manifest("private", ["true"]))
+    settled(server, "private")
+    (record,) = (tmp_path / "agent" / "runs").glob("private.*/agent.json")
+    assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    argv = ["--server", server.url, "agent", "--node", "open", "--log-host", "0.0.0.0"]
+    refused = subprocess.run([sys.executable, "-m", "reconciler", *argv], capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2
+    assert "--log-host 0.0.0.0: without a token" in refused.stderr and "loopback only" in refused.stderr
 
 
 def test_cancel_and_run_timeout_stop_a_remote_run(agent):
