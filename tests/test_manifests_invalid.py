@@ -496,6 +496,31 @@ CASES: list[Case] = [
         "Retrying",
     ),
     one(
+        "notifier-url-without-host",
+        HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:\n  url: 'http://'  # <--\n",
+        "spec.url",
+        "names no host",
+    ),
+    one(
+        "notifier-event-twice",
+        HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:\n  url: https://h.example/x\n"
+        "  events: [Failed, Failed]  # <--\n",
+        "spec.events",
+        "Failed named more than once",
+    ),
+    one(
+        "pool-max-bypass-a-string",
+        HEAD + "kind: Pool\nmetadata: {name: fair}\nspec:\n  maxBypass: '3'  # <--\n",
+        "spec.maxBypass",
+        "valid integer",
+    ),
+    one(
+        "job-slots-a-string",
+        job("  command: ['true']\n  slots: '2'  # <--\n"),
+        "spec.slots",
+        "valid integer",
+    ),
+    one(
         "notifier-bad-selector",
         HEAD + "kind: Notifier\nmetadata: {name: chat2}\nspec:\n  url: https://h.example/x\n"
         "  selector: 'team in ()'  # <--\n",

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
-from .meta import API_VERSION, MAX_SLOTS, Name, ObjectMeta, Strict, Time
+from .meta import API_VERSION, MAX_SLOTS, Int, Name, ObjectMeta, Strict, Time
 from .quantity import CPU, Duration, LogLimit, PollInterval, Size, parse_cpu, parse_size, spelled
 from .status import DependencyOutcome, JobStatus
 
@@ -219,8 +219,8 @@ class Backoff(Strict):
 
 
 class Retry(Strict):
-    limit: int = Field(default=0, ge=0, le=1000, description="Retries after the first run; attempts = limit + 1.")
-    on_exit_codes: list[int] = Field(
+    limit: Int = Field(default=0, ge=0, le=1000, description="Retries after the first run; attempts = limit + 1.")
+    on_exit_codes: list[Int] = Field(
         default_factory=list, description="Retryable exit codes; empty = every non-zero code."
     )
     on_timeout: bool = Field(default=False, description="Is a run timeout retryable.")
@@ -258,7 +258,7 @@ class JobSpec(Strict):
     type: Literal["run", "service"] = Field(
         default="run", description="run: one-shot; service: long-running, restarted."
     )
-    port: int | None = Field(default=None, ge=1, le=65535, description="Service only: where it listens.")
+    port: Int | None = Field(default=None, ge=1, le=65535, description="Service only: where it listens.")
     # Service only. Unset means the defaults, stored unset (see logLimit).
     restart: Restart | None = Field(
         default=None, description="Service only: restart backoff; default delay 1s, maxDelay 5m, resetAfter 10m."
@@ -270,10 +270,10 @@ class JobSpec(Strict):
     depends_on: list[Dependency] = Field(default_factory=list)
     wait_for: WaitFor | None = Field(default=None, description="Gates the first run only.")
     pool: Name | None = Field(default=None, description="Named Pool charged while a run is active.")
-    slots: int = Field(
+    slots: Int = Field(
         default=1, ge=1, le=MAX_SLOTS, description="Slots charged against the pool and the global limit."
     )
-    priority: int = Field(
+    priority: Int = Field(
         default=0,
         ge=-MAX_PRIORITY,
         le=MAX_PRIORITY,

@@ -8,7 +8,7 @@ import time
 from datetime import UTC, datetime
 from typing import Annotated, Any, Final
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PlainSerializer, StrictInt
 from pydantic.alias_generators import to_camel
 
 API_VERSION: Final = "reconciler.dev/v1alpha1"
@@ -26,6 +26,11 @@ class Strict(BaseModel):
     """Every API model: camelCase on the wire, unknown fields refused at any depth."""
 
     model_config = ConfigDict(extra="forbid", alias_generator=to_camel, populate_by_name=True, validate_default=True)
+
+
+# A manifest's integer: `slots: "2"` is refused as Kubernetes refuses it, not read as 2 (a
+# string where a number belongs is a mistake the user should hear of)
+Int = StrictInt
 
 
 def check_name(value: str) -> str:

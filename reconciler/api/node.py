@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from .meta import API_VERSION, MAX_SLOTS, Condition, ObjectMeta, Strict, Time, from_epoch, to_epoch
+from .meta import API_VERSION, MAX_SLOTS, Condition, Int, ObjectMeta, Strict, Time, from_epoch, to_epoch
 from .quantity import CPU, Size, parse_duration
 
 
 class Capacity(Strict):
-    slots: int | None = Field(default=None, ge=0, le=MAX_SLOTS, description="Default: the node's CPU count.")
+    slots: Int | None = Field(default=None, ge=0, le=MAX_SLOTS, description="Default: the node's CPU count.")
     cpu: CPU | None = Field(
         default=None,
         description="CPUs the runs placed here may hold (their resources.cpu); unset: not counted. "

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 from typing import Literal, cast
+from urllib.parse import urlsplit
 
 from pydantic import Field, field_validator, model_validator
 
@@ -57,7 +58,21 @@ class NotifierSpec(Strict):
     def _scheme(cls, url: str | None) -> str | None:
         if url is not None and not url.startswith(("http://", "https://")):
             raise ValueError("must start with http:// or https://")
+        if url is not None:
+            try:
+                host = urlsplit(url).hostname
+            except ValueError as exc:  # a bad port, an unclosed [
+                raise ValueError(f"not a URL: {exc}") from None
+            if not host:
+                raise ValueError("names no host")
         return url
+
+    @field_validator("events")
+    @classmethod
+    def _once_each(cls, events: list[str]) -> list[str]:
+        if twice := sorted({e for e in events if events.count(e) > 1}):
+            raise ValueError(f"{', '.join(twice)} named more than once")
+        return events
 
     @field_validator("selector")
     @classmethod

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field
 
-from .meta import API_VERSION, MAX_BYPASS, MAX_SLOTS, ObjectMeta, Strict
+from .meta import API_VERSION, MAX_BYPASS, MAX_SLOTS, Int, ObjectMeta, Strict
 
 GLOBAL_POOL = "global"
 
@@ -21,7 +21,7 @@ class PoolSpec(Strict):
     slots: Annotated[int | Literal["unlimited"], BeforeValidator(_check_slots)] = Field(
         default="unlimited", description='Slot limit, a non-negative integer or "unlimited".'
     )
-    max_bypass: int = Field(
+    max_bypass: Int = Field(
         default=3,
         ge=0,
         le=MAX_BYPASS,
