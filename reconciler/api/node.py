@@ -53,6 +53,11 @@ class NodeStatus(Strict):
         default=None,
         description="When the controller on this node last checked every path that waiting jobs wait for.",
     )
+    not_ready_since: Time | None = Field(
+        default=None,
+        description="Since when the node's heartbeats have stopped, once a controller noticed (event NodeNotReady); "
+        "gone with the next heartbeat.",
+    )
 
 
 LOST_AFTER_ENV = "RECONCILER_NODE_LOST_AFTER"

@@ -20,7 +20,7 @@ from ..store.transactions import Fenced
 from ..threads import critical, fatal
 from . import faults
 from .job import JobReconciler
-from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_name
+from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_name, note_not_ready
 from .notify import Deliverer
 from .owners import controller_owner
 from .runtime import Runner, WorkQueue
@@ -182,7 +182,7 @@ class Controller:
         while True:
             # woken by another process's write (PostgreSQL's notifications), the poll's period
             # or the heartbeat's; the feed is read on the first two only
-            until = min(next_poll, next_beat) if self.local_node else next_poll
+            until = min(next_poll, next_beat)
             announced = feed.wait(max(0.0, until - time.monotonic()))
             if self._stop.is_set():
                 return
@@ -192,10 +192,11 @@ class Controller:
                     f"the store file {self.store.path} was deleted or replaced under this controller; stopping, "
                     "for its writes would go to a file no other process reads (start it again on the new store)"
                 )
-            if self.local_node and time.monotonic() >= next_beat:
+            if time.monotonic() >= next_beat:
                 try:
                     swept_at = self.jobs.paths.swept_at
-                    if heartbeat(
+                    note_not_ready(self.store, self.clock.now())  # any node's heartbeats that stopped
+                    if self.local_node and heartbeat(
                         self.store,
                         self.node,
                         self.owner,

@@ -6,8 +6,9 @@ import os
 import re
 import socket
 
+from ..api import node as node_api
 from ..api.annotations import HOSTNAME_LABEL
-from ..api.meta import from_epoch
+from ..api.meta import from_epoch, to_epoch
 from ..api.node import heartbeat_fresh, heartbeat_status
 from ..store import Store
 from ..store import repository as repo
@@ -23,6 +24,36 @@ def local_node_name() -> str:
 
 
 DEFAULT_ADDRESS = "127.0.0.1"  # a node that names no address: reachable from this machine
+
+
+def note_not_ready(store: Store, now: float) -> list[str]:
+    """Record, once, that a node's heartbeats stopped: the Ready condition is derived when the
+    node is read (api/node.observed_status), so nothing else writes the moment; an event
+    NodeNotReady does, as Kubernetes' node controller records it (NodeReady comes with the
+    next heartbeat, which also drops the mark). The nodes it marked."""
+    with store.read() as session:
+        stale = [
+            o.name
+            for o in repo.list_objects(session, kind="Node")
+            if (o.status or {}).get("heartbeatAt")
+            and not heartbeat_fresh(o.status, now)
+            and not (o.status or {}).get("notReadySince")
+        ]
+    if not stale:
+        return []
+    marked = []
+    with store.write() as tx:
+        for obj in repo.list_objects(tx.session, kind="Node", names=stale):
+            status = dict(obj.status or {})
+            if heartbeat_fresh(status, now) or status.get("notReadySince"):
+                continue  # a heartbeat came meanwhile, or another controller said it
+            window = node_api.READY_WINDOW  # read now: serve --node-lost-after sets it
+            since = from_epoch(to_epoch(status["heartbeatAt"]) + window)
+            updated = repo.update_object(tx, obj, status={**status, "notReadySince": since})
+            said = f"node {obj.name} posted no heartbeat for {window:g}s (its last at {status['heartbeatAt']})"
+            repo.record_events(tx, repo.ObjectEvent(updated, "NodeNotReady", said, True))
+            marked.append(obj.name)
+    return marked
 
 
 def heartbeat(
@@ -61,5 +92,7 @@ def heartbeat(
         )
         if paths_swept_at is not None:  # readers show it as the last check of paths still watched
             status["pathsCheckedAt"] = from_epoch(paths_swept_at)
-        repo.update_object(tx, obj, status=status)
+        obj = repo.update_object(tx, obj, status=status)
+        if became_ready and previous:  # back after a silence (a restart of the controller, often)
+            repo.record_events(tx, repo.ObjectEvent(obj, "NodeReady", f"node {node} posts heartbeats again"))
     return became_ready

@@ -308,3 +308,33 @@ def _phase(store, name: str) -> str:
 def _events(store, name: str) -> list[tuple[str, str]]:
     with store.read() as session:
         return [(e.reason, e.message) for e in repo.events(session, kind="Job", name=name)]
+
+
+def test_a_node_whose_heartbeats_stop_is_said_not_ready_once_and_ready_when_back(store_url):
+    """The Ready condition is derived when a node is read; the moments it changes are events
+    (NodeNotReady once, by whichever controller looks first; NodeReady with the heartbeat
+    that ends the silence), as Kubernetes' node controller records them."""
+    from reconciler.api.node import READY_WINDOW
+    from reconciler.controller.nodes import note_not_ready
+
+    store = Store(store_url)
+    try:
+        beat = 1_800_000_000.0
+        heartbeat(store, "quiet", "test:1:0", beat)
+        assert note_not_ready(store, beat + READY_WINDOW / 2) == []  # still fresh
+        assert note_not_ready(store, beat + READY_WINDOW + 1) == ["quiet"]
+        assert note_not_ready(store, beat + READY_WINDOW + 60) == []  # said once
+        with store.read() as session:
+            events = [(e.reason, e.type) for e in repo.events(session, kind="Node", name="quiet")]
+            marked = repo.get(session, kind="Node", name="quiet")
+        assert events[-1] == ("NodeNotReady", "Warning")
+        assert marked is not None and marked.status["notReadySince"]
+        heartbeat(store, "quiet", "test:1:0", beat + READY_WINDOW + 90)
+        with store.read() as session:
+            events = [e.reason for e in repo.events(session, kind="Node", name="quiet")]
+            back = repo.get(session, kind="Node", name="quiet")
+        assert events[-1] == "NodeReady"
+        assert back is not None and "notReadySince" not in back.status
+        assert note_not_ready(store, beat + READY_WINDOW + 95) == []
+    finally:
+        store.dispose()
