@@ -51,6 +51,7 @@ class Placements:
         # node -> (its key, the digest of its runs read at or after it): a request whose digest
         # is that one, while the key holds, waits without reading the runs again
         self._last: dict[str, tuple[list[tuple[Any, ...]], str]] = {}
+        self._stopping = False  # the server stops: every waiting poll is answered now
         store.committed.append(self._committed)
         if not store.is_sqlite:  # another server's writes (the leader's admissions), announced by NOTIFY
             threading.Thread(target=self._announced, name="placements-listen", daemon=True).start()
@@ -68,6 +69,13 @@ class Placements:
     def _committed(self) -> None:
         with self._cond:
             self._generation += 1
+            self._cond.notify_all()
+
+    def stop(self) -> None:
+        """Answer every waiting agent now (it asks again, of whichever server answers): a
+        stopping server does not hold its polls until its graceful shutdown gives up."""
+        with self._cond:
+            self._stopping = True
             self._cond.notify_all()
 
     def _look(self, generation: int) -> Keys:
@@ -104,10 +112,10 @@ class Placements:
                 return answer
         while True:
             left = deadline - time.monotonic()
-            if left <= 0:
+            if left <= 0 or self._stopping:
                 return self._fetch(node, seen)  # what is reported may have moved: said as it is now
             with self._cond:
-                if self._generation == generation:
+                if self._generation == generation and not self._stopping:
                     self._cond.wait(min(left, OTHER_WRITERS_POLL))
                 generation = self._generation
             key = self._look(generation).get(node, [])
@@ -130,6 +138,7 @@ def _digest(items: list[dict[str, Any]]) -> str:
 
 def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
     placements = Placements(store)
+    app.state.on_exit.append(placements.stop)
 
     @app.post(PREFIX + "/nodes/{name}/heartbeat", tags=["agents"])
     def heartbeat(name: str, request: HeartbeatRequest) -> dict[str, Any]:

@@ -86,6 +86,9 @@ def create_app(
         redoc_url=None,
         lifespan=lifespan,
     )
+    # told when the server is asked to stop, before it waits for open requests: long polls
+    # and watch streams end at once instead of holding the shutdown until it gives up
+    app.state.on_exit = [broadcaster.stop]
     answer_errors(app)
     agents.routes(app, store, wake)
     _routes(app, store, broadcaster, tokens)

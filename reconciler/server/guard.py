@@ -35,6 +35,8 @@ class Guard:
         self.app = app
         self.tokens = tokens
         self.max_body = max_body
+        # what to tell when the server is asked to stop (the app's long polls and streams)
+        self.on_exit: list[Callable[[], None]] = list(getattr(getattr(app, "state", None), "on_exit", []))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":

@@ -8,7 +8,9 @@ import ipaddress
 import logging
 import socket
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from ..converge import controller_elected
 from ..errors import InvalidInput
@@ -17,6 +19,22 @@ from .app import create_app
 from .auth import Tokens
 
 GRACEFUL_SHUTDOWN = 3.0  # seconds open watch and log streams get when the server stops
+
+
+def _stopping_server() -> type:
+    import uvicorn
+
+    class Stopping(uvicorn.Server):
+        """uvicorn's server, which tells the app's long polls and streams to end when it is
+        asked to stop (uvicorn then waits for them, up to GRACEFUL_SHUTDOWN, and cancels
+        what is left with a traceback each)."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            for stop in getattr(self.config.app, "on_exit", []):
+                threading.Thread(target=stop, name="stopping", daemon=True).start()  # not in the signal handler
+            super().handle_exit(sig, frame)
+
+    return Stopping
 
 
 def is_loopback(host: str) -> bool:
@@ -90,7 +108,7 @@ def serve(
             timeout_graceful_shutdown=int(GRACEFUL_SHUTDOWN),
             server_header=False,
         )
-        server = uvicorn.Server(config)
+        server = _stopping_server()(config)
         scheme = "https" if tls_cert else "http"
         node = f"node {elected.node}" if local_node else "no local node"
         auth = "tokens required" if tokens is not None else "no authentication: loopback only"

@@ -99,6 +99,19 @@ def test_an_agent_without_a_token_serves_its_logs_on_loopback_only(agent, tmp_pa
     assert "--log-host 0.0.0.0: without a token" in refused.stderr and "loopback only" in refused.stderr
 
 
+def test_a_server_stopping_answers_its_agents_long_polls_rather_than_cutting_them(agent):
+    """An agent's long poll is answered when the server is asked to stop, so the server
+    stops cleanly: uvicorn used to wait out its graceful shutdown for the poll, then cancel
+    it with a traceback in the log."""
+    server, _ = agent
+    _apply(server, job_manifest("polled", ["true"]))
+    settled(server, "polled")  # the agent is polling for its node's runs now
+    server.proc.send_signal(signal.SIGTERM)
+    assert server.proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn raises the signal again once stopped
+    log = server.log.read_text()
+    assert "CancelledError" not in log and "graceful shutdown exceeded" not in log, log
+
+
 def test_cancel_and_run_timeout_stop_a_remote_run(agent):
     server, _ = agent
     _apply(
