@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..api.meta import to_epoch
 from ..api.quantity import format_duration
 from ..api.source import shown_url
 from ..waiting import why_waiting
@@ -23,7 +24,8 @@ def _kv(pairs: list[tuple[str, Any]]) -> str:
     return "\n".join(f"{(k + ':').ljust(width)}{'<none>' if v is None or v == '' else v}" for k, v in pairs)
 
 
-def describe_object(obj: StoredObject, events: list[Any]) -> str:
+def describe_object(obj: StoredObject, events: list[Any], held: list[StoredObject] | None = None) -> str:
+    """`held`: for a Node, the jobs holding slots on it."""
     status = obj.status or {}
     head = [
         ("Name", obj.name),
@@ -48,9 +50,30 @@ def describe_object(obj: StoredObject, events: list[Any]) -> str:
         parts.append(_section("Spec", dump_yaml(obj.spec)))
         if status:
             parts.append(_section("Status", dump_yaml(status)))
+    if obj.kind == "Node":
+        parts.append(_section("Jobs", _held_table(held or [])))
     rows = [[age(e.time), e.type, e.reason, e.message] for e in events]
     parts.append(_section("Events", table(["AGE", "TYPE", "REASON", "MESSAGE"], rows) if rows else ""))
     return "\n".join(parts)
+
+
+def _held_table(jobs: list[StoredObject]) -> str:
+    """The jobs holding slots on a node: name, phase, run, slots, since when admitted."""
+    rows = []
+    for job in jobs:
+        status = job.status or {}
+        admission, runs = status.get("admission") or {}, status.get("runs") or []
+        admitted = admission.get("admittedAt")
+        rows.append(
+            [
+                job.name,
+                status.get("phase", ""),
+                str(runs[-1]["number"]) if runs else "-",
+                str(admission.get("slots", "")),
+                age(to_epoch(admitted)) if admitted else "-",
+            ]
+        )
+    return table(["NAME", "PHASE", "RUN", "SLOTS", "ADMITTED"], rows) if rows else "(none holding slots)"
 
 
 def _job_sections(obj: StoredObject, status: dict[str, Any]) -> list[str]:

@@ -12,6 +12,7 @@ from .context import ctx_of, err, selector_of
 
 if TYPE_CHECKING:
     from ..manifests import Loaded, Manifest
+    from ..store import StoredObject
 
 OUTPUTS = ("wide", "yaml", "json", "name")
 
@@ -145,8 +146,20 @@ def describe(ctx: typer.Context, kind: str = typer.Argument(...), name: str | No
     if name is None:
         info, name = split_ref(kind)
         kind = info.kind
-    obj, events = ctx_of(ctx).client.describe(kind, name)
-    typer.echo(describe_object(obj, events))
+    client = ctx_of(ctx).client
+    obj, events = client.describe(kind, name)
+    # a node's jobs, as `kubectl describe node` lists its pods: those holding slots on it
+    held = (
+        [j for j in client.objects("Job", [], None).objects if _holds_slots_on(j, obj.name)]
+        if obj.kind == "Node"
+        else []
+    )
+    typer.echo(describe_object(obj, events, held))
+
+
+def _holds_slots_on(job: StoredObject, node: str) -> bool:
+    status = job.status or {}
+    return bool(status.get("admission")) and status.get("nodeName") == node
 
 
 def delete(

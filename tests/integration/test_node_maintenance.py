@@ -76,6 +76,23 @@ def test_cordon_holds_new_jobs_and_uncordon_lets_them_run(env):
         assert env.cli(*args).code == code, args
 
 
+def test_describe_node_lists_the_jobs_holding_slots_on_it(any_env):
+    env = any_env
+    go = env.root / "go"
+    env.controller()
+    registered(env)
+    assert "(none holding slots)" in env.ok("describe", "node", NODE).stdout
+    env.apply("held.yaml", job_yaml("holding", held_until(go) + "\nslots: 1"))
+    env.wait_phase("holding", "Running")
+    described = env.ok("describe", "node", NODE).stdout
+    jobs = described.split("Jobs:", 1)[1]
+    assert jobs.split()[:5] == ["NAME", "PHASE", "RUN", "SLOTS", "ADMITTED"]
+    assert jobs.split()[5:9] == ["holding", "Running", "1", "1"]
+    go.touch()
+    env.wait_completed("holding")
+    assert "(none holding slots)" in env.ok("describe", "node", NODE).stdout
+
+
 def test_drain_waits_for_the_runs_on_the_node_to_end(env):
     env.controller()
     registered(env)
