@@ -95,26 +95,6 @@ def test_a_failing_event_is_retried_on_schedule_then_failed_after_24h(store, tmp
     assert found.last_error == "false exited with code 1"
 
 
-def test_events_go_oldest_first_also_after_a_restart(store, tmp_path):
-    """A new lane (a restarted controller) does not know the old one's pause: an event that
-    waits for its retry still goes before the events after it, which wait behind it."""
-    received = tmp_path / "received"
-    apply(store, tmp_path, notifier("log", command=["sh", "-c", f"cat >> {received}; echo >> {received}"]))
-    clock = FakeClock()
-    add_event(store, "log", clock.now(), "older")
-    with store.write() as tx:  # tried and failed before the restart: its retry is 32 s away
-        row = pending_rows(store, "log")[0]
-        outbox.retry(tx, "log", row.id, attempts=6, at=clock.now() + 32, error="refused", now=clock.now())
-    add_event(store, "log", clock.now(), "newer")
-    lane = notify.Lane(store, "log", clock=clock, owner="test:1:2")
-    assert lane.step() == pytest.approx(32)  # the newer waits behind the older's retry
-    assert not received.exists()
-    clock.advance(32)
-    assert lane.step() == 0.0
-    assert [json.loads(line)["event_id"] for line in received.read_text().splitlines()] == ["older", "newer"]
-    assert pending_rows(store, "log") == []
-
-
 def test_a_dead_receiver_gets_one_attempt_per_backoff_step_not_one_per_event(store, tmp_path):
     """The lane pauses as a whole: ten pending events and a receiver that refuses every
     connection cost one attempt at 0s, 1s, 3s, 7s ... (the lane's consecutive failures), and

@@ -51,26 +51,21 @@ def add(tx: Tx, pending: Iterable[Pending]) -> None:
     _ADD.execute_rows(tx.session, rows)
 
 
-_OLDEST = Statement(
-    "SELECT id, event_id, body, created_at, attempts, next_attempt_at FROM outbox WHERE notifier = :notifier"
-    " ORDER BY id LIMIT :limit"
+_DUE = Statement(
+    "SELECT id, event_id, body, created_at, attempts FROM outbox WHERE notifier = :notifier"
+    " AND next_attempt_at <= :now ORDER BY next_attempt_at, id LIMIT :limit"
 )
-_NEXT_DUE = Statement("SELECT next_attempt_at FROM outbox WHERE notifier = :notifier ORDER BY id LIMIT 1")
+_NEXT_DUE = Statement("SELECT min(next_attempt_at) FROM outbox WHERE notifier = :notifier")
 
 
 def due(session: Connection, notifier: str, now: float, limit: int) -> list[Row]:
-    """The notifier's events due by `now`, oldest first, up to the first that is not due
-    yet: an event waiting for its retry holds back the ones after it (a receiver is given
-    its events in the order they happened, also after a restart, which forgets the lane's
-    pause). Rows with id, event_id, body, created_at, attempts."""
-    rows = _OLDEST.execute(session, {"notifier": notifier, "limit": limit}).all()
-    held = next((i for i, r in enumerate(rows) if r.next_attempt_at > now), len(rows))
-    return rows[:held]
+    """The notifier's events due by `now`, soonest first: rows with id, event_id, body,
+    created_at, attempts."""
+    return _DUE.execute(session, {"notifier": notifier, "now": now, "limit": limit}).all()
 
 
 def next_due(session: Connection, notifier: str) -> float | None:
-    """When the notifier's oldest event is due (the others wait behind it); None when none
-    is pending."""
+    """When the notifier's soonest event is due; None when none is pending."""
     found = _NEXT_DUE.execute(session, {"notifier": notifier}).scalar()
     return None if found is None else float(found)
 
