@@ -29,6 +29,7 @@ from .runtime import AGAIN, Result, requeue_after
 _NONE: frozenset[int] = frozenset()
 PORT_POLL = 2.0  # a service that found its port taken everywhere looks again this often
 SAFETY_POLL = 120.0  # a queued or waiting job looks again at least this often (jittered), whatever wakes it
+MAX_SKIPPED = 64  # jobs held by their own full pool that an admission passes over in the global line
 
 
 class QueuedSteps:
@@ -249,23 +250,28 @@ class QueuedSteps:
             placed = place(empty, **_needs(entry))
             return placed.node is not None
 
-        # Nor does one whose wait is not for this scope's room (its own pool is full, or its
-        # node): passing it here takes nothing it waits for, so it is no pass, and once passed
-        # maxBypass times it would hold every job of a store-wide limit behind one full pool.
-        # The head of a scope is the first in line that waits for the scope's room, or fits.
-        def heads(entry: queuing.QueueEntry, free: int) -> bool:
+        # Nor, in the global line, does one that global has room for but its own full pool
+        # holds back: passing it there takes nothing it waits for, so it is no pass, and once
+        # passed maxBypass times it would hold every job of the store behind one full pool.
+        # Skipped cheaply (the pool's facts are read once) and at most MAX_SKIPPED of them, so
+        # that an admission never walks a long line; past that, the next one heads as before.
+        def heads(entry: queuing.QueueEntry, scope: str, free: int, skipped: list[int]) -> bool:
             if entry.uid == me.uid:
                 return True
-            if not could_place(entry):
-                return False
-            return entry.slots > free or fits_now(entry)
+            if scope == "global" and entry.pool and entry.slots <= free and skipped[0] < MAX_SKIPPED:
+                own = facts(entry.pool)
+                if own.capacity is not None and entry.slots > own.capacity - own.used:
+                    skipped[0] += 1
+                    return False
+            return could_place(entry)
 
         for scope_name in ["global"] + ([me.pool] if me.pool else []):
             f = facts(scope_name)
             if f.capacity is None:
                 continue
             line = lines.get(scope_name) or queuing.in_line(session, me.pool, scope_is_pool=scope_name != "global")
-            head = next((e for e in line if heads(e, f.capacity - f.used)), None)
+            skipped = [0]
+            head = next((e for e in line if heads(e, scope_name, f.capacity - f.used, skipped)), None)
             head_fits = head is not None and head.uid != me.uid and fits_now(head)
             scopes.append(admission.Scope(scope_name, f.capacity, f.used, f.max_bypass, _request(head), head_fits))
             if head is not None and head.uid == me.uid:
