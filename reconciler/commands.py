@@ -75,8 +75,26 @@ def rerun(store: Store, name: str, *, downstream: bool) -> str:
         phase = (obj.status or {}).get("phase") or Phase.WAITING
         if phase != Phase.COMPLETED:
             raise Conflict(f'job "{name}" is {phase}; only a completed job can be rerun')
+        _check_fits(tx, [obj])
         _request_rerun(tx, obj, _rerun_token(downstream))
     return "rerun requested"
+
+
+def _check_fits(tx: Tx, jobs: list[StoredObject]) -> None:
+    """A Conflict when a job to rerun needs more slots than its pool or the global limit has
+    (lowered since it ran: a finished job does not hold a pool's size up): queued again, it
+    would wait for ever. A paused pool (0) is no such case: its jobs wait until it is raised."""
+    facts: dict[str, sched.PoolFacts] = {}
+    for obj in jobs:
+        slots = int(obj.spec.get("slots", 1))
+        for pool in ["global"] + ([obj.spec["pool"]] if obj.spec.get("pool") else []):
+            if pool not in facts:
+                facts[pool] = sched.pool_facts(tx.session, pool)
+            cap = facts[pool].capacity
+            if cap and slots > cap:
+                raise Conflict(
+                    f'job "{obj.name}" needs {slots} slots and pool {pool!r} has {cap}: raise the pool to rerun it'
+                )
 
 
 _AUTO_NAME = re.compile(r"job-(\d+)")
@@ -150,6 +168,7 @@ def _rerun_all(store: Store, selector: list[Requirement] | None, *, failed_only:
         if busy := [o for o in objs if (o.status or {}).get("phase") != Phase.COMPLETED]:
             states = ", ".join(f"{o.name} is {(o.status or {}).get('phase') or Phase.WAITING}" for o in busy)
             raise Conflict(f"only completed jobs can be rerun: {states}")
+        _check_fits(tx, objs)
         token = _rerun_token(downstream)
         for obj in objs:
             _request_rerun(tx, obj, token)

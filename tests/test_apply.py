@@ -456,12 +456,18 @@ def test_a_pool_may_be_lowered_below_finished_jobs_and_paused_at_zero(store_url,
     ok("up", "-f", write(tmp_path / "done.yaml", pool("p", 2), job("big", pool="p", slots=2)), store=store_url)
     assert get_json(store_url, "job", "big")["status"]["phase"] == "Completed"
     ok("apply", "-f", write(tmp_path / "p1.yaml", pool("p", 1)), store=store_url)
+    stranded = cli("rerun", "job/big", store=store_url)  # queued again, it would wait for ever
+    assert stranded.code == 4 and "needs 2 slots and pool 'p' has 1: raise the pool" in stranded.stderr
     ok("apply", "-f", write(tmp_path / "w.yaml", job("waiting", pool="p", slots=1, suspend=True)), store=store_url)
     ok("apply", "-f", write(tmp_path / "p0.yaml", pool("p", 0)), store=store_url)
+    # paused: a job may still be applied to it, and waits
+    ok("apply", "-f", write(tmp_path / "w3.yaml", job("later", pool="p", slots=2, suspend=True)), store=store_url)
+    refused = cli("apply", "-f", write(tmp_path / "p1.yaml", pool("p", 1)), store=store_url)
+    assert refused.code == 2 and "1 slots is less than job 'later' needs (2)" in refused.stderr  # raised from 0 too
     ok("apply", "-f", write(tmp_path / "p2.yaml", pool("p", 2)), store=store_url)
     ok("apply", "-f", write(tmp_path / "w2.yaml", job("waiting", pool="p", slots=2, suspend=True)), store=store_url)
     refused = cli("apply", "-f", write(tmp_path / "p1.yaml", pool("p", 1)), store=store_url)
-    assert refused.code == 2 and "1 slots is less than job 'waiting' needs (2)" in refused.stderr
+    assert refused.code == 2 and "1 slots is less than job 'later' needs (2)" in refused.stderr  # first by name
     assert get_json(store_url, "pool", "p")["spec"]["slots"] == 2
 
 

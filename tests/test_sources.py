@@ -103,6 +103,19 @@ def test_a_pool_a_template_names_is_not_deleted_before_the_source(tmp_path, sqli
     assert both.code == 0, both.stderr
 
 
+def test_a_pool_is_not_lowered_below_what_a_template_asks(tmp_path, sqlite_url):
+    """Lowered under a Source's template, the pool would refuse every job the Source makes;
+    paused at 0, they are stored and wait."""
+    path = tmp_path / "source.yaml"
+    path.write_text(yaml.safe_dump_all([POOL, source({"amqp": AMQP, "template": {"pool": "batch", "slots": 2}})]))
+    assert run_cli("apply", "-f", str(path), store=sqlite_url).code == 0
+    lowered = {**POOL, "spec": {"slots": 1}}
+    refused = run_cli("apply", "-f", "-", store=sqlite_url, input=yaml.safe_dump(lowered))
+    assert refused.code == 2 and "1 slots is less than the template of source 'inbox' needs (2)" in refused.stderr
+    paused = {**POOL, "spec": {"slots": 0}}
+    assert run_cli("apply", "-f", "-", store=sqlite_url, input=yaml.safe_dump(paused)).code == 0
+
+
 def test_a_source_is_stored_shown_and_deleted(tmp_path, sqlite_url):
     path = tmp_path / "source.yaml"
     spec = {"amqp": AMQP, "template": {"labels": {"from": "inbox"}, "pool": "batch", "retry": {"limit": 2}}}

@@ -31,6 +31,10 @@ class RecordingStore:
         self.asked.append(("jobs_in_pool", pool))
         return [(n, s) for n, s in sorted(self.jobs.items()) if pool == "global" or s.get("pool") == pool]
 
+    def sources_in_pool(self, pool: str):
+        self.asked.append(("sources_in_pool", pool))
+        return []
+
     def pruned(self, kind: str, name: str) -> bool:
         return False  # no --prune here
 

@@ -61,6 +61,8 @@ class Stored(Protocol):
     def pool(self, name: str) -> dict[str, Any] | None: ...
     # the jobs not Completed that name the pool (global: every job not Completed)
     def jobs_in_pool(self, pool: str) -> Iterable[tuple[str, dict[str, Any]]]: ...
+    # the Sources whose template names the pool (global: every Source), with its slots
+    def sources_in_pool(self, pool: str) -> Iterable[tuple[str, int]]: ...
     def pruned(self, kind: str, name: str) -> bool: ...  # stored, but this apply deletes it (--prune)
 
 
@@ -146,11 +148,12 @@ def validate_apply(
                 pruned = " (--prune would delete it: it is in none of the files applied)"
                 gone = pruned if stored.pruned("Pool", spec.pool) else ""
                 problems.append(f"{m.where(*at, 'pool')}: pool {spec.pool!r} does not exist{gone}")
-        elif spec.pool is not None and (cap := _capacity(named)) is not None and spec.slots > cap:
+        # a pool at 0 is paused: its jobs wait until it is raised (the check when it is)
+        elif spec.pool is not None and (cap := _capacity(named)) and spec.slots > cap:
             problems.append(
                 f"{m.where(*at, 'slots')}: {spec.slots} slots can never fit pool {spec.pool!r} ({cap} slots)"
             )
-        if global_cap is not None and spec.slots > global_cap:
+        if global_cap and spec.slots > global_cap:
             problems.append(
                 f"{m.where(*at, 'slots')}: {spec.slots} slots can never fit the global limit ({global_cap} slots)"
             )
@@ -180,8 +183,8 @@ def validate_apply(
             continue
         too_big = _first_that_needs_more(m.name, cap, new_jobs, stored) if cap is not None else None
         if too_big is not None:
-            job, slots = too_big
-            problems.append(f"{m.where('spec', 'slots')}: {cap} slots is less than job {job!r} needs ({slots})")
+            user, slots = too_big
+            problems.append(f"{m.where('spec', 'slots')}: {cap} slots is less than {user} needs ({slots})")
     return problems
 
 
@@ -193,12 +196,16 @@ def _first_that_needs_more(
     waits for no slot), which are read only when the pool shrinks below what it was (else
     they fit already)."""
     every = pool == GLOBAL_POOL
-    needs = {n: c.obj.spec.slots for n, c in new_jobs.items() if every or c.obj.spec.pool == pool}
+    needs = {f"job {n!r}": c.obj.spec.slots for n, c in new_jobs.items() if every or c.obj.spec.pool == pool}
     stored_spec = stored.pool(pool)
     before = _capacity(stored_spec)
-    # a new pool has no stored users (only global is implicit: unlimited until stored)
-    if (stored_spec is not None or every) and (before is None or cap < before):
+    # a new pool has no stored users (only global is implicit: unlimited until stored); one
+    # raised from 0 (paused) may hold jobs that never fitted its new size
+    if (stored_spec is not None or every) and (before is None or before == 0 or cap < before):
         for name, spec in stored.jobs_in_pool(pool):
             if name not in new_jobs:
-                needs[name] = int(spec.get("slots", 1))
+                needs[f"job {name!r}"] = int(spec.get("slots", 1))
+        # a Source's template: every job it would make would be refused
+        for name, slots in stored.sources_in_pool(pool):
+            needs[f"the template of source {name!r}"] = slots
     return next(((n, slots) for n, slots in sorted(needs.items()) if slots > cap), None)

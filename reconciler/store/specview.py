@@ -10,7 +10,7 @@ from typing import Any
 
 from ..api.pool import GLOBAL_POOL
 from .dbapi import Connection, Statement
-from .repository import StoredObject
+from .repository import StoredObject, list_objects
 
 _SPEC = Statement("SELECT spec FROM objects WHERE kind = :kind AND name = :name")
 # A job's canonical spec spells its pool `"pool":"NAME"` (names are DNS labels: no LIKE wildcards)
@@ -72,6 +72,14 @@ class SpecView:
 
     def pool(self, name: str) -> dict[str, Any] | None:
         return self._spec("Pool", name)
+
+    def sources_in_pool(self, pool: str) -> Iterator[tuple[str, int]]:
+        """The stored Sources whose template names `pool` (every one, for global), with the
+        slots it gives (those this apply prunes left out)."""
+        for obj in list_objects(self._session, kind="Source"):
+            template = obj.spec.get("template") or {}
+            if ("Source", obj.name) not in self._pruned and (pool == GLOBAL_POOL or template.get("pool") == pool):
+                yield obj.name, int(template.get("slots", 1))
 
     def jobs_in_pool(self, pool: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """Its jobs not Completed, those this apply prunes left out (a pool may shrink below a
