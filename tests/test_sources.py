@@ -482,3 +482,33 @@ def test_a_hint_names_one_change_of_one_job():
     hints.add([("job-4", 9, "u4")])
     hints.prune(8)
     assert hints.take(Change("Job", "job-4", 9, "u4"))
+
+
+def test_a_source_stored_with_looser_rules_is_said_broken_and_not_consumed(stored):
+    """A template an earlier version stored (`slots: "2"`, read as a number then) no longer
+    validates: its Source says so in its status, once, and the lanes' manager goes on with
+    the others (it raised, and the controller exited, on every start)."""
+    from reconciler.controller.ingest import Ingester, Wanted
+
+    store, _ = stored
+    with store.write() as tx:
+        old = repo.create(
+            tx,
+            kind="Source",
+            name="older",
+            spec={"amqp": AMQP, "template": {"slots": "2"}},
+            labels={},
+            annotations={},
+        )
+    ingester = Ingester(store)
+    try:
+        ingester._steer({"older": Wanted("older", old.uid, old.spec_text)})
+        ingester._steer({"older": Wanted("older", old.uid, old.spec_text)})  # said once
+        with store.read() as session:
+            status = repo.get(session, kind="Source", name="older").status or {}
+        assert status["connected"] is False
+        assert "its stored spec does not validate; apply it again, corrected" in status["lastError"]
+        assert "older" not in ingester._lanes
+    finally:
+        for lane, _ in ingester._lanes.values():
+            lane.stop(say_stopped=False)

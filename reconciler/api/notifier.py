@@ -67,13 +67,6 @@ class NotifierSpec(Strict):
                 raise ValueError("names no host")
         return url
 
-    @field_validator("events")
-    @classmethod
-    def _once_each(cls, events: list[str]) -> list[str]:
-        if twice := sorted({e for e in events if events.count(e) > 1}):
-            raise ValueError(f"{', '.join(twice)} named more than once")
-        return events
-
     @field_validator("selector")
     @classmethod
     def _selector(cls, selector: str | None) -> str | None:

@@ -163,6 +163,9 @@ def validate_apply(
     for m in manifests:  # a Source's template is under every job it makes: a missing pool refuses them all
         if m.kind.kind == "Source":
             references(m, m.obj.spec.job_template(), "spec", "template")
+        # asked of what is applied, not of the model: a notifier stored so before still validates
+        elif m.kind.kind == "Notifier" and (twice := _twice(m.obj.spec.events)):
+            problems.append(f"{m.where('spec', 'events')}: {', '.join(twice)} named more than once")
 
     def edges_of(name: str) -> list[str]:  # the new version's edges, else the stored job's
         if name in new_jobs:
@@ -186,6 +189,10 @@ def validate_apply(
             user, slots = too_big
             problems.append(f"{m.where('spec', 'slots')}: {cap} slots is less than {user} needs ({slots})")
     return problems
+
+
+def _twice(items: list[str]) -> list[str]:
+    return sorted({i for i in items if items.count(i) > 1})
 
 
 def _first_that_needs_more(

@@ -141,6 +141,7 @@ class Ingester:
         self.settled = settled
         self._stop = threading.Event()
         self._lanes: dict[str, tuple[Lane, threading.Thread]] = {}
+        self._refused: dict[str, str] = {}  # Source -> the stored spec text that did not validate
         self._thread = critical("source-lanes", self._run)
 
     def start(self) -> Ingester:
@@ -170,6 +171,20 @@ class Ingester:
                 self._steer(wanted)
             self._stop.wait(LOOK)
 
+    def _refuse(self, want: Wanted, exc: ValueError) -> None:
+        """Say once, in the Source's status, that its stored spec no longer validates (it was
+        stored by an earlier version with looser rules): the other Sources are consumed, and
+        applying it again, corrected, starts its lane."""
+        if self._refused.get(want.name) == want.spec_text:
+            return
+        self._refused[want.name] = want.spec_text
+        error = f"its stored spec does not validate; apply it again, corrected: {exc}"
+        log.warning("source %s: %s", want.name, error)
+        try:
+            note_connection(self.store, want.name, want.uid, want.spec_text, connected=False, error=error)
+        except Exception:
+            log.warning("source %s: status not written", want.name, exc_info=True)
+
     def _steer(self, wanted: dict[str, Wanted]) -> None:
         for name, (lane, thread) in list(self._lanes.items()):
             if wanted.get(name) != lane.wanted or not thread.is_alive():
@@ -177,7 +192,11 @@ class Ingester:
                 del self._lanes[name]
         for name, want in wanted.items():
             if name not in self._lanes:
-                lane = Lane(self.store, want, self.settled)
+                try:
+                    lane = Lane(self.store, want, self.settled)
+                except ValueError as exc:  # stored by a version with looser rules: this one is not consumed
+                    self._refuse(want, exc)
+                    continue
                 thread = threading.Thread(target=lane.run, name=f"source-{name}", daemon=True)
                 self._lanes[name] = (lane, thread)
                 thread.start()
