@@ -13,6 +13,7 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from ..agent.logs import follow, read_logs
+from ..localonly import web_page_request
 
 RUN_FOLDER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # <job>.<uid>.<number>: no path can escape runs/
 
@@ -54,7 +55,13 @@ class LogServer:
         return Handler
 
     def answer(self, handler: BaseHTTPRequestHandler) -> None:
-        if self.token is not None:
+        if self.token is None:  # loopback only (cli/nodeagent.py); no web page may read through it
+            headers = handler.headers
+            why = web_page_request(headers.get("Host"), headers.get("Origin"), headers.get("Sec-Fetch-Site"))
+            if why is not None:
+                _plain(handler, 403, why)
+                return
+        else:
             given = handler.headers.get("Authorization", "")
             expected = f"Bearer {self.token}"
             if not hmac.compare_digest(given.encode("utf-8", "replace"), expected.encode()):

@@ -2,19 +2,16 @@
 then the request body's size. Refusals are Kubernetes `Status` objects.
 
 Without tokens the API answers only loopback (serve binds nothing else), but a web page the
-user opens can still reach it: by DNS rebinding (a name of the attacker's, pointed at
-127.0.0.1, sends its own Host) or by a cross-site request a browser sends without asking (a
-form's POST, `text/plain`). So a token-less door also refuses a Host that is not a loopback
-name or address, and any request a browser marks as coming from another origin."""
+user opens can still reach it through the browser: a token-less door also refuses what
+localonly.py says such a page's requests look like."""
 
 from __future__ import annotations
 
-import ipaddress
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
-from urllib.parse import urlsplit
 
+from ..localonly import web_page_request
 from ..wire import status
 from . import dashboard
 from .auth import Tokens, refusal
@@ -85,26 +82,7 @@ class Guard:
 
 def _not_local(scope: Scope) -> str | None:
     """Why a request to the token-less API may come from a web page, or None."""
-    host = _header(scope, b"host")
-    if host is not None and not _loopback(urlsplit(f"//{host}").hostname):
-        return f"Host {host!r} is not a loopback name of this server (a DNS rebinding?); use 127.0.0.1"
-    origin = _header(scope, b"origin")
-    if origin is not None and not _loopback(urlsplit(origin).hostname):
-        return f"a request from the web origin {origin!r} is refused: this API has no tokens"
-    if _header(scope, b"sec-fetch-site") == "cross-site":
-        return "a cross-site request is refused: this API has no tokens"
-    return None
-
-
-def _loopback(host: str | None) -> bool:
-    if host is None:
-        return False
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return web_page_request(_header(scope, b"host"), _header(scope, b"origin"), _header(scope, b"sec-fetch-site"))
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -13,6 +13,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 
+import httpx
 import psutil
 import pytest
 
@@ -93,6 +94,10 @@ def test_an_agent_without_a_token_serves_its_logs_on_loopback_only(agent, tmp_pa
     settled(server, "private")
     (record,) = (tmp_path / "agent" / "runs").glob("private.*/agent.json")
     assert stat.S_IMODE(record.stat().st_mode) == 0o600
+    # nor may a web page read through it (a rebound DNS name sends its own Host)
+    port = next(a.port for a in listening)
+    rebound = httpx.get(f"http://127.0.0.1:{port}/logs/x", headers={"Host": "rebind.evil.example"}, timeout=10)
+    assert rebound.status_code == 403 and "DNS rebinding" in rebound.text
     argv = ["--server", server.url, "agent", "--node", "open", "--log-host", "0.0.0.0"]
     refused = subprocess.run([sys.executable, "-m", "reconciler", *argv], capture_output=True, text=True, timeout=60)
     assert refused.returncode == 2

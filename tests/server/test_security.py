@@ -118,10 +118,16 @@ def test_without_tokens_a_web_page_cannot_drive_the_api(server):
     assert cross.status_code == 403 and "evil.example" in cross.json()["message"]
     form = http.post(f"{PREFIX}/jobs/rebound/cancel", content=b"x", headers={"Sec-Fetch-Site": "cross-site"})
     assert form.status_code == 403
+    # another local app's page (a dev server, a notebook) is another origin too
+    port = server.url.rsplit(":", 1)[1]
+    for origin in ("http://127.0.0.1:3000", "http://localhost:8080", "null", f"http://localhost:{port}"):
+        assert http.post(f"{PREFIX}/apply", json=apply, headers={"Origin": origin}).status_code == 403, origin
+    assert http.get(f"{PREFIX}/jobs", headers={"Sec-Fetch-Site": "same-site"}).status_code == 403
+    assert http.get(f"{PREFIX}/jobs", headers={"Host": "[::1"}).status_code == 403  # malformed: refused, not a 500
     assert http.get(f"{PREFIX}/jobs").json()["items"] == []  # none of it was stored
     for host in ("127.0.0.1", "localhost", "[::1]"):
-        port = server.url.rsplit(":", 1)[1]
         assert http.get(f"{PREFIX}/jobs", headers={"Host": f"{host}:{port}"}).status_code == 200
+    assert http.get(f"{PREFIX}/jobs", headers={"Sec-Fetch-Site": "same-origin"}).status_code == 200
     same_origin = http.post(f"{PREFIX}/apply", json=apply, headers={"Origin": server.url})
     assert same_origin.status_code == 200
     assert server.cli("get", "jobs", "-o", "name").stdout.strip() == "job.reconciler.dev/rebound"
