@@ -72,23 +72,26 @@ def _collect(proc: subprocess.Popen[bytes], limit: int, timeout: float) -> tuple
     os.set_blocking(fd, False)
     kept = bytearray()
     deadline = time.monotonic() + timeout
-    pidfd = os.pidfd_open(proc.pid)  # readable once the probe exits, without reaping it
+    pidfd = -1
+    exited = False
     try:
+        pidfd = os.pidfd_open(proc.pid)  # readable once the probe exits, without reaping it
         with selectors.DefaultSelector() as selector:
             selector.register(fd, selectors.EVENT_READ)
             selector.register(pidfd, selectors.EVENT_READ)
-            exited = False
             while not exited and (left := deadline - time.monotonic()) > 0:
                 for key, _ in selector.select(left):
                     if key.fd == pidfd:
                         exited = True
                     elif not _read(fd, kept, limit):  # the pipe closed: only the exit is awaited
                         selector.unregister(fd)
-        _kill(proc)
         if exited:
+            _kill(proc)  # what is left of its group
             _read(fd, kept, limit, at_most=AFTER_EXIT)  # what it wrote last, still in the pipe
     finally:
-        os.close(pidfd)
+        _kill(proc)  # timed out, or this failed (no pidfd: out of descriptors): never left running
+        if pidfd >= 0:
+            os.close(pidfd)
         proc.stdout.close()
         proc.wait()
     return bytes(kept), exited

@@ -195,7 +195,6 @@ class Controller:
             if time.monotonic() >= next_beat:
                 try:
                     swept_at = self.jobs.paths.swept_at
-                    note_not_ready(self.store, self.clock.now())  # any node's heartbeats that stopped
                     if self.local_node and heartbeat(
                         self.store,
                         self.node,
@@ -213,6 +212,10 @@ class Controller:
                 except Exception:  # the store may be briefly unavailable: try again shortly
                     log.warning("node heartbeat failed", exc_info=True)
                     next_beat = time.monotonic() + HEARTBEAT_RETRY
+                try:  # after its own heartbeat: a watcher that stalled says nothing wrong of its own node
+                    note_not_ready(self.store, self.clock.now())  # any node whose heartbeats stopped
+                except Exception:  # the store may be briefly unavailable: said at the next beat
+                    log.warning("checking the nodes' heartbeats failed", exc_info=True)
             if not announced and time.monotonic() < next_poll:
                 continue  # a heartbeat's turn only
             next_poll = time.monotonic() + interval
