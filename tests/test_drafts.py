@@ -49,12 +49,30 @@ REQUEST_FIELDS = {
     "instance_id": st.sampled_from(["", "worker-1"]),
     "unknown": st.just("ignored"),
 }
-REQUESTS = st.fixed_dictionaries({}, optional=REQUEST_FIELDS)
 # what the shortcut is for: a command (no NUL) and perhaps environment variables JobSpec accepts
 PLAIN_REQUESTS = st.fixed_dictionaries(
     {"command": st.text(min_size=1, max_size=20).filter(lambda c: "\0" not in c)},
     optional={"env_vars": st.dictionaries(NAMES, st.text(max_size=8).filter(lambda v: "\0" not in v), max_size=3)},
 )
+# half of them plain: the shortcut is taken often enough to be held to the long way
+REQUESTS = st.one_of(PLAIN_REQUESTS, st.fixed_dictionaries({}, optional=REQUEST_FIELDS))
+# every template field with values a Source accepts: each is seen under the shortcut
+VALID_TEMPLATES = st.fixed_dictionaries(
+    {},
+    optional={
+        **{k: TEMPLATE_FIELDS[k] for k in ("suspend", "labels", "priority", "resources", "artifact")},
+        "env": st.dictionaries(NAMES, NAMES, max_size=2),
+        "annotations": st.dictionaries(st.sampled_from(["note", "owner"]), st.just("x")),
+        "timeout": st.sampled_from(["1m", "2h"]),
+        "runTimeout": st.sampled_from(["30s", "5m"]),
+        "stopGracePeriod": st.just("3s"),
+        "retry": st.fixed_dictionaries({"limit": st.integers(0, 3)}),
+        "workingDir": st.sampled_from(["sub", "/abs/dir", "sub/../other"]),
+        "pool": st.just("gpu"),
+        "slots": st.integers(1, 3),
+        "type": st.just("run"),
+    },
+).filter(lambda t: not ("artifact" in t and t.get("workingDir", "").startswith("/")))  # relative to the artifact
 
 
 def assert_same(quick: Draft, long: Draft) -> None:
@@ -77,21 +95,9 @@ def test_the_shortcut_drafts_what_the_long_way_drafts(template, request):
     assert_same(Drafter(template, BASE_DIR).draft(body), draft(body, template, base_dir=BASE_DIR))
 
 
-@settings(max_examples=200, deadline=None)
-@given(
-    template=st.fixed_dictionaries(
-        {},
-        optional={
-            **{k: TEMPLATE_FIELDS[k] for k in ("suspend", "labels", "priority", "resources")},
-            "timeout": st.sampled_from(["1m", "2h"]),
-            "retry": st.fixed_dictionaries({"limit": st.integers(0, 3)}),
-        },
-    ),
-    env=st.dictionaries(NAMES, NAMES, max_size=2),
-    request=PLAIN_REQUESTS,
-)
-def test_a_plain_request_takes_the_shortcut(template, env, request):
-    template = {**template, "env": env}
+@settings(max_examples=300, deadline=None)
+@given(template=VALID_TEMPLATES, request=PLAIN_REQUESTS)
+def test_a_plain_request_takes_the_shortcut(template, request):
     drafter = Drafter(template, BASE_DIR)
     quick = drafter.shortcut(request)
     assert quick is not None and quick.job is not None and quick.spec is not None
