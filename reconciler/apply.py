@@ -9,7 +9,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api.annotations import HOSTNAME_LABEL, MANAGED_BY, system_annotations, user_annotations
+from .api.annotations import APPLIED_FROM, HOSTNAME_LABEL, MANAGED_BY, system_annotations, user_annotations
 from .api.job import JobSpec
 from .api.kinds import KINDS, KindInfo
 from .api.meta import dump, format_time, utcnow
@@ -54,22 +54,33 @@ def apply_manifests(
     prune: bool = False,
     selector: list[Requirement] | None = None,
     create_only: bool = False,
+    owner: str | None = None,
 ) -> list[Change]:
     """Apply a set of manifests in one transaction. Given what `manifests.read` loaded,
     the problems of the documents that did not validate are reported together with this
     apply's own (references, cycles, capacities): every problem at once, nothing stored.
-    `create_only` (the HTTP API's create): an object that exists already is a Conflict."""
+    `create_only` (the HTTP API's create): an object that exists already is a Conflict.
+    `owner` (a GitOps watch's folder): the objects applied are marked as its, and its prune
+    deletes only objects so marked, never what other applies made."""
     loaded = manifests if isinstance(manifests, Loaded) else Loaded(list(manifests))
     with paused_gc():
         try:  # most applies in a GitOps loop change nothing: find that out without the write lock
             with store.read() as conn:
                 return _apply(
-                    _ReadOnly(conn, store), loaded, force=force, prune=prune, selector=selector, create_only=create_only
+                    _ReadOnly(conn, store),
+                    loaded,
+                    force=force,
+                    prune=prune,
+                    selector=selector,
+                    create_only=create_only,
+                    owner=owner,
                 )
         except _WouldWrite:
             pass
         with store.write() as tx:  # validated and compared again under the lock: the store may have moved
-            changes = _apply(tx, loaded, force=force, prune=prune, selector=selector, create_only=create_only)
+            changes = _apply(
+                tx, loaded, force=force, prune=prune, selector=selector, create_only=create_only, owner=owner
+            )
             if dry_run:
                 tx.discard()
     return changes
@@ -88,7 +99,14 @@ class _ReadOnly(Tx):
 
 
 def _apply(
-    tx: Tx, loaded: Loaded, *, force: bool, prune: bool, selector: list[Requirement] | None, create_only: bool = False
+    tx: Tx,
+    loaded: Loaded,
+    *,
+    force: bool,
+    prune: bool,
+    selector: list[Requirement] | None,
+    create_only: bool = False,
+    owner: str | None = None,
 ) -> list[Change]:
     manifests = loaded.manifests
     if selector:  # as kubectl's: only the objects the selector matches are applied (and pruned)
@@ -109,6 +127,7 @@ def _apply(
             # configured it), or `run`
             if key not in applied
             and obj.annotations.get(MANAGED_BY) == "apply"
+            and (owner is None or obj.annotations.get(APPLIED_FROM) == owner)
             and not (obj.kind == "Node" and HOSTNAME_LABEL in obj.labels)
             and (not selector or matches(selector, obj.labels))
         ]
@@ -127,7 +146,7 @@ def _apply(
         current = stored.get((m.kind.kind, m.name))
         if create_only and current is not None:
             raise Conflict(f'{m.kind.plural} "{m.name}" already exists')
-        change, creation, said = _apply_one(tx, m, current, force=force)
+        change, creation, said = _apply_one(tx, m, current, force=force, owner=owner)
         changes.append(change)
         if creation is not None:
             tx.rv()  # the creations are written after the loop: a read-only attempt ends here, not there
@@ -161,7 +180,7 @@ def _written(obj: StoredObject | Change) -> StoredObject:
 
 
 def _apply_one(
-    tx: Tx, m: Manifest, current: StoredObject | None, *, force: bool
+    tx: Tx, m: Manifest, current: StoredObject | None, *, force: bool, owner: str | None = None
 ) -> tuple[Change, dict[str, Any] | None, list[tuple[StoredObject | Change, str, str]]]:
     """What one manifest does: its change, the `create` arguments of a new object (the caller
     creates them all at once) and the events to record."""
@@ -169,6 +188,8 @@ def _apply_one(
     spec = dump(spec_model) if spec_model is not None else {}  # only the spec: metadata is read from the model
     meta = m.obj.metadata
     annotations = {**user_annotations(meta.annotations), MANAGED_BY: "apply"}
+    if owner is not None:
+        annotations[APPLIED_FROM] = owner
     if current is None:
         # a precondition on an object that is not there fails, as Kubernetes' does: the
         # manifest was read from an object since deleted, which it must not make again
@@ -207,6 +228,8 @@ def _apply_one(
         )
     annotations.update(system_annotations(current.annotations))
     annotations[MANAGED_BY] = "apply"
+    if owner is not None:  # the watch claims what its folder describes
+        annotations[APPLIED_FROM] = owner
     # the system's labels stay as its annotations do (a registered node's hostname), unless
     # the manifest gives them
     labels = {**system_annotations(current.labels), **meta.labels}

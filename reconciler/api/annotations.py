@@ -13,6 +13,8 @@ CANCEL_REASON = "reconciler.dev/cancel-reason"  # value: who or what asked (the 
 RERUN = "reconciler.dev/rerun"  # value: a token; a new token asks for a new revision
 DOWNSTREAM_SUFFIX = ";downstream"  # on the rerun token: dependents run again after it too
 MANAGED_BY = "reconciler.dev/managed-by"  # "apply" marks objects that `apply --prune` may delete
+# `controller --watch DIR`: "watch:" and the folder's path; its prune deletes only what it applied
+APPLIED_FROM = "reconciler.dev/applied-from"
 CREATED_BY = "reconciler.dev/created-by"  # "run" for jobs made by `reconciler run`, "source/NAME" from a queue
 MESSAGE_ID = "reconciler.dev/message-id"  # on a job made from a queue message: the message's id (redelivery key)
 # `drain --force` on a job holding slots on the node: value "RUN@NODE", the admission's run

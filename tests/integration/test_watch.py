@@ -43,28 +43,60 @@ def _stop(proc: subprocess.Popen) -> tuple[str, str]:
 
 
 def test_controller_watch_applies_and_prunes_the_folder(sqlite_url, tmp_path):
+    """...and prunes only what it applied: a job `apply -f` made from elsewhere in the same
+    store stays (it was deleted at the watch's start and at every change)."""
     folder = tmp_path / "gitops"
     folder.mkdir()
     (folder / "a.yaml").write_text(_job("alpha"))
+    (tmp_path / "other.yaml").write_text(_job("elsewhere"))
+    assert run_cli("apply", "-f", str(tmp_path / "other.yaml"), store=sqlite_url).code == 0
     log = tmp_path / "controller.log"
     controller = _start(["controller", "--watch", str(folder)], sqlite_url, stderr=log.open("w"))
     try:
-        wait_until(lambda: _names(sqlite_url) == {"alpha"}, timeout=30, message="alpha applied at start")
+        wait_until(lambda: _names(sqlite_url) == {"alpha", "elsewhere"}, timeout=30, message="alpha applied at start")
         (folder / "b.yaml").write_text(_job("beta"))
-        wait_until(lambda: _names(sqlite_url) == {"alpha", "beta"}, timeout=30, message="beta applied on change")
+        wait_until(
+            lambda: _names(sqlite_url) == {"alpha", "beta", "elsewhere"}, timeout=30, message="beta applied on change"
+        )
         (folder / "a.yaml").unlink()
-        wait_until(lambda: _names(sqlite_url) == {"beta"}, timeout=30, message="alpha pruned")
+        wait_until(lambda: _names(sqlite_url) == {"beta", "elsewhere"}, timeout=30, message="alpha pruned")
         # a bad file is reported with its line and field, and the folder stores nothing
         (folder / "c.yaml").write_text(_job("gamma").replace("spec: {command: ['true']}", "spec:\n  comand: ['true']"))
         wait_until(
             lambda: "c.yaml:5: spec.comand: unknown field" in log.read_text(), timeout=30, message="error logged"
         )
-        assert _names(sqlite_url) == {"beta"}
+        assert _names(sqlite_url) == {"beta", "elsewhere"}
         (folder / "c.yaml").write_text(_job("gamma"))
-        wait_until(lambda: _names(sqlite_url) == {"beta", "gamma"}, timeout=30, message="gamma applied once fixed")
+        wait_until(
+            lambda: _names(sqlite_url) == {"beta", "gamma", "elsewhere"}, timeout=30, message="gamma applied once fixed"
+        )
     finally:
         _stop(controller)
     assert "watch: job.reconciler.dev/alpha pruned" in log.read_text()
+
+
+def test_a_change_refused_while_a_job_runs_is_applied_once_it_ends(sqlite_url, tmp_path):
+    """A running job's spec cannot change (a conflict): the folder wins once the run is over,
+    without another change to the folder (as Argo CD and Flux resync)."""
+    folder = tmp_path / "gitops"
+    folder.mkdir()
+    go = tmp_path / "go"
+    held = (
+        "apiVersion: reconciler.dev/v1alpha1\nkind: Job\nmetadata: {name: held}\nspec:\n"
+        f"  shell: \"while [ ! -e '{go}' ]; do sleep 0.05; done\"\n"
+    )
+    (folder / "held.yaml").write_text(held)
+    log = tmp_path / "controller.log"
+    controller = _start(["controller", "--watch", str(folder)], sqlite_url, stderr=log.open("w"))
+    try:
+        wait_until(lambda: _state(sqlite_url, "held")[0] == "Running", timeout=30, message="held running")
+        (folder / "held.yaml").write_text(held.replace("done", "done; echo second"))
+        wait_until(lambda: "its spec cannot change" in log.read_text(), timeout=30, message="the conflict said")
+        go.touch()
+        wait_until(lambda: _state(sqlite_url, "held") == ("Succeeded", 2), timeout=60, message="the change applied")
+        assert log.read_text().count("its spec cannot change") == 1  # said once, not at every retry
+    finally:
+        _stop(controller)
 
 
 def _state(store: str, name: str) -> tuple[str | None, int | None]:
