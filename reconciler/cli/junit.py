@@ -5,6 +5,7 @@ stderr."""
 
 from __future__ import annotations
 
+import re
 import socket
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
@@ -33,8 +34,8 @@ def report(jobs: Mapping[str, Watched], *, suite: str, started: float, wall: flo
         case = ET.Element("testcase", name=name, classname="reconciler.job", time=f"{_duration(status):.3f}")
         if not job.succeeded:
             failures += 1
-            failure = ET.SubElement(case, "failure", type=state_of(job), message=_why(status))
-            failure.text = tail(name)
+            failure = ET.SubElement(case, "failure", type=state_of(job), message=_xml_text(_why(status)))
+            failure.text = _xml_text(tail(name))
         cases.append(case)
     counts = {"tests": str(len(cases)), "failures": str(failures), "errors": "0", "skipped": "0"}
     root = ET.Element("testsuites", {"name": suite, **counts, "time": f"{wall:.3f}"})
@@ -48,6 +49,16 @@ def report(jobs: Mapping[str, Watched], *, suite: str, started: float, wall: flo
     ET.indent(root)
     xml: bytes = ET.tostring(root, encoding="utf-8", xml_declaration=True)
     return xml
+
+
+# what XML 1.0 cannot hold: control characters but tab, newline and return (a colour
+# escape's ESC among them), surrogates, U+FFFE and U+FFFF; written raw, no viewer parses the file
+_NOT_XML = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff\ufffe\uffff]")
+
+
+def _xml_text(text: str) -> str:
+    """`text` with what XML 1.0 cannot hold spelled as \\xNN (a colour code reads \\x1b[31m)."""
+    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def _runs(status: JobStatusDict) -> list[RunDict]:

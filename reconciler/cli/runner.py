@@ -117,6 +117,8 @@ def up(
     from .resources import read_manifests
 
     limit = duration_of(timeout, "--timeout")
+    if junit is not None and (junit.is_dir() or not os.access(junit.parent, os.W_OK)):  # said before the jobs run
+        raise InvalidInput(f"--junit {junit}: not a file in a folder that exists and can be written")
     client = ctx_of(ctx).client
     manifests = read_manifests(filename, recursive, verb="up")
     with Interrupts() as interrupts:

@@ -116,11 +116,15 @@ def test_junit_report_has_a_testcase_per_job_and_failures_with_their_why(env):
         "jobs.yaml",
         job_yaml("ok", "shell: sleep 0.2")
         + "---\n"
-        + job_yaml("bad", "shell: echo first line >&2; echo the reason it failed >&2; exit 3")
+        # a colour code on stderr (ESC cannot be in XML 1.0: written raw, no viewer parsed the file)
+        + job_yaml("bad", "shell: printf '\\033[31mred\\033[0m\\n' >&2; echo the reason it failed >&2; exit 3")
         + "---\n"
         + job_yaml("after-bad", "command: ['true']\ndependsOn: [bad]"),
     )
     report = env.root / "report.xml"
+    nowhere = env.cli("up", "-f", str(path), "--junit", str(env.root / "no" / "such" / "r.xml"), timeout=120)
+    assert nowhere.code == 2 and "--junit" in nowhere.stderr and "Traceback" not in nowhere.stderr, nowhere
+    assert env.cli("get", "jobs", "-o", "name").stdout == ""  # refused before anything was applied
     result = env.cli("up", "-f", str(path), "--junit", str(report), timeout=120)
     assert result.code == 1 and f"wrote {report}" in result.stderr, result
     suites = list(JUnitXml.fromfile(str(report)))
@@ -134,6 +138,7 @@ def test_junit_report_has_a_testcase_per_job_and_failures_with_their_why(env):
     assert failure.type == "Failed"
     assert failure.message.startswith("Failed, BackoffLimitExceeded, exit code 3 (run 1)")
     assert "the reason it failed" in (failure.text or "")
+    assert "\\x1b[31mred\\x1b[0m" in (failure.text or "")
     (aborted,) = [r for r in cases["after-bad"].result if isinstance(r, Failure)]
     assert aborted.type == "Aborted" and "DependencyUnsatisfied" in aborted.message
 
