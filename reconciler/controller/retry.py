@@ -93,8 +93,11 @@ def after_run(
     deadline_passed: bool,
     rand: Callable[[], float],
     restart: float | None = None,
+    number: int | None = None,
 ) -> AfterRun:
-    """`attempts` counts runs of this revision including the one that just ended. `restart`
+    """`attempts` counts runs of this revision including the one that just ended; `number`
+    is that run's own number, which messages name (runs are numbered across revisions: after
+    a rerun the first attempt is run 2, not run 1; default: `attempts`). `restart`
     is a service's restart delay: a service is restarted after every end but a failed
     start (never counted against retry.limit) until it is cancelled."""
     if cancelled:
@@ -107,7 +110,7 @@ def after_run(
     if run.outcome == "Succeeded":
         return AfterRun(False, "Succeeded", None, "the run exited 0")
     ok, outcome, reason = _retryable(retry, run)
-    detail = f"run {attempts} ended {run.outcome}" + (
+    detail = f"run {attempts if number is None else number} ended {run.outcome}" + (
         f" with exit code {run.exit_code}" if run.exit_code is not None else ""
     )
     if not ok:

@@ -265,10 +265,12 @@ class RunEnds:
     def decide(self, ctx: Ctx, end: RunEnd, message: str) -> Result:
         stop = self.runs.stop_reason(ctx)
         service = ctx.spec.type == "service"
+        runs = ctx.runs_this_revision()
         decision = after_run(
             ctx.spec.retry,
             end,
-            attempts=len(ctx.runs_this_revision()),
+            attempts=len(runs),
+            number=runs[-1]["number"] if runs else None,
             cancelled=stop is not None and stop[0] in ("Cancelled", "Deleted"),
             deadline_passed=stop is not None and stop[0] == "DeadlineExceeded",
             rand=self.rand.random,

@@ -530,3 +530,17 @@ def test_a_run_killed_at_its_memory_limit_is_retried_like_any_failure():
     end = RunEnd("Failed", 137, reason="OOMKilled")
     decision = after_run(Retry(limit=1), end, attempts=1, cancelled=False, deadline_passed=False, rand=fixed(0.5))
     assert decision.retry
+
+
+def test_messages_name_the_runs_own_number_not_its_place_in_the_revision():
+    """After a rerun, the revision's first attempt is run 2: said as run 2 (the events and
+    the run records say so), not run 1."""
+    limit0, limit1 = Retry(limit=0), Retry(limit=1)
+    ended = after_run(
+        limit0, RunEnd("Failed", 1), attempts=1, number=2, cancelled=False, deadline_passed=False, rand=no_rand
+    )
+    assert ended.message == "run 2 ended Failed with exit code 1; retry limit 0 reached"
+    retried = after_run(
+        limit1, RunEnd("Failed", 1), attempts=1, number=3, cancelled=False, deadline_passed=False, rand=fixed(MID)
+    )
+    assert retried.message.startswith("run 3 ended Failed with exit code 1; retry 1 of 1 in")
