@@ -192,6 +192,8 @@ class Until:
     on_change: OnChange = _quiet
     fail_fast: bool = False
     interrupt: threading.Event = field(default_factory=threading.Event)  # set with `stop` by a Ctrl-C
+    # jobs already running when `up` began, which its apply left as they were: not its to stop
+    spare: frozenset[str] = frozenset()
 
 
 def converge(store: Store, names: list[str], until: Until) -> Converged:
@@ -220,7 +222,7 @@ def follow(watch: Follower, *, cancel: Cancel, grace: Grace, until: Until) -> Co
         result = Converged(watch.jobs, "interrupted")
     if result.ending != "settled":
         by = _stopped_by(result, until.timeout)
-        result.cancelled = _stop_unsettled(watch, cancel, grace, by, until.on_change)
+        result.cancelled = _stop_unsettled(watch, cancel, grace, by, until.on_change, until.spare)
     return result
 
 
@@ -272,10 +274,17 @@ def _stopped_by(result: Converged, timeout: float | None) -> str:
     return "up: interrupted" if result.ending == "interrupted" else "up: stopped by a signal"
 
 
-def _stop_unsettled(watch: Follower, cancel: Cancel, grace: Grace, by: str, on_change: OnChange) -> list[str]:
-    """Cancel the followed jobs that are not Completed and follow them until they are (their
-    processes gone), or until the longest of their grace periods has passed with a margin."""
-    names = sorted(n for n, w in watch.jobs.items() if not w.deleted and w.status.get("phase") != Phase.COMPLETED)
+def _stop_unsettled(
+    watch: Follower, cancel: Cancel, grace: Grace, by: str, on_change: OnChange, spare: frozenset[str] = frozenset()
+) -> list[str]:
+    """Cancel the followed jobs that are not Completed (but those in `spare`) and follow them
+    until they are (their processes gone), or until the longest of their grace periods has
+    passed with a margin."""
+    names = sorted(
+        n
+        for n, w in watch.jobs.items()
+        if n not in spare and not w.deleted and w.status.get("phase") != Phase.COMPLETED
+    )
     for name in names:
         with suppress(NotFound):  # deleted meanwhile: nothing to stop
             cancel(name, by)

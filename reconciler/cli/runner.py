@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -56,6 +56,7 @@ def _converge(
     fail_fast: bool = False,
     junit: Path | None = None,
     suite: str = "reconciler up",
+    spare: frozenset[str] = frozenset(),
 ) -> int:
     """Reconcile in this process until every named job is settled; 0 if all run jobs
     Succeeded and every service is Running. Services keep running after `up` returns (the
@@ -67,7 +68,7 @@ def _converge(
 
     progress = make_progress()
     started = time.time()
-    until = Until(timeout, interrupts.stop, progress.update, fail_fast, interrupts.interrupt)
+    until = Until(timeout, interrupts.stop, progress.update, fail_fast, interrupts.interrupt, spare)
     try:
         result = client.converge(names, until)
     except KeyboardInterrupt:  # a second Ctrl-C, while stopping
@@ -87,6 +88,11 @@ def _converge(
     if result.ending == "interrupted":
         return 130
     return 0 if result.all_succeeded else 1
+
+
+def _live(status: dict[str, Any] | None) -> bool:
+    """Whether a job had a run under way (or about to be) when `up` looked."""
+    return (status or {}).get("phase") in ("Starting", "Running", "Stopping", "Backoff")
 
 
 def _write_junit(client: Client, jobs: dict[str, Watched], path: Path, *, suite: str, started: float) -> None:
@@ -127,8 +133,14 @@ def up(
             if c.action != "unchanged":
                 err(f"{c.kind.qualified}/{c.name} {c.action}")
         names = [c.name for c in changes if c.kind.kind == "Job"]
+        # a job that ran before `up` and that its apply left unchanged is followed, not stopped
+        spare = frozenset(
+            c.name
+            for c in changes
+            if c.kind.kind == "Job" and c.action == "unchanged" and c.old is not None and _live(c.old.status)
+        )
         suite = "reconciler up -f " + " ".join(filename)
-        code = _converge(client, names, limit, interrupts, fail_fast=fail_fast, junit=junit, suite=suite)
+        code = _converge(client, names, limit, interrupts, fail_fast=fail_fast, junit=junit, suite=suite, spare=spare)
     raise typer.Exit(code)
 
 

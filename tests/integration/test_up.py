@@ -42,6 +42,22 @@ def test_up_timeout_stops_what_it_started(env):
     assert runs_alive(env) == []
 
 
+def test_up_timeout_leaves_a_job_it_found_running_and_did_not_change(env):
+    """What `up` stops is what it started: a job another controller was running before, which
+    its apply left unchanged, is followed but not cancelled (it was, 'cancelled by up')."""
+    env.controller()
+    path = env.write("jobs.yaml", job_yaml("already", f"shell: {LONG}\nstopGracePeriod: 1s"))
+    env.apply("jobs.yaml", path.read_text())
+    env.wait_phase("already", "Running")
+    result = env.cli("up", "-f", str(path), "--timeout", "1s", timeout=120)
+    assert result.code == 1 and "error: timed out after 1s" in result.stderr, result
+    assert "stopped" not in result.stderr
+    status = env.status("already")
+    assert status["phase"] == "Running" and not status.get("outcome"), status
+    env.cli("cancel", "job/already")
+    env.wait_phase("already", "Completed")
+
+
 def test_up_fail_fast_cancels_the_rest_and_says_by_what(env):
     path = env.write(
         "jobs.yaml",
