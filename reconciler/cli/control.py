@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from ..errors import InvalidInput
@@ -142,8 +144,11 @@ def logs(
         raise InvalidInput(f"--stream {stream!r}: must be stdout or stderr")
     found = ctx_of(ctx).client.run_logs(name, run)
     pieces = found.follow(stream, tail=tail) if follow else found.read(stream, tail=tail)
+    out = sys.stdout
     for text in pieces:  # a piece at a time: a log of any size takes little memory
-        typer.echo(text, nl=False)
+        # written as kept: click's echo strips colour codes when stdout is no terminal
+        out.write(text)
+        out.flush()
 
 
 def register(app: typer.Typer) -> None:

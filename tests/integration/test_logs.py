@@ -165,3 +165,11 @@ def test_logs_of_a_run_that_never_started_say_so(env):
     env.apply("idle.yaml", job_yaml("idle", "command: ['true']"))
     idle = env.cli("logs", "job/idle")
     assert idle.code == 3 and 'job "idle" has no runs yet' in idle.stderr
+
+
+def test_logs_show_the_kept_bytes_colour_codes_included(env):
+    """Piped (no terminal), `logs` wrote the run's text without its escapes (click's echo
+    strips colour codes then): not the kept bytes."""
+    env.write("colour.yaml", job_yaml("colour", "shell: printf 'o\\033[1mB\\033[0m\\n'"))
+    assert env.up(env.root / "colour.yaml").code == 0
+    assert env.cli("logs", "job/colour").stdout == "o\x1b[1mB\x1b[0m\n"
