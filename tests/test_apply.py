@@ -893,3 +893,24 @@ def test_a_folder_of_empty_documents_is_invalid_input(sqlite_url, tmp_path):
     (tmp_path / "m" / "empty.yaml").write_text("---\n# nothing here\n---\n")
     result = cli("apply", "-f", str(tmp_path / "m"), store=sqlite_url)
     assert result.code == 2 and "no objects passed to apply" in result.stderr, result
+
+
+def test_run_takes_a_dependency_as_job_slash_name_as_every_verb_does(sqlite_url):
+    ok("run", "--name", "first", "--", "true", store=sqlite_url)
+    ok("run", "--name", "other", "--", "true", store=sqlite_url)
+    ok(
+        "run",
+        "--name",
+        "second",
+        "--after-success",
+        "job/first",
+        "--after-finish",
+        "job/other",
+        "--",
+        "true",
+        store=sqlite_url,
+    )
+    deps = get_json(sqlite_url, "job", "second")["spec"]["dependsOn"]
+    assert [(d["job"], d["outcomes"]) for d in deps] == [("first", ["Succeeded"]), ("other", ["Finished"])]
+    refused = cli("run", "--name", "third", "--after-success", "pool/first", "--", "true", store=sqlite_url)
+    assert refused.code == 2 and "a one-off job depends on jobs only" in refused.stderr

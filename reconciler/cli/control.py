@@ -99,7 +99,11 @@ def wait(
     refs: list[str] = typer.Argument(None),
     all_jobs: bool = typer.Option(False, "--all"),
     selector: str | None = typer.Option(None, "-l", "--selector"),
-    for_: str = typer.Option(..., "--for", help="condition=Succeeded | condition=Completed"),
+    for_: str = typer.Option(
+        ...,
+        "--for",
+        help="condition=Completed, or condition=OUTCOME (Succeeded, Failed, Cancelled, Aborted, TimedOut, Lost)",
+    ),
     timeout: str = typer.Option("30s", "--timeout"),
 ) -> None:
     """Exit 0 when every selected job meets the condition; 1 when one cannot or time runs out."""
@@ -107,7 +111,7 @@ def wait(
 
     kind, _, condition = for_.partition("=")
     if kind != "condition" or condition not in WAITABLE:
-        raise InvalidInput(f"--for {for_!r}: use condition=Succeeded or condition=Completed")
+        raise InvalidInput(f"--for {for_!r}: use condition=C, C one of {', '.join(WAITABLE)}")
     limit = duration_of(timeout, "--timeout") or 0.0
     names = [_job_name(r) for r in refs or []]
     if not names and not all_jobs and not selector:

@@ -90,6 +90,15 @@ def _converge(
     return 0 if result.all_succeeded else 1
 
 
+def _dependency(ref: str) -> str:
+    from ..api.kinds import split_ref
+
+    info, name = split_ref(ref, default_kind="Job")
+    if info.kind != "Job":
+        raise InvalidInput(f"{ref}: a one-off job depends on jobs only")
+    return name
+
+
 def _live(status: dict[str, Any] | None) -> bool:
     """Whether a job had a run under way (or about to be) when `up` looked."""
     return (status or {}).get("phase") in ("Starting", "Running", "Stopping", "Backoff")
@@ -170,6 +179,8 @@ def controller(
         stream=sys.stderr,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if watch is not None and not os.path.exists(watch):  # said now, not by the watcher's thread later
+        raise InvalidInput(f"--watch {watch}: no such file or folder")
     store = ctx_of(ctx).local_only("controller")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
@@ -230,8 +241,9 @@ def run(
         command=list(command),
         name=name,
         shell=shell,
-        after_success=after_success,
-        after_finish=after_finish,
+        # `job/NAME`, as every other verb takes a job
+        after_success=[_dependency(ref) for ref in after_success],
+        after_finish=[_dependency(ref) for ref in after_finish],
         pool=pool,
         slots=slots,
         retries=retries,

@@ -263,3 +263,9 @@ def test_get_watch_of_pools_prints_usage_as_it_changes(sqlite_url, tmp_path):
         if controller is not None:
             _stop(controller)
         _stop(follower)
+
+
+def test_a_watch_of_a_path_that_does_not_exist_is_refused_at_once(sqlite_url, tmp_path):
+    result = run_cli("controller", "--watch", str(tmp_path / "nothing"), store=sqlite_url)
+    assert result.code == 2 and "--watch" in result.stderr and "no such file or folder" in result.stderr, result
+    assert "Traceback" not in result.stderr
