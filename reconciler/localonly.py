@@ -25,6 +25,8 @@ def web_page_request(host: str | None, origin: str | None, fetch_site: str | Non
 
 
 def _loopback_host(host: str) -> bool:
+    """A loopback address, or `localhost`, as written: never resolved (serve.is_loopback
+    resolves a name, which a rebinding page's own DNS would answer with 127.0.0.1)."""
     try:
         name = urlsplit(f"//{host}").hostname
     except ValueError:  # an unclosed [, a bad port

@@ -32,8 +32,11 @@ class Guard:
         self.app = app
         self.tokens = tokens
         self.max_body = max_body
-        # what to tell when the server is asked to stop (the app's long polls and streams)
-        self.on_exit: list[Callable[[], None]] = list(getattr(getattr(app, "state", None), "on_exit", []))
+
+    @property
+    def on_exit(self) -> list[Callable[[], None]]:
+        """What to tell when the server is asked to stop: the app's (its long polls, streams)."""
+        return list(getattr(getattr(self.app, "state", None), "on_exit", []))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
