@@ -316,10 +316,15 @@ def delete(
     *,
     kind: str | None = None,
     selector: list[Requirement] | None = None,
+    dry_run: bool = False,
+    uid: str | None = None,
+    resource_version: str | None = None,
 ) -> Deleted:
     """Delete the (kind, name) targets, or every object of `kind` (of LABELLED's kinds when
     None) matching `selector`, in one transaction: jobs before the pools they use, so one
-    `delete -f` of a whole folder works."""
+    `delete -f` of a whole folder works. `dry_run`: every check made, what would be deleted
+    answered, nothing stored. `uid`, `resource_version`: preconditions (Kubernetes'
+    DeleteOptions) each object must meet, else Conflict."""
     missing: list[tuple[str, str]] = []
     with store.write() as tx:
         if selector and not targets:
@@ -333,6 +338,16 @@ def delete(
                     missing.append((k, n))
                 else:
                     objs.append(obj)
+        for o in objs:
+            if uid is not None and o.uid != uid:
+                raise Conflict(f"precondition failed: uid {uid} is not that of {o.kind} {o.name!r} ({o.uid})")
+            if resource_version is not None and str(o.resource_version) != resource_version:
+                raise Conflict(
+                    f"precondition failed: resourceVersion {resource_version} is not that of {o.kind} "
+                    f"{o.name!r} ({o.resource_version})"
+                )
         going = frozenset((o.kind, o.name) for o in objs)
         done = [(o, delete_object(tx, o, going)) for o in sorted(objs, key=lambda o: _DELETE_ORDER[o.kind])]
+        if dry_run:
+            tx.discard()
     return Deleted(done, missing)

@@ -160,9 +160,10 @@ def service_object(entry: dict[str, Any]) -> StoredObject:
     )
 
 
-def services(store: Store) -> list[dict[str, Any]]:
-    """The registry in the HTTP API's shape (`GET /services`)."""
-    return [dict(s.status or {}) for s in service_registry(store)]
+def services(store: Store, selector: list[Requirement] | None = None) -> list[dict[str, Any]]:
+    """The registry in the HTTP API's shape (`GET /services`), of the services whose labels
+    (their jobs') match `selector`."""
+    return [dict(s.status or {}) for s in service_registry(store) if not selector or matches(selector, s.labels)]
 
 
 def not_found(label: str, name: str) -> str:

@@ -4,15 +4,17 @@ types, so a verb prints the same whether it ran on a store or through a server."
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from .api.kinds import KINDS
 from .api.meta import API_VERSION, from_epoch, to_epoch
+from .api.source import shown_url
 from .errors import Conflict, InvalidInput, NotFound, ReconcilerError
 from .jsontext import canonical
 from .store import StoredObject
@@ -138,14 +140,43 @@ def error_of(code: int, document: dict[str, Any] | None, server: str) -> Reconci
 # -- objects ---------------------------------------------------------------------------------
 
 
-def object_list(kind: str, resource_version: int, objects: list[StoredObject]) -> dict[str, Any]:
-    """A list as Kubernetes writes it: `JobList`, with the resourceVersion to watch from."""
+def object_list(
+    kind: str, resource_version: int, objects: list[StoredObject], *, secrets: bool = True
+) -> dict[str, Any]:
+    """A list as Kubernetes writes it: `JobList`, with the resourceVersion to watch from;
+    without `secrets`, passwords in URLs shown as *** (`without_secrets`)."""
+    items = [o.manifest() for o in objects]
     return {
         "apiVersion": API_VERSION,
         "kind": f"{kind}List",
         "metadata": {"resourceVersion": str(resource_version)},
-        "items": [o.manifest() for o in objects],
+        "items": items if secrets else [without_secrets(i) for i in items],
     }
+
+
+# where an object's spec may carry a password, in a URL's user info
+_SECRET_URLS = {"Source": (("amqp", "url"), ("http", "url")), "Notifier": (("url",),), "Job": (("artifact", "url"),)}
+
+
+def without_secrets(document: dict[str, Any]) -> dict[str, Any]:
+    """The object as a viewer's token sees it: a password in a broker's, a webhook's or an
+    artifact's URL shown as *** (an admin's token, which may PUT it back, sees it whole)."""
+    paths = _SECRET_URLS.get(document.get("kind", ""), ())
+    shown = document
+    for path in paths:
+        holder: Any = document.get("spec")
+        for key in path[:-1]:
+            holder = holder.get(key) if isinstance(holder, dict) else None
+        url = holder.get(path[-1]) if isinstance(holder, dict) else None
+        if not isinstance(url, str) or (masked := shown_url(url)) == url:
+            continue
+        if shown is document:
+            shown = copy.deepcopy(document)
+        target = shown["spec"]
+        for key in path[:-1]:
+            target = target[key]
+        target[path[-1]] = masked
+    return shown
 
 
 def object_from(document: dict[str, Any]) -> StoredObject:
@@ -315,6 +346,21 @@ class DeleteRequest(Body):
     items: list[Target] = Field(default_factory=list)
     kind: str | None = None
     label_selector: str = ""
+
+
+class Preconditions(Body):
+    uid: str | None = None
+    resource_version: str | None = None
+
+
+class DeleteOptions(Body):
+    """The body a DELETE may carry, as Kubernetes' DeleteOptions; the fields it does not
+    honour (propagationPolicy, gracePeriodSeconds, orphanDependents) are refused by name."""
+
+    kind: Literal["DeleteOptions"] | None = None
+    api_version: str | None = None
+    dry_run: list[str] = Field(default_factory=list, description="[All]: answer what would be deleted.")
+    preconditions: Preconditions | None = Field(default=None, description="uid, resourceVersion the object must have.")
 
 
 class RunRequest(Body):

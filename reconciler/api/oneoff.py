@@ -27,7 +27,7 @@ class OneOff:
     timeout: str | None = None
     run_timeout: str | None = None
     wait_file: str | None = None
-    working_dir: str = field(default_factory=os.getcwd)
+    working_dir: str | None = field(default_factory=os.getcwd)  # None: the run's own folder (an artifact's)
     # what the seed's job request (POST /jobs) also says
     env: dict[str, str] = field(default_factory=dict)
     job_type: str = "run"
@@ -37,7 +37,9 @@ class OneOff:
 
     def spec(self) -> dict[str, Any]:
         spec: dict[str, Any] = {"shell": " ".join(self.command)} if self.shell else {"command": list(self.command)}
-        spec.update(slots=self.slots, workingDir=self.working_dir)
+        spec["slots"] = self.slots
+        if self.working_dir is not None:
+            spec["workingDir"] = self.working_dir
         spec.update(_stated(self.env, self.job_type, self.port, self.node_name, self.artifact_url))
         deps = [{"job": j, "outcomes": ["Succeeded"]} for j in self.after_success]
         deps += [{"job": j, "outcomes": ["Finished"]} for j in self.after_finish]
@@ -96,10 +98,12 @@ class JobRequest(BaseModel):
         return spec
 
     def one_off(self, working_dir: str) -> OneOff:
+        """The job; it runs in `working_dir`, or, with a deploy_url, in its unpacked files
+        (the artifact's folder is the run's working directory, API.md 1.1)."""
         return OneOff(
             command=[self.command],
             shell=True,
-            working_dir=working_dir,
+            working_dir=None if self.deploy_url else working_dir,
             env=self.env_vars,
             job_type=self.job_type,
             port=self.port,

@@ -138,7 +138,7 @@ class Ctx:
         return self.status != (self.obj.status or {})
 
 
-def _count(before: dict[str, Any], after: JobStatusDict) -> None:
+def count_metrics(before: dict[str, Any], after: JobStatusDict) -> None:
     """What the metrics count of a status change: runs that ended (outcome, reason,
     duration, lost) and an admission (its wait since the job became eligible)."""
     ended_before = {r["number"] for r in before.get("runs", []) if r.get("finishedAt")}
@@ -171,7 +171,7 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     tx.store.mark(ctx.uid)  # in a batch: written, not yet committed (a spawn waits for it)
     for op in ctx.ops:
         op(tx)
-    _count(ctx.obj.status or {}, ctx.status)
+    count_metrics(ctx.obj.status or {}, ctx.status)
     repo.record_events(tx, *(repo.ObjectEvent(obj, e.reason, e.message, e.warning) for e in ctx.events))
     if ctx.notices:
         ctx.notified |= notices.record(tx, obj, ctx.notices)

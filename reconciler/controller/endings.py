@@ -17,7 +17,7 @@ from ..store import Store, queuing
 from ..store import repository as repo
 from ..store import scheduling as sched
 from . import faults, notices
-from .context import Ctx, commit
+from .context import Ctx, commit, count_metrics
 from .runtime import AGAIN, DONE, Result
 
 if TYPE_CHECKING:
@@ -86,6 +86,7 @@ class Endings:
         self.admitted.pop(ctx.uid, None)
         with self.store.write(known=True) as tx:
             repo.remove(tx, ctx.obj)  # first: a Conflict leaves nothing written
+            count_metrics(ctx.obj.status or {}, ctx.status)  # its run stopped for the deletion ended
             queuing.dequeue(tx, ctx.uid)
             if sched.release(tx, ctx.uid) is not None:
                 ctx.released(ctx.spec.pool, ctx.spec.slots)

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import Body, FastAPI, Query
+from fastapi import Body, Depends, FastAPI, Query, Request
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from .. import apply as applying
@@ -31,6 +31,7 @@ from ..wire import (
     LIST_KINDS,
     PREFIX,
     ApplyRequest,
+    DeleteOptions,
     DeleteRequest,
     ItemsRequest,
     RunRequest,
@@ -40,8 +41,9 @@ from ..wire import (
     graph_doc,
     object_list,
     status,
+    without_secrets,
 )
-from . import agents, dashboard, seed
+from . import agents, dashboard, params, seed
 from .agents import Wake
 from .apiwarnings import status_ignored, warned
 from .auth import Tokens
@@ -53,6 +55,7 @@ ACTIONS = ("cancel", "suspend", "resume", "rerun")
 ObjectBody = Annotated[
     dict[str, Any], Body(description="The object, as a manifest (apiVersion, kind, metadata, spec).")
 ]
+DeleteBody = Annotated[DeleteOptions | None, Body(description="Kubernetes' DeleteOptions: dryRun, preconditions.")]
 STREAMS = anyio.CapacityLimiter(256)  # log follows, beside the thread pool the other routes use
 EVENTS_LIMIT = 1000  # `get events`: the newest, as the CLI shows them
 
@@ -85,6 +88,7 @@ def create_app(
         docs_url=None,
         redoc_url=None,
         lifespan=lifespan,
+        dependencies=[Depends(params.refuse_unknown_parameters)],
     )
     # told when the server is asked to stop, before it waits for open requests: long polls
     # and watch streams end at once instead of holding the shutdown until it gives up
@@ -145,9 +149,9 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
         return Response(body, media_type=content_type)
 
     @app.get("/services", tags=["server"])
-    def services() -> Response:
+    def services(label_selector: str = Query("", alias="labelSelector")) -> Response:
         """The service registry: `[{name, node, address, port, run, ready}]`."""
-        return _json(reads.services(store))
+        return _json(reads.services(store, _selector(label_selector)))
 
     @app.get(PREFIX, tags=["resources"])
     def discovery() -> Response:
@@ -243,16 +247,16 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
         resourceVersion, if given), then each event as it is recorded."""
         fields = _fields(field_selector)
 
-        def newest() -> list[Any]:
+        def newest(count: int) -> list[Any]:
             if fields:
-                return reads.object_events(store, fields["involvedObject.kind"], fields["involvedObject.name"], limit)
-            return reads.events(store, [], limit)
+                return reads.object_events(store, fields["involvedObject.kind"], fields["involvedObject.name"], count)
+            return reads.events(store, [], count)
 
         if watch:
             since = _version(resource_version)
-            stream = event_lines(store, newest, since, timeout_seconds)
+            stream = event_lines(store, newest, limit, since, timeout_seconds)
             return StreamingResponse(stream, media_type="application/json")
-        rows = newest()
+        rows = newest(limit)
         seq = store.change_seq()
         items = [event_doc(r) for r in rows]
         return _json(
@@ -324,6 +328,7 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
 
     @app.get(PREFIX + "/{plural}", tags=["resources"])
     def list_or_watch(
+        request: Request,
         plural: str,
         label_selector: str = Query("", alias="labelSelector"),
         watch: bool = False,
@@ -335,35 +340,44 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
         watch=true, JSON lines `{"type": ADDED|MODIFIED|DELETED, "object"}` of the changes
         after resourceVersion (none: every object as ADDED first, then the changes)."""
         info, selector = _kind(plural), _selector(label_selector)
+        secrets = not _viewer(request)
         if not watch:
             seq, listing = reads.listing_at(store, info.plural, [], selector)
-            return _json(object_list(info.kind, seq, listing.objects))
+            return _json(object_list(info.kind, seq, listing.objects, secrets=secrets))
         since = _version(resource_version)
-        return StreamingResponse(
-            watch_lines(broadcaster, store, info, selector, since, timeout_seconds, allow_watch_bookmarks),
-            media_type="application/json",
-        )
+        lines = watch_lines(broadcaster, store, info, selector, since, timeout_seconds, allow_watch_bookmarks, secrets)
+        return StreamingResponse(lines, media_type="application/json")
 
     @app.post(PREFIX + "/{plural}", tags=["resources"], status_code=201)
     def create(plural: str, body: ObjectBody, dry_run: str | None = Query(None, alias="dryRun")) -> Response:
         """Create an object; 409 when it exists."""
         info = _kind(plural)
-        change, warnings = _one(store, info, None, body, create_only=True, dry_run=bool(dry_run), force=False)
+        change, warnings = _one(store, info, None, body, create_only=True, dry_run=params.dry_run(dry_run), force=False)
         return warned(_json(change.after, 201), warnings)
 
     @app.delete(PREFIX + "/{plural}", tags=["resources"])
-    def delete_collection(plural: str, label_selector: str = Query("", alias="labelSelector")) -> Response:
+    def delete_collection(
+        plural: str,
+        label_selector: str = Query("", alias="labelSelector"),
+        dry_run: str | None = Query(None, alias="dryRun"),
+        options: DeleteBody = None,
+    ) -> Response:
         """Every object of the kind matching labelSelector (required: no accidental delete-all)."""
         info = _kind(plural)
         if not label_selector:
             raise InvalidInput(f"delete {info.plural}: a labelSelector is required")
-        done = applying.delete(store, [], kind=info.kind, selector=_selector(label_selector)).done
+        rehearse, preconditions = params.delete_options(options, dry_run)
+        if preconditions is not None:
+            raise params.BadRequest("preconditions name one object: DELETE it by name")
+        selector = _selector(label_selector)
+        done = applying.delete(store, [], kind=info.kind, selector=selector, dry_run=rehearse).done
         return _json({"apiVersion": API_VERSION, "kind": f"{info.kind}List", "items": [o.manifest() for o, _ in done]})
 
     @app.get(PREFIX + "/{plural}/{name}", tags=["resources"])
-    def get(plural: str, name: str) -> Response:
+    def get(request: Request, plural: str, name: str) -> Response:
         info = _kind(plural)
-        return _json(reads.objects(store, info.plural, [name], None).objects[0].manifest())
+        document = reads.objects(store, info.plural, [name], None).objects[0].manifest()
+        return _json(document if not _viewer(request) else without_secrets(document))
 
     @app.put(PREFIX + "/{plural}/{name}", tags=["resources"])
     def replace(
@@ -375,18 +389,34 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
     ) -> Response:
         """Create or update an object, as apply does; a stale metadata.resourceVersion is 409."""
         info = _kind(plural)
-        change, warnings = _one(store, info, name, body, create_only=False, dry_run=bool(dry_run), force=force)
+        change, warnings = _one(
+            store, info, name, body, create_only=False, dry_run=params.dry_run(dry_run), force=force
+        )
         return warned(_json(change.after, 201 if change.action == "created" else 200), warnings)
 
     @app.delete(PREFIX + "/{plural}/{name}", tags=["resources"])
-    def delete(plural: str, name: str) -> Response:
-        """Delete an object: 200 deleted, 202 while an active job is stopped first."""
+    def delete(
+        plural: str,
+        name: str,
+        dry_run: str | None = Query(None, alias="dryRun"),
+        options: DeleteBody = None,
+    ) -> Response:
+        """Delete an object: 200 deleted, 202 while an active job is stopped first; with
+        dryRun=All what would be, nothing stored; DeleteOptions' preconditions checked."""
         info = _kind(plural)
-        result = applying.delete(store, [(info.kind, name)])
+        rehearse, pre = params.delete_options(options, dry_run)
+        uid, version = (pre.uid, pre.resource_version) if pre is not None else (None, None)
+        result = applying.delete(store, [(info.kind, name)], dry_run=rehearse, uid=uid, resource_version=version)
         if result.missing:
             raise NotFound(f'{info.plural} "{name}" not found')
         obj, action = result.done[0]
         return _json(obj.manifest(), 202 if action == "deleting" else 200)
+
+
+def _viewer(request: Request) -> bool:
+    """A viewer's token: it sees no password (`wire.without_secrets`); without tokens (loopback
+    only) every caller is the owner."""
+    return bool(request.scope.get("reconciler.role") == "viewer")
 
 
 def _kind_of(kind: str) -> KindInfo:
@@ -438,7 +468,9 @@ def _fields(text: str) -> dict[str, str]:
 
 
 def _version(text: str | None) -> int | None:
-    if text is None or text == "":
+    """A watch's resourceVersion; none, empty or 0 (Kubernetes' "any version") is None: what
+    is there now, then the changes."""
+    if text is None or text in ("", "0"):
         return None
     if not text.isdecimal():
         raise InvalidInput(f"resourceVersion {text!r}: use the one a list answered")

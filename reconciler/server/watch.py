@@ -35,7 +35,7 @@ from ..reads import EVENT_POLL, ChangeReader, NewEvents, objects, poll_interval
 from ..selectors import Requirement, matches
 from ..store import Store, StoredObject
 from ..threads import critical
-from ..wire import event_doc, status
+from ..wire import event_doc, status, without_secrets
 
 log = logging.getLogger("reconciler.server")
 
@@ -300,16 +300,24 @@ async def stream(
     change up to its last bookmark (from its resourceVersion on), and the listing."""
     try:
         told = sub.since  # every change up to here is the client's
+        # within a batch, the change of each object told last: the backlog replayed from
+        # history is one batch, and an object's second change in it is told as of its first
+        # (MODIFIED, not ADDED again; DELETED once it stops matching the selector)
+        told_of: dict[str, int] = {}
         batch: Batch | None = sub.backlog
         while batch is not None:
             for given in batch.events:
-                after = max(told, skip.get(given.name, 0))
-                if given.kind != kind or given.resource_version <= after:
+                if given.kind != kind:
                     continue
+                after = max(told, skip.get(given.name, 0), told_of.get(given.name, 0))
+                if given.resource_version <= after:
+                    continue
+                told_of[given.name] = given.resource_version
                 event = as_of(given, after)
                 if (seen := seen_as(event, selector)) is not None:
                     yield event if seen == event.type else dataclasses.replace(event, type=seen)
             told = max(told, batch.seq)
+            told_of.clear()
             yield batch.seq
             batch = await sub.queue.get()
         if sub.ended:
@@ -326,10 +334,12 @@ async def watch_lines(
     since: int | None,
     timeout: float | None,
     bookmarks: bool,
+    secrets: bool = True,
 ) -> AsyncIterator[str]:
     """The JSON lines of one watch; 410 as an ERROR event when the client is too far behind;
     with `bookmarks`, a BOOKMARK after each batch of changes (its resourceVersion: watch again
-    from there and nothing is missed)."""
+    from there and nothing is missed); without `secrets`, passwords in URLs as ***."""
+    shown: Callable[[dict[str, Any]], dict[str, Any]] = (lambda d: d) if secrets else without_secrets
     skip: dict[str, int] = {}
     if (refused := await _too_new(store, since)) is not None:
         yield refused
@@ -344,7 +354,7 @@ async def watch_lines(
         listing = await anyio.to_thread.run_sync(objects, store, info.plural, [], selector)
         for o in listing.objects:
             skip[o.name] = o.resource_version
-            yield _line("ADDED", o.manifest())
+            yield _line("ADDED", shown(o.manifest()))
     with anyio.move_on_after(timeout if timeout is not None else math.inf):
         async for event in stream(broadcaster, sub, info.kind, selector, skip):
             if event is None:
@@ -359,28 +369,37 @@ async def watch_lines(
                     }
                     yield _line("BOOKMARK", bookmark)
                 continue
-            yield _line(event.type, event.document)
+            yield _line(event.type, shown(event.document))
 
 
 async def event_lines(
-    store: Store, newest: Callable[[], list[Any]], since: int | None, timeout: float | None
+    store: Store, newest: Callable[[int], list[Any]], limit: int, since: int | None, timeout: float | None
 ) -> AsyncIterator[str]:
-    """One events watch: ADDED for each event of the newest page (with `since`, only those
+    """One events watch: ADDED for each event of the newest `limit` (with `since`, only those
     recorded after that resourceVersion), then for each new one, looked for every EVENT_POLL
     (events are not in the change feed the object watches follow). A version the store has
-    not reached is refused at once, as an object watch refuses it."""
+    not reached is refused at once, as an object watch refuses it; one with more than `limit`
+    events after it is 410, as a compacted version is: the client would miss the ones between."""
     if (refused := await _too_new(store, since)) is not None:
         yield refused
         return
-    first = await anyio.to_thread.run_sync(newest)
+    first = await anyio.to_thread.run_sync(newest, limit + 1)
+    if since is not None and len(first) > limit and first[0].resource_version > since:
+        yield _line("ERROR", status(410, f"more than {limit} events after resourceVersion {since}; list again"))
+        return
+    first = first[-limit:]
+    new = NewEvents(first)
     for row in first:
         if since is None or row.resource_version > since:
             yield _line("ADDED", event_doc(row))
-    new = NewEvents(first)
     with anyio.move_on_after(timeout if timeout is not None else math.inf):
         while True:
             await anyio.sleep(EVENT_POLL)
-            for row in new.among(await anyio.to_thread.run_sync(newest)):
+            fresh = new.among(await anyio.to_thread.run_sync(newest, limit + 1))
+            if len(fresh) > limit:  # more were recorded in one look than a page holds
+                yield _line("ERROR", status(410, f"more than {limit} events in {EVENT_POLL:g}s; list again"))
+                return
+            for row in fresh:
                 yield _line("ADDED", event_doc(row))
 
 
