@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ..api.job import WaitCondition
 from ..threads import critical
 from .probeprocs import ProbeProcs
+from .process import inherited_environment
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,12 @@ def run_probe(
     cond: WaitCondition,
     cwd: str | None = None,
     running: Callable[[subprocess.Popen[bytes] | None], None] = lambda _: None,
+    env: dict[str, str] | None = None,
 ) -> tuple[bool, str]:
     """(exit 0?, a short diagnostic with the output cut to outputLimit bytes). `running` is
-    told of the probe's process while it runs (then None), so that it can be killed."""
+    told of the probe's process while it runs (then None), so that it can be killed. The
+    probe's environment is a run's: the agent's without reconciler's own variables (the
+    store's URL, tokens), with `env` (the job's spec.env) over it."""
     probe = cond.probe
     assert probe is not None  # only probe conditions come here
     try:
@@ -44,6 +48,7 @@ def run_probe(
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env={**inherited_environment(), **(env or {})},
             start_new_session=True,
         )
     except OSError as exc:
@@ -123,7 +128,7 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
 
 
 Key = tuple[str, str, str]  # (job name, job uid, the condition's JSON)
-_Todo = tuple[Key, "_Probe", WaitCondition, "str | None"]
+_Todo = tuple[Key, "_Probe", WaitCondition, "str | None", "dict[str, str] | None"]
 
 
 @dataclass
@@ -164,7 +169,9 @@ class Probes:
         for thread in self._threads:
             thread.start()
 
-    def verdict(self, job: str, uid: str, cond: WaitCondition, cwd: str | None) -> tuple[bool, str] | None:
+    def verdict(
+        self, job: str, uid: str, cond: WaitCondition, cwd: str | None, env: dict[str, str] | None = None
+    ) -> tuple[bool, str] | None:
         key = (job, uid, cond.model_dump_json())
         with self._lock:
             probe = self._probes.setdefault(key, _Probe())
@@ -172,7 +179,7 @@ class Probes:
             due = probe.verdict is None or self._clock() - probe.ended_at >= DUE_AFTER * interval
             if not probe.running and due and not self._closed:
                 probe.running = True
-                self._todo.put((key, probe, cond, cwd))
+                self._todo.put((key, probe, cond, cwd, env))
             return probe.verdict
 
     def forget(self, job: str) -> None:
@@ -215,11 +222,11 @@ class Probes:
 
     def _work(self) -> None:
         while (item := self._todo.get()) is not None:
-            key, probe, cond, cwd = item
+            key, probe, cond, cwd, env = item
             if self._closed:
                 continue
             try:
-                verdict = run_probe(cond, cwd, self._running)
+                verdict = run_probe(cond, cwd, self._running, env)
             except Exception as exc:  # a probe that cannot run is a failed probe, not a dead thread
                 log.warning("probe for job %s failed to run", key[0], exc_info=True)
                 verdict = (False, f"probe could not run: {exc}")

@@ -296,7 +296,7 @@ class JobReconciler:
         return True
 
     def _probe(self, ctx: Ctx, cond: WaitCondition) -> tuple[bool, str] | None:
-        return self.probes.verdict(ctx.name, ctx.uid, cond, ctx.spec.host_dir)
+        return self.probes.verdict(ctx.name, ctx.uid, cond, ctx.spec.host_dir, ctx.spec.env)
 
     def _record_waits(self, ctx: Ctx, checks: list[waits.Check]) -> None:
         """Write each evaluation, but an unchanged result only every WAIT_STATUS_REFRESH s."""

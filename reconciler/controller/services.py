@@ -108,7 +108,9 @@ class ServiceSteps:
         readiness = ctx.spec.readiness
         if readiness is not None:
             if run.get("node") == self.runs.agent.node:
-                verdict = self.runs.probes.verdict(ctx.name, ctx.uid, readiness.as_wait_probe(), ctx.spec.host_dir)
+                verdict = self.runs.probes.verdict(
+                    ctx.name, ctx.uid, readiness.as_wait_probe(), ctx.spec.host_dir, ctx.spec.env
+                )
                 due = sooner(due, readiness.interval * (0.9 + 0.2 * self.runs.rand.random()))
             if verdict is not None and verdict[0] != ctx.status.get("ready"):
                 ctx.status["ready"] = verdict[0]

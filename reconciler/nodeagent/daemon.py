@@ -67,7 +67,8 @@ class NodeAgent:
         self._records: dict[str, Record] = {}  # job -> its run on this node still to settle
         self._by_folder: dict[str, Record] = {}
         self._preparing: dict[str, dict[str, Any]] = {}  # job -> its item, while its artifact is fetched
-        self._readiness: dict[str, tuple[str, WaitCondition, str | None]] = {}  # job -> (uid, probe, cwd)
+        # job -> (uid, probe, cwd, the job's env)
+        self._readiness: dict[str, tuple[str, WaitCondition, str | None, dict[str, str]]] = {}
         self.probes = Probes(wake=lambda _job: None)  # looked at on each tick: nothing to wake
         self._specified: set[str] = set()  # run folders whose spec this process has acted on
         self._pending = threading.Event()  # reports to send
@@ -326,7 +327,7 @@ class NodeAgent:
         parsed = JobSpec.model_validate(spec)
         assert parsed.readiness is not None
         with self._lock:
-            self._readiness[item["job"]] = (item["uid"], parsed.readiness.as_wait_probe(), parsed.host_dir)
+            self._readiness[item["job"]] = (item["uid"], parsed.readiness.as_wait_probe(), parsed.host_dir, parsed.env)
 
     def _forgotten(self, item: dict[str, Any]) -> None:
         """The server holds a start of this run, and this node has no record of it (its state
@@ -428,13 +429,13 @@ class NodeAgent:
             probed = [(r, self._readiness.get(r.job)) for r in self._records.values() if r.job in self._readiness]
         for record, readiness in probed:
             assert readiness is not None
-            uid, cond, cwd = readiness
+            uid, cond, cwd, env = readiness
             if record.finished or uid != record.uid:
                 with self._lock:
                     self._readiness.pop(record.job, None)
                 self.probes.forget(record.job)
                 continue
-            verdict = self.probes.verdict(record.job, uid, cond, cwd)
+            verdict = self.probes.verdict(record.job, uid, cond, cwd, env)
             if verdict is not None and verdict[0] != record.ready:
                 record.ready, record.ready_message = verdict[0], verdict[1]
                 record.start_reported = False  # reported again, with the verdict

@@ -210,3 +210,13 @@ def test_a_child_left_holding_the_pipe_is_not_waited_for(tmp_path):
     ok, said = run_probe(probe(["sh", "-c", f"setsid sleep 600 & echo $! > {escaped}; sleep 600"], timeout="1s"))
     assert (ok, said) == (False, "probe timed out after 1s")
     os.kill(int(escaped.read_text()), 9)
+
+
+def test_a_probe_gets_a_runs_environment_without_reconcilers_own_variables(monkeypatch):
+    """The store's URL (and its password) or a token must not reach a probe, as they do not
+    reach a run; the job's spec.env does."""
+    monkeypatch.setenv("RECONCILER_STORE", "postgresql://app:S3cret@db/jobs")
+    monkeypatch.setenv("PLAIN_VARIABLE", "inherited")
+    command = ["sh", "-c", 'echo "[$RECONCILER_STORE] [$PLAIN_VARIABLE] [$FROM_SPEC]"; exit 0']
+    ok, said = run_probe(probe(command), env={"FROM_SPEC": "given"})
+    assert ok and said == "probe succeeded: [] [inherited] [given]", said
