@@ -304,6 +304,18 @@ CASES: list[Case] = [
         "port-not-a-number", job('  command: ["true"]\n  type: service\n  port: http  # <--\n'), "spec.port", "integer"
     ),
     one(
+        "restart-delay-zero-is-a-hot-loop",
+        job('  command: ["true"]\n  type: service\n  restart:\n    delay: 0s  # <--\n    maxDelay: 0s\n'),
+        "spec.restart.delay",
+        "at least 100ms",
+    ),
+    one(
+        "restart-max-delay-below-delay",
+        job('  command: ["true"]\n  type: service\n  restart:\n    delay: 10s\n    maxDelay: 1s  # <--\n'),
+        "spec.restart.maxDelay",
+        "less than delay",
+    ),
+    one(
         "restart-on-run-job",
         job('  command: ["true"]\n  restart: {delay: 1s}  # <--\n'),
         "spec.restart",

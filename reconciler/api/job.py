@@ -160,6 +160,9 @@ class Placement(Strict):
         return DEFAULT_STRATEGY if self.strategy is None else self.strategy
 
 
+MIN_RESTART_DELAY = 0.1  # seconds: a restart sooner than this would be a hot loop (delay 0 doubles to 0)
+
+
 class Restart(Strict):
     """A service's restart backoff: `delay` doubles with each run that lived shorter than
     `resetAfter`, up to `maxDelay`; a run that lived `resetAfter` resets it."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ..yamldoc import format_path
+from .job import MIN_RESTART_DELAY
 from .kinds import KindInfo
 from .pool import GLOBAL_POOL
 
@@ -160,9 +161,11 @@ def validate_apply(
 
     for m in new_jobs.values():
         references(m, m.obj.spec, "spec")
+        problems.extend(_restart_problems(m, m.obj.spec, "spec"))
     for m in manifests:  # a Source's template is under every job it makes: a missing pool refuses them all
         if m.kind.kind == "Source":
             references(m, m.obj.spec.job_template(), "spec", "template")
+            problems.extend(_restart_problems(m, m.obj.spec.job_template(), "spec", "template"))
         # asked of what is applied, not of the model: a notifier stored so before still validates
         elif m.kind.kind == "Notifier" and (twice := _twice(m.obj.spec.events)):
             problems.append(f"{m.where('spec', 'events')}: {', '.join(twice)} named more than once")
@@ -189,6 +192,24 @@ def validate_apply(
             user, slots = too_big
             problems.append(f"{m.where('spec', 'slots')}: {cap} slots is less than {user} needs ({slots})")
     return problems
+
+
+def _restart_problems(m: Candidate, spec: Any, *at: str) -> list[str]:
+    """A service's restart backoff that would restart it in a hot loop: asked of what is
+    applied, not of the model, so a spec stored before still validates (and restart_delay
+    holds it to MIN_RESTART_DELAY)."""
+    restart, found = spec.restart, list[str]()
+    if restart is None:
+        return found
+    if restart.delay < MIN_RESTART_DELAY:
+        found.append(
+            f"{m.where(*at, 'restart', 'delay')}: at least {MIN_RESTART_DELAY * 1000:g}ms (it doubles from there)"
+        )
+    if restart.max_delay < restart.delay:
+        found.append(
+            f"{m.where(*at, 'restart', 'maxDelay')}: {restart.max_delay:g}s is less than delay ({restart.delay:g}s)"
+        )
+    return found
 
 
 def _twice(items: list[str]) -> list[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..api.job import Backoff, Restart, Retry
+from ..api.job import MIN_RESTART_DELAY, Backoff, Restart, Retry
 from ..api.quantity import format_left
 
 
@@ -56,6 +56,9 @@ def restart_delay(restart: Restart, lifetimes: list[float]) -> RestartDelay:
     lived (oldest first, the one that just ended last): `delay`, doubled for each run in a
     row that lived shorter than `resetAfter`, capped at `maxDelay`. A run that lived
     `resetAfter` resets it, as Kubernetes resets a container's crash-loop backoff."""
+    restart = restart.model_copy(
+        update={"delay": max(restart.delay, MIN_RESTART_DELAY), "max_delay": max(restart.max_delay, MIN_RESTART_DELAY)}
+    )
     streak = 0
     for lived in reversed(lifetimes):
         if lived >= restart.reset_after:

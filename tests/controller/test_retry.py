@@ -484,6 +484,15 @@ def test_restart_delay_doubles_per_short_run_and_resets_after_a_healthy_one(life
     assert (got.delay, got.crash_loop, got.streak) == expected
 
 
+def test_a_restart_delay_stored_as_zero_still_backs_off():
+    """A spec stored before apply refused delays under 100ms: it doubles from 100ms rather
+    than restarting at once for ever (0 doubled is 0)."""
+    zero = restart(delay="0s", maxDelay="0s")
+    assert [restart_delay(zero, [0.1] * n).delay for n in (0, 1, 3)] == [0.1, 0.1, 0.1]
+    doubling = restart(delay="0s", maxDelay="1s")
+    assert [restart_delay(doubling, [0.1] * n).delay for n in (1, 2, 3, 5)] == [0.1, 0.2, 0.4, 1.0]
+
+
 def test_a_service_restarts_whatever_its_retry_policy_says_but_not_after_a_failed_start():
     limit0 = retry(limit=0, onExitCodes=[2])
     for end in (RunEnd("Failed", 1), RunEnd("Succeeded", 0), RunEnd("Lost", reason="NodeLost")):
