@@ -44,6 +44,8 @@ class ServiceSteps:
         run alive until nextRunAt; `restart_due` starts the next run with the same slots."""
         self.runs.probes.forget(ctx.name)
         ctx.status.pop("ready", None)
+        if ctx.spec.readiness is not None:  # nothing to reach until the next run's probe passes
+            set_condition(ctx.status, "Ready", False, "NotRunning", "between runs: the service restarts", ctx.now_text)
         restart = restart_delay(ctx.spec.restart_policy, lifetimes(ctx))
         ctx.status["nextRunAt"] = from_epoch(ctx.now + restart.delay)
         ctx.status["restarts"] = ctx.status.get("restarts", 0) + 1
@@ -112,7 +114,9 @@ class ServiceSteps:
                     ctx.name, ctx.uid, readiness.as_wait_probe(), ctx.spec.host_dir, ctx.spec.env
                 )
                 due = sooner(due, readiness.interval * (0.9 + 0.2 * self.runs.rand.random()))
-            if verdict is not None and verdict[0] != ctx.status.get("ready"):
+            # a change of verdict is written; so is the first failure of a run's probe, which
+            # leaves ready False as it was but says why the service is not ready yet
+            if verdict is not None and (verdict[0] != ctx.status.get("ready") or _first_failure(ctx, verdict)):
                 ctx.status["ready"] = verdict[0]
                 reason = "ProbeSucceeded" if verdict[0] else "ProbeFailed"
                 set_condition(ctx.status, "Ready", verdict[0], reason, verdict[1], ctx.now_text)
@@ -120,6 +124,12 @@ class ServiceSteps:
         if ctx.changed() or ctx.events:
             self.runs.endings.write(ctx)
         return due
+
+
+def _first_failure(ctx: Ctx, verdict: Verdict) -> bool:
+    """A failed probe while the Ready condition still says no probe has run (ProbePending)."""
+    ready = next((c for c in ctx.status.get("conditions", []) if c.get("type") == "Ready"), None)
+    return not verdict[0] and ready is not None and ready.get("reason") == "ProbePending"
 
 
 def lifetimes(ctx: Ctx) -> list[float]:

@@ -205,3 +205,35 @@ def _alive(pid: int) -> bool:
         return False
     with open(f"/proc/{pid}/stat") as stat:  # a zombie nobody reaped is not alive
         return stat.read().split()[2] != "Z"
+
+
+def _ready(status: dict) -> dict | None:
+    return next((c for c in status.get("conditions", []) if c["type"] == "Ready"), None)
+
+
+def test_a_probe_failing_from_the_start_says_why_and_ready_ends_with_the_run(env, controller, tmp_path):
+    """Before its probe first passes, a failing probe's output is in the Ready condition
+    (and a NotReady event), not 'no readiness probe has passed yet' for ever; between runs
+    the condition is False: nothing is there to reach."""
+    flag = tmp_path / "ready"
+    probe = {"command": ["sh", "-c", f"test -e {flag} || {{ echo db connection refused; exit 1; }}"]}
+    readiness = {"probe": probe, "interval": "200ms"}
+    restart = {"delay": "30s", "maxDelay": "30s"}
+    env.apply(
+        job(
+            "db",
+            f"while [ ! -e {flag}.stop ]; do sleep 0.05; done",
+            type="service",
+            readiness=readiness,
+            restart=restart,
+        )
+    )
+    failing = env.wait_status("db", lambda s: (_ready(s) or {}).get("reason") == "ProbeFailed")
+    assert "db connection refused" in _ready(failing)["message"] and failing["ready"] is False
+    assert any(e.reason == "NotReady" and "db connection refused" in e.message for e in env.events("db"))
+
+    flag.touch()
+    env.wait_status("db", lambda s: s.get("ready") is True)
+    (tmp_path / "ready.stop").touch()  # the run ends: the service waits 30s to restart
+    between = env.wait_status("db", lambda s: s.get("nextRunAt") and s.get("restarts") == 1)
+    assert (_ready(between)["status"], _ready(between)["reason"]) == ("False", "NotRunning"), between
