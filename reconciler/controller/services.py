@@ -33,11 +33,12 @@ class ServiceSteps:
         self.runs = runs
 
     def restarts_in_place(self, ctx: Ctx, end: RunEnd) -> bool:
-        """A service whose run ended by itself restarts on its node, keeping its admission;
-        a failed start, or a stop asked for, goes the way any run's end goes."""
-        return (
-            ctx.spec.type == "service" and end.outcome != RunOutcome.START_FAILED and self.runs.stop_reason(ctx) is None
-        )
+        """A service whose run ended by itself restarts on its node, keeping its admission
+        (its port too), as does one whose artifact could not be fetched (retryable: the
+        next run fetches it again); a start that failed otherwise, or a stop asked for, goes
+        the way any run's end goes."""
+        started = end.outcome != RunOutcome.START_FAILED or end.retryable
+        return ctx.spec.type == "service" and started and self.runs.stop_reason(ctx) is None
 
     def restart_later(self, ctx: Ctx, run: RunDict) -> Result:
         """Phase stays Running (reason CrashLoop after a run shorter than resetAfter) with no

@@ -253,3 +253,20 @@ def test_each_run_of_a_service_gets_a_fresh_folder(env):
     env.ok("cancel", "job/svc")
     env.wait_completed("svc")
     wait_until(lambda: not (env.run_dir("svc", 2) / "work").exists(), timeout=30, message="second folder removed")
+
+
+def test_a_service_whose_artifact_cannot_be_fetched_restarts_in_place_keeping_its_port(env):
+    """Like after any exit: its admission (slots, node, port) is kept and the restart counted;
+    it is not sent back to the queue, where another service could take its port."""
+    url, port = f"http://127.0.0.1:{free_port()}/app.zip", free_port()
+    env.controller()
+    spec = f"type: service\nport: {port}\nrestart: {{delay: 200ms, maxDelay: 400ms}}\ncommand: ['true']\n"
+    env.apply("cf.yaml", job_yaml("cf", spec + artifact(url)))
+    looping = env.wait_status("cf", lambda s: s.get("restarts", 0) >= 2, what="two restarts")
+    assert (looping["phase"], looping["reason"]) == ("Running", "CrashLoop"), looping
+    assert "admission" in looping, "its slots are held between runs"
+    assert {(r["outcome"], r["reason"]) for r in looping["runs"]} == {("StartFailed", "ArtifactInvalid")}
+    env.apply("other.yaml", job_yaml("other", f"type: service\nport: {port}\ncommand: [sleep, '60']\n"))
+    held = env.wait_status("other", lambda s: f"port {port}" in (s.get("message") or ""), what="port taken")
+    assert held["phase"] == "Queued", held
+    assert env.get_job("cf")["status"]["phase"] == "Running"
