@@ -333,11 +333,49 @@ class NewEvents:
         return fresh
 
 
-def watch(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> Iterator[StoredObject]:
-    """Each selected object again whenever it changes (`get -w`), forever: the caller stops."""
+WatchEvent = tuple[str, StoredObject]  # ADDED | MODIFIED | DELETED, and the object as shown
+
+
+class Seen:
+    """What a `get -w` has shown of each selected object, to tell what a new look changed:
+    ADDED, MODIFIED, or DELETED (gone from the look, or no longer matching, with the object
+    as last shown): a service leaving the registry is DELETED too."""
+
+    def __init__(self, listed: list[StoredObject]):
+        self._shown = {o.name: (shown(o), o) for o in listed}
+
+    def changes(self, looked: list[StoredObject]) -> Iterator[WatchEvent]:
+        now = {o.name: (shown(o), o) for o in looked}
+        for name, (look, o) in now.items():
+            before = self._shown.get(name)
+            if before is None or before[0] != look:
+                yield ("ADDED" if before is None else "MODIFIED"), o
+        gone = [o for name, (_, o) in self._shown.items() if name not in now]
+        self._shown = now
+        for o in gone:
+            yield "DELETED", o
+
+    def one(self, event: str, obj: StoredObject) -> Iterator[WatchEvent]:
+        """What a watch stream's event of one object changes (a DELETED one is answered with
+        the object as last shown: the stream's carries only its name, uid and labels)."""
+        before = self._shown.get(obj.name)
+        if event == "DELETED":
+            if before is not None:
+                del self._shown[obj.name]
+                yield "DELETED", before[1]
+            return
+        look = shown(obj)
+        if before is None or before[0] != look:
+            self._shown[obj.name] = (look, obj)
+            yield ("ADDED" if before is None else "MODIFIED"), obj
+
+
+def watch(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> Iterator[WatchEvent]:
+    """Each selected object again whenever it changes (`get -w`), and each one deleted or
+    leaving the selection, forever: the caller stops."""
     listing = objects(store, kind, names, selector)
-    seen = {o.name: shown(o) for o in listing.objects}
-    derived = listing.kind in DERIVED_STATUS
+    seen = Seen(listing.objects)
+    derived = listing.kind in DERIVED_STATUS or kind.lower() in SERVICES
     feed = ChangeFeed(store)
     next_look = time.monotonic() + DERIVED_LOOK
     while True:
@@ -345,10 +383,7 @@ def watch(store: Store, kind: str, names: list[str], selector: list[Requirement]
         if not feed.poll() and not (derived and time.monotonic() >= next_look):
             continue
         next_look = time.monotonic() + DERIVED_LOOK
-        for o in objects(store, kind, names, selector).objects:
-            if seen.get(o.name) != (look := shown(o)):
-                seen[o.name] = look
-                yield o
+        yield from seen.changes(objects(store, kind, names, selector, strict=False).objects)
 
 
 @dataclass(frozen=True)

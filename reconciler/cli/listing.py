@@ -174,32 +174,41 @@ def print_kinds(client: Client, wanted: list[tuple[str, list[str]]], selector: s
         raise typer.Exit(3)
 
 
-def watch_listing(client: Client, kind: str, names: list[str], selector: str | None, fmt: str | None) -> None:
-    """Print each object again whenever it changes (Ctrl-C ends), in the listing's format,
-    as kubectl does: a table row, or the object as a JSON or YAML document, or its name."""
+def watch_listing(
+    client: Client, kind: str, names: list[str], selector: str | None, fmt: str | None, events: bool = False
+) -> None:
+    """Print each object again whenever it changes or goes (deleted, or no longer selected:
+    a service leaving the registry), Ctrl-C ends, in the listing's format, as kubectl does:
+    a table row, or the object as a JSON or YAML document, or its name; with `events`
+    (kubectl's --output-watch-events) each says what happened: an EVENT column first, or
+    `{"type", "object"}` documents."""
     from ..api.kinds import qualified as kind_name
     from ..reads import EVENTS, SERVICES
 
     if kind.lower() in EVENTS:
-        watch_events(client, names, fmt)
+        watch_events(client, names, fmt, events)
         return
     label = "Service" if kind.lower() in SERVICES else _label(kind)
     headers, _, row = COLUMNS[label]
     try:
-        for o in client.watch(kind, names, selector):
+        for event, o in client.watch(kind, names, selector):
+            document: dict[str, Any] = o.manifest()
+            if events:
+                document = {"type": event, "object": document}
             if fmt == "json":
-                typer.echo(dump_json(o.manifest()))
+                typer.echo(dump_json(document))
             elif fmt == "yaml":
-                typer.echo("---\n" + dump_yaml(o.manifest()), nl=False)
+                typer.echo("---\n" + dump_yaml(document), nl=False)
             elif fmt == "name":
-                typer.echo(f"{kind_name(o.kind)}/{o.name}")
+                typer.echo((f"{event} " if events else "") + f"{kind_name(o.kind)}/{o.name}")
             else:
-                typer.echo(table(headers, [row(o, fmt == "wide")]).splitlines()[1])
+                line = table(headers, [row(o, fmt == "wide")]).splitlines()[1]
+                typer.echo(f"{event:<9} {line}" if events else line)
     except KeyboardInterrupt:
         return
 
 
-def watch_events(client: Client, names: list[str], fmt: str | None) -> None:
+def watch_events(client: Client, names: list[str], fmt: str | None, events: bool = False) -> None:
     """Print each event recorded after the listing (Ctrl-C ends), in the listing's format,
     looking at the newest page (`client.events`, locally or through a server) every EVENT_POLL."""
     import time
@@ -213,12 +222,16 @@ def watch_events(client: Client, names: list[str], fmt: str | None) -> None:
             fresh = new.among(client.events(names))
             if not fresh:
                 continue
+            added = "ADDED     " if events else ""  # an event is never changed or deleted
             if fmt in ("json", "yaml"):
                 for item in _event_items(fresh):
-                    typer.echo(dump_json(item) if fmt == "json" else "---\n" + dump_yaml(item), nl=fmt == "json")
+                    document = {"type": "ADDED", "object": item} if events else item
+                    typer.echo(
+                        dump_json(document) if fmt == "json" else "---\n" + dump_yaml(document), nl=fmt == "json"
+                    )
             elif fmt == "name":
-                typer.echo("\n".join(_event_names(fresh)))
+                typer.echo("\n".join(("ADDED " if events else "") + n for n in _event_names(fresh)))
             else:
-                typer.echo("\n".join(_event_table(fresh).splitlines()[1:]))
+                typer.echo("\n".join(added + line for line in _event_table(fresh).splitlines()[1:]))
     except KeyboardInterrupt:
         return

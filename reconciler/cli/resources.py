@@ -118,6 +118,9 @@ def get(
     selector: str | None = typer.Option(None, "-l", "--selector"),
     output: str | None = typer.Option(None, "-o", "--output", help="wide | yaml | json | name"),
     watch: bool = typer.Option(False, "-w", "--watch", help="After listing, print changes as they happen."),
+    watch_events: bool = typer.Option(
+        False, "--output-watch-events", help="With -w: say what each change is (ADDED, MODIFIED, DELETED)."
+    ),
 ) -> None:
     """List objects of one kind or several (jobs,pools: a table each, or one List)."""
     from .listing import print_kinds, print_listing, targets, watch_listing
@@ -127,6 +130,8 @@ def get(
     wanted = targets(kind, names or [])
     if watch and len(wanted) > 1:
         raise InvalidInput("get -w: watch one kind at a time")
+    if watch_events and not watch:
+        raise InvalidInput("--output-watch-events: only with -w")
     selector_of(selector)  # a bad selector is refused before anything is asked
     client = ctx_of(ctx).client
     if len(wanted) > 1:
@@ -135,7 +140,7 @@ def get(
     kind, names = wanted[0]
     print_listing(client, kind, names, selector, output)
     if watch:
-        watch_listing(client, kind, names, selector, output)
+        watch_listing(client, kind, names, selector, output, watch_events)
 
 
 def describe(ctx: typer.Context, kind: str = typer.Argument(...), name: str | None = typer.Argument(None)) -> None:

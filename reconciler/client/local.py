@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ..drain import HeldRun
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
-    from ..reads import Listing
+    from ..reads import Listing, WatchEvent
     from ..runlogs import RunLogs
     from ..selectors import Requirement
     from ..store import Store, StoredObject
@@ -57,7 +57,7 @@ class LocalClient:
 
         return describe(self.store, kind, name)
 
-    def watch(self, kind: str, names: list[str], selector: str | None) -> Iterator[StoredObject]:
+    def watch(self, kind: str, names: list[str], selector: str | None) -> Iterator[WatchEvent]:
         from ..reads import watch
 
         return watch(self.store, kind, names, _parsed(selector))

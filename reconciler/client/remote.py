@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..drain import HeldRun
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
-    from ..reads import Listing
+    from ..reads import Listing, WatchEvent
     from ..selectors import Requirement
     from ..store import StoredObject
 
@@ -126,10 +126,11 @@ class RemoteClient:
         obj = object_from(self.http.call("GET", f"{PREFIX}/{info.plural}/{name}"))
         return obj, self._events(limit=DESCRIBED_EVENTS, of=(info.kind, name))
 
-    def watch(self, kind: str, names: list[str], selector: str | None) -> Iterator[StoredObject]:
-        """Each selected object again whenever it changes, as reads.watch: the listing first
-        (NotFound for a missing name), then the server's watch stream."""
-        from ..reads import DERIVED_STATUS, SERVICES
+    def watch(self, kind: str, names: list[str], selector: str | None) -> Iterator[WatchEvent]:
+        """Each selected object again whenever it changes, and each one deleted or leaving
+        the selection, as reads.watch: the listing first (NotFound for a missing name), then
+        the server's watch stream."""
+        from ..reads import DERIVED_STATUS, SERVICES, Seen
 
         service = kind.lower() in SERVICES
         if not service and resolve_kind(kind).kind in DERIVED_STATUS:
@@ -140,15 +141,10 @@ class RemoteClient:
         listing = (
             self.objects(kind, names, selector) if service else _listing(kind, every, names, _parsed(selector), True)
         )
-        seen = {o.name: o.resource_version for o in listing.objects}
+        seen = Seen(listing.objects)
 
-        def fresh(obj: StoredObject) -> bool:
-            if names and obj.name not in names:
-                return False
-            if seen.get(obj.name) == obj.resource_version:
-                return False
-            seen[obj.name] = obj.resource_version
-            return True
+        def again() -> list[StoredObject]:  # the selection as the server shows it now
+            return self.objects(kind, names, selector, strict=False).objects
 
         while True:
             try:
@@ -158,28 +154,23 @@ class RemoteClient:
                     if event == "BOOKMARK":
                         since = obj
                     elif service:  # a job changed: the registry, derived by the server, again
-                        yield from (o for o in self.objects(kind, names, selector, strict=False).objects if fresh(o))
-                    elif event != "DELETED" and fresh(obj):
-                        yield obj
+                        yield from seen.changes(again())
+                    elif not names or obj.name in names:
+                        yield from seen.one(event, obj)
             except Relist:
-                since, found = list_objects(self.http, plural, selector)
-                if service:
-                    found = self.objects(kind, names, selector, strict=False).objects
-                yield from (o for o in found if fresh(o))
+                since, _ = list_objects(self.http, plural, selector)
+                yield from seen.changes(again())
 
-    def _relisting(self, kind: str, names: list[str], selector: str | None) -> Iterator[StoredObject]:
+    def _relisting(self, kind: str, names: list[str], selector: str | None) -> Iterator[WatchEvent]:
         """Pools, nodes and notifiers, whose shown status the server derives when it answers
         (usage, readiness, delivery counts), listed again on a timer as reads.watch looks
         again: a watch stream only carries writes. There are few of them; a list is cheap."""
-        from ..reads import DERIVED_LOOK, shown
+        from ..reads import DERIVED_LOOK, Seen
 
-        seen = {o.name: shown(o) for o in self.objects(kind, names, selector).objects}
+        seen = Seen(self.objects(kind, names, selector).objects)
         while True:
             time.sleep(DERIVED_LOOK)  # a CLI follower: a timer is what it waits for
-            for o in self.objects(kind, names, selector, strict=False).objects:
-                if seen.get(o.name) != (look := shown(o)):
-                    seen[o.name] = look
-                    yield o
+            yield from seen.changes(self.objects(kind, names, selector, strict=False).objects)
 
     def run_logs(self, name: str, run: int | None) -> RemoteLogs:
         return RemoteLogs(self.http, name, run)

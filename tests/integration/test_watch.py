@@ -269,3 +269,31 @@ def test_a_watch_of_a_path_that_does_not_exist_is_refused_at_once(sqlite_url, tm
     result = run_cli("controller", "--watch", str(tmp_path / "nothing"), store=sqlite_url)
     assert result.code == 2 and "--watch" in result.stderr and "no such file or folder" in result.stderr, result
     assert "Traceback" not in result.stderr
+
+
+def test_get_watch_says_what_each_change_is_and_shows_a_deletion(sqlite_url, tmp_path):
+    """kubectl's --output-watch-events: ADDED, MODIFIED and DELETED, the last with the object
+    as it was last shown (a deleted object was printed by no watch before)."""
+    (tmp_path / "j.yaml").write_text(_job("watched"))
+    as_json = _start(["get", "jobs", "-w", "--output-watch-events", "-o", "json"], sqlite_url)
+    as_table = _start(["get", "jobs", "-w", "--output-watch-events"], sqlite_url)
+    json_lines, table_lines = _lines(as_json), _lines(as_table)
+    try:
+        [listed] = _documents(json_lines, 1)  # listed (no job yet): now it watches
+        assert listed["items"] == []
+        assert as_table.stderr is not None and as_table.stderr.readline() == "No resources found.\n"
+        assert run_cli("apply", "-f", str(tmp_path / "j.yaml"), store=sqlite_url).code == 0
+        [added] = _documents(json_lines, 1)
+        assert (added["type"], added["object"]["metadata"]["name"]) == ("ADDED", "watched")
+        assert run_cli("suspend", "job/watched", store=sqlite_url).code == 0
+        [changed] = _documents(json_lines, 1)
+        assert (changed["type"], changed["object"]["spec"]["suspend"]) == ("MODIFIED", True)
+        assert run_cli("delete", "job", "watched", store=sqlite_url).code == 0
+        [deleted] = _documents(json_lines, 1)
+        assert (deleted["type"], deleted["object"]["metadata"]["name"]) == ("DELETED", "watched")
+        rows = [table_lines.get(timeout=30).split()[:2] for _ in range(3)]
+        assert rows == [["ADDED", "watched"], ["MODIFIED", "watched"], ["DELETED", "watched"]], rows
+    finally:
+        _stop(as_json)
+        _stop(as_table)
+    assert run_cli("get", "jobs", "--output-watch-events", store=sqlite_url).code == 2

@@ -295,3 +295,22 @@ def test_serve_without_a_local_node_leaves_jobs_unschedulable(serve, sqlite_url)
     nodes = server.cli("get", "nodes")
     assert nodes.stdout == "" and "No resources found." in nodes.stderr
     assert "no local node" in server.log.read_text()
+
+
+def test_get_services_watch_through_the_server_shows_a_service_leaving_the_registry(server, tmp_path):
+    """A client following the registry must learn that a service is gone (its job deleted),
+    not keep an endpoint that no longer answers."""
+    manifest = _write(tmp_path / "svc.yaml", _job("web", "exec sleep 60", "type: service"))
+    assert server.cli("apply", "-f", manifest).code == 0
+    wait_until(lambda: "web" in server.cli("get", "services").stdout, timeout=30, message="in the registry")
+    watcher = _started(server, "get", "services", "-w", "--output-watch-events", "-o", "name")
+    try:
+        assert watcher.stdout is not None
+        lines = _lines(watcher.stdout)
+        assert lines.get(timeout=30).strip().endswith("/web")  # the listing
+        assert server.cli("delete", "job", "web").code == 0
+        gone = lines.get(timeout=30).split()
+        assert gone[0] == "DELETED" and gone[1].endswith("/web"), gone
+    finally:
+        watcher.send_signal(signal.SIGINT)
+        watcher.communicate(timeout=30)
