@@ -36,6 +36,7 @@ from .process import (
     signal_group,
     spawn_run,
 )
+from .runfolders import FolderRemover
 from .watcher import ExitWatcher
 from .wrapper import WRAPPER_NAME
 
@@ -110,6 +111,7 @@ class LocalAgent:
         self._watcher = ExitWatcher()
         self._watched: set[ProcessIdentity] = set()
         self._logs = LogTrimmer()
+        self._folders = FolderRemover()
         self._artifacts: Artifacts | None = None  # made by the first run with an artifact
         self._artifacts_lock = threading.Lock()
         self.wrapper = Binary(self.state_dir)  # the C wrapper, built in a thread; the sh one meanwhile
@@ -270,6 +272,17 @@ class LocalAgent:
         ready (then `start`) or failed."""
         return self._artifacts_made().prepare(job, run_dir, artifact.url, artifact.sha256)
 
+    def remove_runs(self, job: str, uid: str, numbers: list[int]) -> None:
+        """Remove the folders of these ended runs (logs and all), in the background: their
+        job was deleted, or their records are gone from its status (a service's oldest)."""
+        if not self._legacy_runs:  # folders of the earlier layout are left as they are
+            self._folders.remove([self.run_dir(job, uid, n) for n in numbers])
+
+    def remove_job_runs(self, job: str, uid: str) -> None:
+        """Remove every folder of the job's runs here (it was deleted), in the background."""
+        if not self._legacy_runs:  # folders of the earlier layout are left as they are
+            self._folders.remove_named(self.state_dir / "runs", f"{job}.{uid}.")
+
     def discard_work(self, run_dir: Path) -> None:
         """The run is over, or will never start: its unpacked folder, if any, is removed (in
         the background)."""
@@ -401,6 +414,7 @@ class LocalAgent:
             self._spares.close()
         self._watcher.close()
         self._logs.close()
+        self._folders.close()
         with self._artifacts_lock:
             artifacts = self._artifacts
         if artifacts is not None:

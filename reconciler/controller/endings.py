@@ -31,8 +31,17 @@ _ADMITTED = frozenset({Phase.STARTING, Phase.RUNNING, Phase.STOPPING})
 
 
 class Endings:
-    def __init__(self, store: Store, *, paths: PathWatch, probes: Probes, wake: Callable[..., None]):
+    def __init__(
+        self,
+        store: Store,
+        *,
+        paths: PathWatch,
+        probes: Probes,
+        wake: Callable[..., None],
+        remove_runs: Callable[[str, str], None],
+    ):
         self.store = store
+        self.remove_runs = remove_runs  # (job, uid): the folders of its runs on this node
         self.paths = paths
         self.probes = probes
         self.wake = wake
@@ -96,6 +105,8 @@ class Endings:
                 run = runs[-1]["number"] if runs else None
                 cancelled = notices.Notice(Outcome.CANCELLED, "Deleted", run, ctx.now)
                 ctx.notified |= notices.record(tx, ctx.obj, [cancelled])
+        # its runs' folders (logs, an artifact's files) go with it, as a deleted pod's do
+        self.store.after_commit(lambda: self.remove_runs(ctx.name, ctx.uid))
         self.wake_dependents(ctx.name)
         return DONE
 

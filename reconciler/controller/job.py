@@ -60,9 +60,12 @@ class JobReconciler:
         self.owner = owner
         self.paths = PathWatch(wake, clock)
         self.probes = Probes(wake, procs=ProbeProcs(agent.state_dir / "probes"))
-        self.endings = Endings(store, paths=self.paths, probes=self.probes, wake=wake)
+        self.endings = Endings(
+            store, paths=self.paths, probes=self.probes, wake=wake, remove_runs=agent.remove_job_runs
+        )
         self._waiting_on: dict[str, list[str]] = {}  # job -> its dependencies, while last seen waiting for them
         self._priority: dict[str, int] = {}  # job -> spec.priority, as last seen (by_priority)
+        self._uids: dict[str, str] = {}  # job -> its uid, as last seen: a deleted job's folders are found by it
         self.runs = RunSteps(store, agent, self.endings, self.probes, owner=owner, rand=self.rand)
         self.admit = QueuedSteps(store, agent, self.endings, wake=wake, owner=owner, rand=self.rand)
 
@@ -101,6 +104,8 @@ class JobReconciler:
                             deps = _read_dep_states(session, names)
                 seen_in = self.store.transaction()
                 if obj is None or spec is None:
+                    if obj is None and (uid := self._uids.pop(name, None)) is not None:
+                        self.agent.remove_job_runs(name, uid)  # deleted: its runs' folders go too
                     self._waiting_on.pop(name, None)
                     self._priority.pop(name, None)
                     self.endings.stop_watching(name)
@@ -108,6 +113,7 @@ class JobReconciler:
                     return DONE
             else:
                 spec = self.spec_of(obj)
+            self._uids[name] = obj.uid
             ctx = Ctx(obj, spec, self.clock.now(), dep_states=deps, seen_in=seen_in)
             try:
                 result = self.step(ctx)

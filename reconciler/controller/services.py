@@ -51,7 +51,12 @@ class ServiceSteps:
         ctx.status["nextRunAt"] = from_epoch(ctx.now + restart.delay)
         ctx.status["restarts"] = ctx.status.get("restarts", 0) + 1
         runs = ctx.status["runs"]
-        del runs[: max(0, len(runs) - KEPT_SERVICE_RUNS)]
+        dropped = runs[: max(0, len(runs) - KEPT_SERVICE_RUNS)]
+        del runs[: len(dropped)]
+        here = [r["number"] for r in dropped if r.get("node") in (None, self.runs.agent.node)]
+        if here:  # their records go: their folders too (`logs --run N` no longer knows them)
+            agent = self.runs.agent
+            self.runs.store.after_commit(lambda: agent.remove_runs(ctx.name, ctx.uid, here))
         ended = f"run {run['number']} ended; restarting in {format_left(restart.delay)}"
         if restart.crash_loop:
             reset = ctx.spec.restart_policy.reset_after

@@ -237,3 +237,34 @@ def test_a_probe_failing_from_the_start_says_why_and_ready_ends_with_the_run(env
     (tmp_path / "ready.stop").touch()  # the run ends: the service waits 30s to restart
     between = env.wait_status("db", lambda s: s.get("nextRunAt") and s.get("restarts") == 1)
     assert (_ready(between)["status"], _ready(between)["reason"]) == ("False", "NotRunning"), between
+
+
+def test_run_folders_go_with_their_records_and_with_their_job(env, controller):
+    """A service restarting for ever keeps the records (and the folders, logs and all) of
+    its last 20 runs, not of every run; a deleted job's folders go with it."""
+    env.apply(job("churn", "exit 1", type="service", restart={"delay": "100ms", "maxDelay": "100ms"}))
+    env.wait_status("churn", lambda s: s.get("restarts", 0) >= 24, timeout=60)
+    env.cli("suspend", "job/churn")  # no more runs: what is kept can be compared
+    status = env.wait_phase("churn", "Suspended")
+    uid = env.obj("churn").uid
+    kept = {r["number"] for r in status["runs"]}
+    assert len(kept) == 20 and min(kept) > 1
+
+    def folders() -> set[int]:
+        runs = env.root / "state" / "runs"
+        return {int(p.name.rsplit(".", 1)[1]) for p in runs.iterdir() if p.name.startswith(f"churn.{uid}.")}
+
+    wait_until(lambda: folders() == kept, timeout=30, message=f"the folders of the kept runs only: {kept}")
+    env.cli("delete", "job", "churn")
+    wait_until(lambda: env.obj("churn") is None, timeout=30, message="deleted")
+    wait_until(lambda: not folders(), timeout=30, message="its folders removed")
+
+
+def test_a_running_job_deleted_takes_its_run_folder_with_it(env, controller):
+    env.apply(job("long", "exec sleep 60"))
+    env.wait_running("long")
+    folder = env.run_dir("long", 1)
+    assert folder.exists()
+    env.cli("delete", "job", "long")
+    wait_until(lambda: env.obj("long") is None, timeout=30, message="stopped and deleted")
+    wait_until(lambda: not folder.exists(), timeout=30, message="its run folder removed")
