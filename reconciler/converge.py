@@ -17,7 +17,7 @@ from .api.quantity import parse_duration
 from .api.revisions import stale_completions
 from .api.status import JobStatusDict, Outcome, Phase
 from .commands import cancel
-from .errors import NotFound
+from .errors import InvalidInput, NotFound
 from .selectors import Requirement, matches
 from .store import Store, StoredObject
 from .store import repository as repo
@@ -338,7 +338,12 @@ def controller_elected(
     reconcile loop; the others take over when its lease expires."""
     from .controller.leader import Leadership
     from .controller.manager import Controller
-    from .controller.nodes import local_node_name
+    from .controller.nodes import local_node_name, shared_node_refusal
+
+    state = str(store.state_dir.resolve())
+    refused = shared_node_refusal(store, local_node_name(), local_node=local_node, state_dir=state, now=time.time())
+    if refused is not None:
+        raise InvalidInput(refused)
 
     def lead(term: int) -> Controller:
         return Controller(store, workers=workers, local_node=local_node, address=address, term=term).start()

@@ -20,7 +20,7 @@ from ..store.transactions import Fenced
 from ..threads import critical, fatal
 from . import faults
 from .job import JobReconciler
-from .nodes import DEFAULT_ADDRESS, HEARTBEAT_INTERVAL, heartbeat, local_node_name, note_not_ready
+from .nodes import DEFAULT_ADDRESS, heartbeat, heartbeat_interval, local_node_name, note_not_ready
 from .notify import Deliverer
 from .owners import controller_owner
 from .runtime import Runner, WorkQueue
@@ -92,6 +92,7 @@ class Controller:
 
             self.sources = Ingester(store, settled=self.settled.add)
         self.agent = LocalAgent(self.node, store.state_dir, on_exit=lambda job: self.queue.add(job, urgent=True))
+        self._state = str(self.agent.state_dir)  # recorded on its node: servers beside it must share it
         self._workers = workers
         self.jobs = JobReconciler(
             store,
@@ -112,7 +113,7 @@ class Controller:
     def start(self) -> Controller:
         tune_collector()
         if self.local_node:
-            heartbeat(self.store, self.node, self.owner, self.clock.now(), address=self.address)
+            heartbeat(self.store, self.node, self.owner, self.clock.now(), address=self.address, state_dir=self._state)
         self._feed = ChangeFeed(self.store, skip_known=True, listen=True, reports=True)
         with self.store.read() as session:
             for job, deps in sched.dependency_graph(session).items():
@@ -177,7 +178,7 @@ class Controller:
             self._feed if self._feed is not None else ChangeFeed(self.store, skip_known=True, listen=True, reports=True)
         )
         interval = self._interval
-        next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+        next_beat = time.monotonic() + heartbeat_interval()
         next_poll = time.monotonic() + interval
         while True:
             # woken by another process's write (PostgreSQL's notifications), the poll's period
@@ -202,13 +203,14 @@ class Controller:
                         self.clock.now(),
                         paths_swept_at=swept_at,
                         address=self.address,
+                        state_dir=self._state,
                     ):
                         # Ready again (or registered again): a write of this process, which the
                         # change feed skips, so the jobs that found no node are woken here
                         self._wake_first_in_line()
-                    next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+                    next_beat = time.monotonic() + heartbeat_interval()
                 except Fenced:  # another server leads: this controller is being stopped
-                    next_beat = time.monotonic() + HEARTBEAT_INTERVAL
+                    next_beat = time.monotonic() + heartbeat_interval()
                 except Exception:  # the store may be briefly unavailable: try again shortly
                     log.warning("node heartbeat failed", exc_info=True)
                     next_beat = time.monotonic() + HEARTBEAT_RETRY

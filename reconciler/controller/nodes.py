@@ -6,6 +6,7 @@ import os
 import re
 import socket
 
+from ..agent.local import owner_gone
 from ..api import node as node_api
 from ..api.annotations import HOSTNAME_LABEL
 from ..api.meta import from_epoch, to_epoch
@@ -14,7 +15,14 @@ from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
 
-HEARTBEAT_INTERVAL = 10.0
+HEARTBEAT_INTERVAL = 10.0  # seconds between the local node's heartbeats, at most (heartbeat_interval)
+
+
+def heartbeat_interval() -> float:
+    """A quarter of the window after which a silent node is NotReady, at most
+    HEARTBEAT_INTERVAL: a controller judging nodes NotReady after 3 s (`serve
+    --node-lost-after 3s`) beats often enough to keep its own node Ready."""
+    return min(HEARTBEAT_INTERVAL, node_api.READY_WINDOW / 4)
 
 
 def local_node_name() -> str:
@@ -64,6 +72,7 @@ def heartbeat(
     *,
     paths_swept_at: float | None = None,
     address: str = DEFAULT_ADDRESS,
+    state_dir: str | None = None,
 ) -> bool:
     """Register the node if it is new, then record it Ready with its allocation. True when
     the node just became Ready (new, or its last heartbeat had gone stale): jobs queued as
@@ -92,7 +101,37 @@ def heartbeat(
         )
         if paths_swept_at is not None:  # readers show it as the last check of paths still watched
             status["pathsCheckedAt"] = from_epoch(paths_swept_at)
+        if state_dir is not None:  # where its runs' folders are: a server beside it must share it
+            status["stateDir"] = state_dir
         obj = repo.update_object(tx, obj, status=status)
         if became_ready and previous:  # back after a silence (a restart of the controller, often)
             repo.record_events(tx, repo.ObjectEvent(obj, "NodeReady", f"node {node} posts heartbeats again"))
     return became_ready
+
+
+def shared_node_refusal(store: Store, node: str, *, local_node: bool, state_dir: str, now: float) -> str | None:
+    """Why a server may not run on this machine beside another live server of the store
+    (None when it may). Servers on one machine share its node, and a new leader adopts the
+    runs its predecessor left there from the state folder they share: a server with another
+    folder would find none of them (they would end Lost and run again), and one without the
+    local node could not act on them at all while it leads (they would stay Running)."""
+    with store.read() as session:
+        obj = repo.get(session, kind="Node", name=node)
+    status = (obj.status or {}) if obj is not None else {}
+    owner = str(status.get("agent") or "")
+    if obj is None or status.get("remote") or not heartbeat_fresh(status, now) or not owner or owner_gone(owner):
+        return None
+    if not local_node:
+        return (
+            f"node {node}, this machine, is served by another server of this store ({owner}): a server here "
+            "without the local node could lead without being able to act on this machine's runs; give every "
+            "server on one machine the local node (no --no-local-node), or none"
+        )
+    theirs = status.get("stateDir")
+    if theirs and theirs != state_dir:
+        return (
+            f"node {node}, this machine, is served by another server of this store ({owner}) whose state folder "
+            f"is {theirs}, not {state_dir}: a leader adopts the runs of the one before from the folder they share, "
+            "so servers on one machine must share it (the same XDG_STATE_HOME)"
+        )
+    return None

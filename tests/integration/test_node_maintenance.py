@@ -355,3 +355,30 @@ def test_a_node_whose_heartbeats_stop_is_said_not_ready_once_and_ready_when_back
         assert note_not_ready(store, beat + READY_WINDOW + 95) == []
     finally:
         store.dispose()
+
+
+def test_a_controller_beats_often_enough_for_a_short_not_ready_window(monkeypatch, sqlite_url):
+    """`serve --node-lost-after 3s`: its own node beats every 0.75 s (a quarter of the window),
+    not every 10 s, so it stays Ready rather than flapping NotReady between two beats."""
+    from reconciler.api import node as node_api
+    from reconciler.controller import nodes
+
+    assert nodes.heartbeat_interval() == min(10.0, node_api.READY_WINDOW / 4)
+    monkeypatch.setattr(node_api, "READY_WINDOW", 3.0)
+    assert nodes.heartbeat_interval() == 0.75
+    store = Store(sqlite_url)
+    controller = Controller(store).start()
+    try:
+        node = local_node_name()
+        with store.read() as session:
+            first = repo.get(session, kind="Node", name=node)
+        assert first is not None
+
+        def beat_again() -> bool:
+            with store.read() as session:
+                obj = repo.get(session, kind="Node", name=node)
+            return obj is not None and obj.status["heartbeatAt"] != first.status["heartbeatAt"]
+
+        wait_until(beat_again, timeout=5, message="a second heartbeat within a quarter of the 3 s window")
+    finally:
+        controller.stop()

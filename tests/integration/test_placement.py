@@ -60,13 +60,13 @@ def test_a_job_without_a_node_runs_once_the_node_registers_again(sqlite_url, tmp
     from pathlib import Path
 
     from reconciler.apply import apply_manifests, delete
-    from reconciler.controller import manager
+    from reconciler.controller import manager, nodes
     from reconciler.manifests import parse_text
     from reconciler.reads import job_statuses
     from reconciler.store import Store
     from tests.helpers import wait_until
 
-    monkeypatch.setattr(manager, "HEARTBEAT_INTERVAL", 1.0)  # the job is queued before the node returns
+    monkeypatch.setattr(nodes, "HEARTBEAT_INTERVAL", 1.0)  # the job is queued before the node returns
     store, other = Store(sqlite_url), Store(sqlite_url)  # the controller's, and another client's
     controller = manager.Controller(store).start()
     try:

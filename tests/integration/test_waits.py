@@ -217,14 +217,14 @@ def test_a_watched_paths_last_check_moves_on(sqlite_url, tmp_path, monkeypatch):
 
     from reconciler.api.meta import to_epoch
     from reconciler.apply import apply_manifests
-    from reconciler.controller import manager
+    from reconciler.controller import manager, nodes
     from reconciler.manifests import parse_text
     from reconciler.reads import describe
     from reconciler.store import Store
     from reconciler.store import repository as repo
     from tests.helpers import wait_until
 
-    monkeypatch.setattr(manager, "HEARTBEAT_INTERVAL", 0.2)
+    monkeypatch.setattr(nodes, "HEARTBEAT_INTERVAL", 0.2)
     store = Store(sqlite_url)
     text = job_yaml(
         "waits", f"command: ['true']\nwaitFor: {{conditions: [{{path: '{tmp_path / 'never'}', interval: 100ms}}]}}"

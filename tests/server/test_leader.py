@@ -13,6 +13,8 @@ import json
 import os
 import queue
 import signal
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -266,3 +268,27 @@ def test_a_bad_listen_setting_is_refused_when_a_postgresql_store_opens(pg_url):
 
     result = run_cli("get", "jobs", store=pg_url, timeout=30, env={"RECONCILER_LISTEN": "maybe"})
     assert result.code == 2 and "RECONCILER_LISTEN='maybe': give on (the default) or off" in result.stderr
+
+
+@pytest.mark.postgres
+def test_a_server_beside_a_live_one_that_could_not_adopt_its_runs_is_refused(pg_url, serve, tmp_path):
+    """Servers on one machine share its node, and a new leader adopts the runs of the one
+    before from their shared state folder: a server with another folder (it would record them
+    Lost and run them again), or without the local node (it could not act on them at all),
+    is refused at its start while the first one lives (exit 2, naming the folders)."""
+    env = _env(tmp_path)
+    first = serve(pg_url, "--lease", LEASE, env=env)
+    wait_until(lambda: leader_of(first)["leader"], timeout=30, message="the first server leads")
+    elsewhere = _env(tmp_path / "elsewhere")
+
+    def started(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+        argv = [sys.executable, "-m", "reconciler", "--store", pg_url, "serve", "--port", "0", *args]
+        return subprocess.run(argv, env={**os.environ, **env}, capture_output=True, text=True, timeout=60)
+
+    other_folder = started("--lease", LEASE, env=elsewhere)
+    assert other_folder.returncode == 2, other_folder
+    assert "state folder" in other_folder.stderr and str(tmp_path / "elsewhere") in other_folder.stderr
+    no_node = started("--lease", LEASE, "--no-local-node", env=env)
+    assert no_node.returncode == 2 and "without the local node" in no_node.stderr, no_node
+    second = serve(pg_url, "--lease", LEASE, env=env)  # the same folder: a follower, as before
+    assert not leader_of(second)["leader"]
