@@ -40,7 +40,7 @@ def test_an_ended_run_and_the_job_next_in_line_go_before_a_backlog(sqlite_url, t
 def test_the_node_heartbeat_does_not_wait_for_the_work_queue(sqlite_url, tmp_path, monkeypatch):
     """The change watcher posts it: a backlog of keys (here, a queue nobody serves at all)
     cannot hold it past the node's readiness window."""
-    from reconciler.controller import manager, nodes
+    from reconciler.controller import nodes
     from reconciler.store import repository as repo
 
     monkeypatch.setattr(nodes, "HEARTBEAT_INTERVAL", 0.05)
