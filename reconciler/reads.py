@@ -450,6 +450,7 @@ def describe(store: Store, kind: str, name: str) -> tuple[StoredObject, list[Any
         if obj is None:
             raise NotFound(f'{info.plural} "{name}" not found')
         found = repo.events(session, kind=info.kind, name=name, limit=DESCRIBED_EVENTS)
+    found = [e for e in found if e.uid == obj.uid]  # not those of an earlier object of the name
     if obj.kind in ("Pool", "Node"):
         _with_usage(store, obj.kind, [obj])
     if obj.kind == "Node":

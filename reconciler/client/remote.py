@@ -124,7 +124,8 @@ class RemoteClient:
 
         info = resolve_kind(kind)
         obj = object_from(self.http.call("GET", f"{PREFIX}/{info.plural}/{name}"))
-        return obj, self._events(limit=DESCRIBED_EVENTS, of=(info.kind, name))
+        events = self._events(limit=DESCRIBED_EVENTS, of=(info.kind, name))
+        return obj, [e for e in events if e.uid == obj.uid]  # not those of an earlier object of the name
 
     def watch(self, kind: str, names: list[str], selector: str | None) -> Iterator[WatchEvent]:
         """Each selected object again whenever it changes, and each one deleted or leaving

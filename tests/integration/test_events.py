@@ -57,3 +57,13 @@ def test_events_of_a_retried_job(env):
     described = env.ok("describe", "job", "flaky").stdout
     events = described.split("\nEvents:\n", 1)[1].splitlines()
     assert [line.split()[2] for line in events[1:]] == STORY
+
+
+def test_describe_shows_the_events_of_this_object_not_of_one_deleted_before_under_its_name(env):
+    manifest = env.write("again.yaml", job_yaml("again", "command: ['true']\nsuspend: true"))
+    env.ok("apply", "-f", str(manifest))
+    env.ok("delete", "job", "again")
+    env.ok("apply", "-f", str(manifest))
+    described = env.ok("describe", "job", "again").stdout
+    events = described[described.index("Events:") :]
+    assert events.count("Created") == 1 and "Deleted" not in events, described
