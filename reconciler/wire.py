@@ -34,6 +34,7 @@ REASONS = {
     401: "Unauthorized",
     403: "Forbidden",
     404: "NotFound",
+    405: "MethodNotAllowed",
     409: "Conflict",
     410: "Expired",
     413: "RequestEntityTooLarge",

@@ -186,10 +186,11 @@ class Cache:
             src = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
         except OSError as exc:
             raise ArtifactError(f"{shown(url)} is unreachable: {exc.strerror}", retryable=True) from exc
+        facts = os.fstat(src)
+        if not stat.S_ISREG(facts.st_mode):  # before fdopen, which refuses a folder in words of its own
+            os.close(src)
+            raise ArtifactError(f"{shown(url)} is not a regular file")
         with os.fdopen(src, "rb") as source:
-            facts = os.fstat(src)
-            if not stat.S_ISREG(facts.st_mode):
-                raise ArtifactError(f"{shown(url)} is not a regular file")
             seen = [facts.st_size, facts.st_mtime_ns, facts.st_ino, facts.st_dev]
             if known is not None and known.get("source") == seen:
                 return _NOT_MODIFIED

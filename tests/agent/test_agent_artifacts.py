@@ -76,6 +76,18 @@ def test_what_cannot_be_reached_is_retryable(tmp_path, http_server, where, messa
     assert listing(tmp_path / "artifacts" / "tmp") == []
 
 
+@pytest.mark.parametrize("kind", ["folder", "fifo"])
+def test_a_local_path_that_is_not_a_file_is_refused_saying_so(tmp_path, kind):
+    """Not retried (it will not become a zip), and said in words, not as an errno and a
+    file descriptor."""
+    path = tmp_path / "art"
+    path.mkdir() if kind == "folder" else os.mkfifo(path)
+    with pytest.raises(ArtifactError, match=r"art is not a regular file$") as caught:
+        Cache(tmp_path / "artifacts").get(path.as_uri(), APP_SHA)
+    assert not caught.value.retryable and caught.value.reason == "ArtifactInvalid"
+    assert listing(tmp_path / "artifacts" / "tmp") == []
+
+
 def test_a_server_that_stops_sending_times_out_as_unreachable(tmp_path, http_server):
     url = http_server.put("/app.zip", APP)
     http_server.stall.set()

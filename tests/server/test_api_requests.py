@@ -192,3 +192,9 @@ def test_a_seed_request_with_a_deploy_url_runs_in_its_unpacked_files(server, tmp
     assert "workingDir" not in server.job(name)["spec"]
     assert server.job(name)["status"]["outcome"] == "Succeeded", server.job(name)["status"]
     assert http.get(f"{PREFIX}/jobs/{name}/log").text == "from the artifact\n"
+
+
+def test_a_method_a_path_does_not_take_is_a_405_status_saying_so(server):
+    answer = server.http().patch(f"{PREFIX}/jobs/x", json={})
+    assert answer.status_code == 405
+    assert (answer.json()["kind"], answer.json()["reason"]) == ("Status", "MethodNotAllowed")
