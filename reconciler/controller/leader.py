@@ -141,8 +141,8 @@ class Leadership:
             started = time.monotonic()
             with self.store.write() as tx:
                 term = leases.take(tx, self.holder, self.period, gone=gone)
-        except StoreError:
-            log.warning("could not look at the controller lease; trying again", exc_info=True)
+        except StoreError as exc:  # the database is away: one line a look, not a traceback
+            log.warning("could not look at the controller lease (%s); trying again", _first_line(exc))
             return look
         if term is None:  # another server was quicker, or the lease had a moment left: look again soon
             return TICK
@@ -166,11 +166,11 @@ class Leadership:
         try:
             with self.store.write() as tx:
                 kept = leases.renew(tx, self.holder, fence.term, self.period)
-        except StoreError:
+        except StoreError as exc:
             if not fence.holds():
                 self._step_down("the controller lease could not be renewed within its period")
                 return self.period / 15
-            log.warning("could not renew the controller lease; trying again", exc_info=True)
+            log.warning("could not renew the controller lease (%s); trying again", _first_line(exc))
             return 1.0
         if not kept:
             self._step_down("the controller lease changed hands")
@@ -189,3 +189,7 @@ class Leadership:
         if not drain:
             log.warning("stepping down from term %s: %s", None if fence is None else fence.term, why)
         running.stop(drain=drain)
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
