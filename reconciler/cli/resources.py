@@ -146,12 +146,19 @@ def get(
 def describe(ctx: typer.Context, kind: str = typer.Argument(...), name: str | None = typer.Argument(None)) -> None:
     """Everything about one object."""
     from ..api.kinds import split_ref
+    from ..reads import SERVICES
     from .describe import describe_object
 
+    client = ctx_of(ctx).client
+    prefix, _, rest = kind.partition("/")
+    if prefix.lower() in SERVICES and (name is None) == bool(rest):
+        # a service of the registry, derived from its job: the entry, and its job's events
+        service = client.objects("services", [rest or str(name)], None).objects[0]
+        typer.echo(describe_object(service, client.describe("Job", service.name)[1]))
+        return
     if name is None:
         info, name = split_ref(kind)
         kind = info.kind
-    client = ctx_of(ctx).client
     obj, events = client.describe(kind, name)
     # a node's jobs, as `kubectl describe node` lists its pods: those holding slots on it
     held = (

@@ -268,3 +268,16 @@ def test_a_running_job_deleted_takes_its_run_folder_with_it(env, controller):
     env.cli("delete", "job", "long")
     wait_until(lambda: env.obj("long") is None, timeout=30, message="stopped and deleted")
     wait_until(lambda: not folder.exists(), timeout=30, message="its run folder removed")
+
+
+def test_describe_service_shows_the_registry_entry_and_its_jobs_events(env, controller):
+    port = free_port()
+    env.apply(service("web", command=http_server(port), port=port))
+    env.wait_running("web")
+    wait_until(lambda: registry(env), timeout=30, message="in the registry")
+    for ref in (("service", "web"), ("services/web",)):
+        described = env.cli("describe", *ref).stdout
+        assert "Kind:             Service" in described and f"port: {port}" in described, described
+        assert "Started" in described[described.index("Events:") :]
+    missing = env.cli("describe", "service", "nope", ok=False)
+    assert missing.code == 3 and 'services "nope" not found' in missing.stderr
