@@ -370,11 +370,16 @@ class Seen:
             yield ("ADDED" if before is None else "MODIFIED"), obj
 
 
-def watch(store: Store, kind: str, names: list[str], selector: list[Requirement] | None) -> Iterator[WatchEvent]:
+def watch(
+    store: Store, kind: str, names: list[str], selector: list[Requirement] | None, *, initial: bool = False
+) -> Iterator[WatchEvent]:
     """Each selected object again whenever it changes (`get -w`), and each one deleted or
-    leaving the selection, forever: the caller stops."""
+    leaving the selection, forever: the caller stops. `initial`: the listing first, each
+    object ADDED (kubectl's --output-watch-events)."""
     listing = objects(store, kind, names, selector)
     seen = Seen(listing.objects)
+    if initial:
+        yield from (("ADDED", o) for o in listing.objects)
     derived = listing.kind in DERIVED_STATUS or kind.lower() in SERVICES
     feed = ChangeFeed(store)
     next_look = time.monotonic() + DERIVED_LOOK

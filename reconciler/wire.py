@@ -156,7 +156,11 @@ def object_list(
 
 
 # where an object's spec may carry a password, in a URL's user info
-_SECRET_URLS = {"Source": (("amqp", "url"), ("http", "url")), "Notifier": (("url",),), "Job": (("artifact", "url"),)}
+_SECRET_URLS = {
+    "Source": (("amqp", "url"), ("http", "url"), ("template", "artifact", "url")),
+    "Notifier": (("url",),),
+    "Job": (("artifact", "url"),),
+}
 
 
 def without_secrets(document: dict[str, Any]) -> dict[str, Any]:

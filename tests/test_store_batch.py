@@ -122,6 +122,29 @@ def test_what_waits_for_a_commit_runs_after_it_and_flush_commits_midway(store):
     assert _phase_elsewhere(store, "b") == "Queued"
 
 
+def test_what_only_a_commit_may_lead_to_runs_after_it_and_never_after_a_rollback(store):
+    """on_commit (a run folder's removal): after the commit, as after_commit; but dropped
+    with writes rolled back, where after_commit's wake-ups still run."""
+    a, b, c = _create(store, "a"), _create(store, "b"), _create(store, "c")
+    seen: list[str] = []
+    with store.batch():
+        a = _set_phase(store, a, "Queued")
+        store.on_commit(lambda: seen.append("a committed"))
+        assert seen == []
+    assert seen == ["a committed"]
+    with store.batch() as batch:
+        _set_phase(store, b, "Queued")
+        store.on_commit(lambda: seen.append("b committed"))
+        store.after_commit(lambda: seen.append("woken"))
+        with pytest.raises(BoomError), store.write(known=True) as tx:
+            repo.update_object(tx, c, status={"phase": "Running"})
+            raise BoomError
+        assert batch.lost
+        _set_phase(store, a, "Running")  # the batch goes on, and commits this
+    assert seen == ["a committed", "woken"], "the rolled-back write's action ran"
+    assert _phase_elsewhere(store, "b") == "Waiting"
+
+
 def test_an_exception_out_of_a_batch_rolls_back_what_it_had_not_committed(store):
     a, b = _create(store, "a"), _create(store, "b")
     with pytest.raises(BoomError), store.batch() as batch:

@@ -205,7 +205,7 @@ def _restart_problems(m: Candidate, spec: Any, *at: str) -> list[str]:
         found.append(
             f"{m.where(*at, 'restart', 'delay')}: at least {MIN_RESTART_DELAY * 1000:g}ms (it doubles from there)"
         )
-    if restart.max_delay < restart.delay:
+    if "max_delay" in restart.model_fields_set and restart.max_delay < restart.delay:  # the default follows delay
         found.append(
             f"{m.where(*at, 'restart', 'maxDelay')}: {restart.max_delay:g}s is less than delay ({restart.delay:g}s)"
         )

@@ -190,8 +190,10 @@ def watch_listing(
         return
     label = "Service" if kind.lower() in SERVICES else _label(kind)
     headers, _, row = COLUMNS[label]
+    if events and fmt in (None, "wide"):  # the listing is in the stream, ADDED: one table
+        typer.echo(f"{'EVENT':<9} " + table(headers, []).splitlines()[0])
     try:
-        for event, o in client.watch(kind, names, selector):
+        for event, o in client.watch(kind, names, selector, initial=events):
             document: dict[str, Any] = o.manifest()
             if events:
                 document = {"type": event, "object": document}

@@ -138,7 +138,10 @@ def get(
         print_kinds(client, wanted, selector, output)
         return
     kind, names = wanted[0]
-    print_listing(client, kind, names, selector, output)
+    from ..reads import EVENTS
+
+    if not watch_events or kind.lower() in EVENTS:  # else the listing comes as the watch's ADDED, as kubectl's
+        print_listing(client, kind, names, selector, output)
     if watch:
         watch_listing(client, kind, names, selector, output, watch_events)
 

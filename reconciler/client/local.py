@@ -57,10 +57,12 @@ class LocalClient:
 
         return describe(self.store, kind, name)
 
-    def watch(self, kind: str, names: list[str], selector: str | None) -> Iterator[WatchEvent]:
+    def watch(
+        self, kind: str, names: list[str], selector: str | None, *, initial: bool = False
+    ) -> Iterator[WatchEvent]:
         from ..reads import watch
 
-        return watch(self.store, kind, names, _parsed(selector))
+        return watch(self.store, kind, names, _parsed(selector), initial=initial)
 
     def run_logs(self, name: str, run: int | None) -> RunLogs:
         from ..runlogs import run_logs

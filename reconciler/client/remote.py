@@ -127,15 +127,17 @@ class RemoteClient:
         events = self._events(limit=DESCRIBED_EVENTS, of=(info.kind, name))
         return obj, [e for e in events if e.uid == obj.uid]  # not those of an earlier object of the name
 
-    def watch(self, kind: str, names: list[str], selector: str | None) -> Iterator[WatchEvent]:
+    def watch(
+        self, kind: str, names: list[str], selector: str | None, *, initial: bool = False
+    ) -> Iterator[WatchEvent]:
         """Each selected object again whenever it changes, and each one deleted or leaving
-        the selection, as reads.watch: the listing first (NotFound for a missing name), then
-        the server's watch stream."""
+        the selection, as reads.watch: the listing first (NotFound for a missing name; with
+        `initial` each of its objects ADDED), then the server's watch stream."""
         from ..reads import DERIVED_STATUS, SERVICES, Seen
 
         service = kind.lower() in SERVICES
         if not service and resolve_kind(kind).kind in DERIVED_STATUS:
-            yield from self._relisting(kind, names, selector)
+            yield from self._relisting(kind, names, selector, initial)
             return
         plural = "jobs" if service else resolve_kind(kind).plural
         since, every = list_objects(self.http, plural)
@@ -143,6 +145,8 @@ class RemoteClient:
             self.objects(kind, names, selector) if service else _listing(kind, every, names, _parsed(selector), True)
         )
         seen = Seen(listing.objects)
+        if initial:
+            yield from (("ADDED", o) for o in listing.objects)
 
         def again() -> list[StoredObject]:  # the selection as the server shows it now
             return self.objects(kind, names, selector, strict=False).objects
@@ -162,13 +166,16 @@ class RemoteClient:
                 since, _ = list_objects(self.http, plural, selector)
                 yield from seen.changes(again())
 
-    def _relisting(self, kind: str, names: list[str], selector: str | None) -> Iterator[WatchEvent]:
+    def _relisting(self, kind: str, names: list[str], selector: str | None, initial: bool) -> Iterator[WatchEvent]:
         """Pools, nodes and notifiers, whose shown status the server derives when it answers
         (usage, readiness, delivery counts), listed again on a timer as reads.watch looks
         again: a watch stream only carries writes. There are few of them; a list is cheap."""
         from ..reads import DERIVED_LOOK, Seen
 
-        seen = Seen(self.objects(kind, names, selector).objects)
+        listed = self.objects(kind, names, selector).objects
+        seen = Seen(listed)
+        if initial:
+            yield from (("ADDED", o) for o in listed)
         while True:
             time.sleep(DERIVED_LOOK)  # a CLI follower: a timer is what it waits for
             yield from seen.changes(self.objects(kind, names, selector, strict=False).objects)

@@ -106,7 +106,7 @@ class Endings:
                 cancelled = notices.Notice(Outcome.CANCELLED, "Deleted", run, ctx.now)
                 ctx.notified |= notices.record(tx, ctx.obj, [cancelled])
         # its runs' folders (logs, an artifact's files) go with it, as a deleted pod's do
-        self.store.after_commit(lambda: self.remove_runs(ctx.name, ctx.uid))
+        self.store.on_commit(lambda: self.remove_runs(ctx.name, ctx.uid))
         self.wake_dependents(ctx.name)
         return DONE
 

@@ -14,6 +14,7 @@ from ..api.node import heartbeat_fresh, heartbeat_status
 from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
+from .owners import process_of
 
 HEARTBEAT_INTERVAL = 10.0  # seconds between the local node's heartbeats, at most (heartbeat_interval)
 
@@ -119,7 +120,8 @@ def shared_node_refusal(store: Store, node: str, *, local_node: bool, state_dir:
         obj = repo.get(session, kind="Node", name=node)
     status = (obj.status or {}) if obj is not None else {}
     owner = str(status.get("agent") or "")
-    if obj is None or status.get("remote") or not heartbeat_fresh(status, now) or not owner or owner_gone(owner):
+    gone = owner_gone(process_of(owner))  # a controller's owner names its term after the process
+    if obj is None or status.get("remote") or not heartbeat_fresh(status, now) or not owner or gone:
         return None
     if not local_node:
         return (

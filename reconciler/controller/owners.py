@@ -15,6 +15,11 @@ def controller_owner(term: int | None) -> str:
     return process_owner() if term is None else f"{process_owner()}{_TERM}{term}"
 
 
+def process_of(owner: str) -> str:
+    """The process part of an owner (`host:pid:start`), without the term it led in."""
+    return owner.partition(_TERM)[0]
+
+
 def term_of(owner: str) -> int | None:
     _, sep, term = owner.rpartition(_TERM)
     return int(term) if sep and term.isdigit() else None
@@ -23,8 +28,7 @@ def term_of(owner: str) -> int | None:
 def released(owner: str, me: str) -> bool:
     """Whether `owner` (not `me`) can hold nothing any more: its process is proven gone on
     this host, or it led in a term before mine."""
-    process, _, _ = owner.partition(_TERM)
-    if owner_gone(process):
+    if owner_gone(process_of(owner)):
         return True
     theirs, mine = term_of(owner), term_of(me)
     return theirs is not None and mine is not None and theirs < mine

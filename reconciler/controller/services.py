@@ -53,10 +53,6 @@ class ServiceSteps:
         runs = ctx.status["runs"]
         dropped = runs[: max(0, len(runs) - KEPT_SERVICE_RUNS)]
         del runs[: len(dropped)]
-        here = [r["number"] for r in dropped if r.get("node") in (None, self.runs.agent.node)]
-        if here:  # their records go: their folders too (`logs --run N` no longer knows them)
-            agent = self.runs.agent
-            self.runs.store.after_commit(lambda: agent.remove_runs(ctx.name, ctx.uid, here))
         ended = f"run {run['number']} ended; restarting in {format_left(restart.delay)}"
         if restart.crash_loop:
             reset = ctx.spec.restart_policy.reset_after
@@ -65,6 +61,10 @@ class ServiceSteps:
         else:
             ctx.move(Phase.RUNNING, "Restarting", ended, event="RestartScheduled")
         self.runs.endings.write(ctx)
+        here = [r["number"] for r in dropped if r.get("node") in (None, self.runs.agent.node)]
+        if here:  # their records went with this write: their folders go once it is committed
+            agent = self.runs.agent
+            self.runs.store.on_commit(lambda: agent.remove_runs(ctx.name, ctx.uid, here))
         return requeue_after(deadlines.soonest(ctx.now, ctx.now + restart.delay, ctx.job_deadline()))
 
     def restart_due(self, ctx: Ctx) -> Result:

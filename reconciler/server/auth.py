@@ -116,7 +116,11 @@ def refusal(identity: Identity, method: str, path: str) -> str | None:
     if identity.role == "admin":
         return None
     if identity.role == "viewer":
-        return None if method in READS else f"a viewer token may only read (GET), not {method}"
+        if method not in READS:
+            return f"a viewer token may only read (GET), not {method}"
+        if path.startswith(f"{PREFIX}/nodes/") and "/runs" in path:
+            return "a node's runs, with their specs and environment, are its agent's to read (and an admin's)"
+        return None
     own = f"{PREFIX}/nodes/{identity.node}"
     if (method in READS and path == own) or path == own + "/heartbeat" or path.startswith(own + "/runs"):
         return None  # not cordon, uncordon or drain of its node: those are an operator's

@@ -15,11 +15,12 @@ import os
 import shlex
 from typing import Any
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
 from .. import commands, reads
 from ..api.oneoff import JobRequest
+from ..api.source import shown_url
 from ..api.status import Outcome, Phase
 from ..errors import InvalidInput
 from ..store import Store, StoredObject
@@ -35,8 +36,9 @@ def seed_status(status: dict[str, Any]) -> str:
     return "running" if phase in _RUNNING else "pending"
 
 
-def seed_job(obj: StoredObject) -> dict[str, Any]:
-    """A job in the seed's JSON shape (its optional fields left out when empty, as it did)."""
+def seed_job(obj: StoredObject, *, secrets: bool = True) -> dict[str, Any]:
+    """A job in the seed's JSON shape (its optional fields left out when empty, as it did);
+    without `secrets` (a viewer's token), a password in its deploy_url as ***."""
     spec, status = obj.spec, obj.status or {}
     revision = status.get("revision", 1)
     runs = [r for r in status.get("runs", []) if r.get("revision") == revision]
@@ -60,6 +62,8 @@ def seed_job(obj: StoredObject) -> dict[str, Any]:
         "finished_at": status.get("completionTime") if done else None,
     }
     job.update({k: v for k, v in optional.items() if v is not None})
+    if not secrets and "deploy_url" in job:
+        job["deploy_url"] = shown_url(job["deploy_url"])
     return job
 
 
@@ -75,11 +79,12 @@ def routes(app: FastAPI, store: Store) -> None:
         return Response(json.dumps(seed_job(job)), status_code=201, media_type="application/json")
 
     @app.get("/jobs", tags=["seed"])
-    def jobs(node_id: str | None = Query(None), status: str | None = Query(None)) -> Response:
+    def jobs(request: Request, node_id: str | None = Query(None), status: str | None = Query(None)) -> Response:
         """Every job in the seed's shape, filtered by node and seed status: a bare JSON array."""
         if status is not None and status not in SEED_STATUSES:
             raise InvalidInput(f"status {status!r}: use one of {', '.join(SEED_STATUSES)}")
-        found = [seed_job(o) for o in reads.objects(store, "jobs", [], None).objects]
+        secrets = request.scope.get("reconciler.role") != "viewer"
+        found = [seed_job(o, secrets=secrets) for o in reads.objects(store, "jobs", [], None).objects]
         found = [j for j in found if (node_id is None or j["node_id"] == node_id)]
         found = [j for j in found if (status is None or j["status"] == status)]
         return Response(json.dumps(found), media_type="application/json")

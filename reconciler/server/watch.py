@@ -59,6 +59,11 @@ class Event:
     old_labels: dict[str, str] | None  # at the broadcaster's look before; None when it had not seen the object
     created_rv: int = 0  # the object's creation (a DELETED's: that of the object it removed)
 
+    @property
+    def uid(self) -> str:
+        content = self.content
+        return content.uid if not isinstance(content, dict) else str(content.get("metadata", {}).get("uid", ""))
+
     @functools.cached_property
     def document(self) -> dict[str, Any]:
         """The object as `get -o json` shows it (DELETED: name, uid, labels), made when a
@@ -300,20 +305,21 @@ async def stream(
     change up to its last bookmark (from its resourceVersion on), and the listing."""
     try:
         told = sub.since  # every change up to here is the client's
-        # within a batch, the change of each object told last: the backlog replayed from
-        # history is one batch, and an object's second change in it is told as of its first
-        # (MODIFIED, not ADDED again; DELETED once it stops matching the selector)
-        told_of: dict[str, int] = {}
+        # within a batch, the change of each object (name and uid) told last: the backlog
+        # replayed from history is one batch, and an object's second change in it is told as
+        # of its first (MODIFIED, not ADDED again; DELETED once it stops matching the
+        # selector). By uid: an object made again under a name is told ADDED, though its
+        # creation shares a resourceVersion with the DELETED of the one before
+        told_of: dict[tuple[str, str], int] = {}
         batch: Batch | None = sub.backlog
         while batch is not None:
             for given in batch.events:
-                if given.kind != kind:
+                after = max(told, skip.get(given.name, 0))
+                if given.kind != kind or given.resource_version <= after:
                     continue
-                after = max(told, skip.get(given.name, 0), told_of.get(given.name, 0))
-                if given.resource_version <= after:
-                    continue
-                told_of[given.name] = given.resource_version
-                event = as_of(given, after)
+                key = (given.name, given.uid)
+                event = as_of(given, max(after, told_of.get(key, 0)))
+                told_of[key] = given.resource_version
                 if (seen := seen_as(event, selector)) is not None:
                     yield event if seen == event.type else dataclasses.replace(event, type=seen)
             told = max(told, batch.seq)

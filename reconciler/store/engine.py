@@ -319,6 +319,17 @@ class Store:
         else:
             action()
 
+    def on_commit(self, action: Callable[[], None]) -> None:
+        """Run `action` once this thread's uncommitted writes are committed, and never if
+        they are not (after_commit's wake-ups run either way: a look too many costs little;
+        this is for what cannot be undone, such as removing files): at once when there are
+        none."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        if batch is not None and batch.conn is not None:
+            batch.committed.append(action)
+        else:
+            action()
+
     def mark(self, name: str) -> None:
         """Name what this thread's open batch transaction just wrote (a job's uid), so that
         `uncommitted(name)` can tell until it commits. Outside a batch, a no-op."""
@@ -354,9 +365,12 @@ class Store:
                 self.known_writes.add(tx.rv())
             self._writer.release()
             after, batch.after = batch.after, []
+            done, batch.committed = batch.committed, []
             if committed and tx.changed:
                 self._announce(known=True)
             for action in after:  # also after a failure: a wake-up too many costs a look
+                action()
+            for action in done if committed else []:
                 action()
 
     @contextmanager
@@ -402,6 +416,7 @@ class Store:
             return
         batch.conn = batch.tx = None
         batch.pending.clear()
+        batch.committed.clear()  # rolled back: what waited for its commit never happens
         batch.lost = True
         try:
             with suppress(StoreError):

@@ -104,13 +104,14 @@ class Batch:
     transaction of the batch was rolled back or could not be committed: the writes since the
     previous flush are gone."""
 
-    __slots__ = ("after", "conn", "lost", "opened", "pending", "tx")
+    __slots__ = ("after", "committed", "conn", "lost", "opened", "pending", "tx")
 
     def __init__(self) -> None:
         self.conn: Connection | None = None  # the writer's connection, while a transaction is open
         self.tx: Tx | None = None
         self.opened = 0.0  # time.monotonic() when it was opened
         self.after: list[Callable[[], None]] = []  # what waits for the commit (wake-ups)
+        self.committed: list[Callable[[], None]] = []  # what only a commit may lead to (on_commit)
         self.pending: set[str] = set()  # what the open transaction wrote, as its writers named it (`mark`)
         self.lost = False
 

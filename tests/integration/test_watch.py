@@ -272,27 +272,27 @@ def test_a_watch_of_a_path_that_does_not_exist_is_refused_at_once(sqlite_url, tm
 
 
 def test_get_watch_says_what_each_change_is_and_shows_a_deletion(sqlite_url, tmp_path):
-    """kubectl's --output-watch-events: ADDED, MODIFIED and DELETED, the last with the object
-    as it was last shown (a deleted object was printed by no watch before)."""
+    """kubectl's --output-watch-events: the listing as ADDED events (one table, an EVENT
+    column first), then MODIFIED and DELETED, the last with the object as it was last shown
+    (a deleted object was printed by no watch before)."""
     (tmp_path / "j.yaml").write_text(_job("watched"))
+    assert run_cli("apply", "-f", str(tmp_path / "j.yaml"), store=sqlite_url).code == 0
     as_json = _start(["get", "jobs", "-w", "--output-watch-events", "-o", "json"], sqlite_url)
     as_table = _start(["get", "jobs", "-w", "--output-watch-events"], sqlite_url)
     json_lines, table_lines = _lines(as_json), _lines(as_table)
     try:
-        [listed] = _documents(json_lines, 1)  # listed (no job yet): now it watches
-        assert listed["items"] == []
-        assert as_table.stderr is not None and as_table.stderr.readline() == "No resources found.\n"
-        assert run_cli("apply", "-f", str(tmp_path / "j.yaml"), store=sqlite_url).code == 0
-        [added] = _documents(json_lines, 1)
-        assert (added["type"], added["object"]["metadata"]["name"]) == ("ADDED", "watched")
+        [listed] = _documents(json_lines, 1)  # the listing: now it watches
+        assert (listed["type"], listed["object"]["metadata"]["name"]) == ("ADDED", "watched")
+        assert table_lines.get(timeout=30).split()[:3] == ["EVENT", "NAME", "STATUS"]
+        assert table_lines.get(timeout=30).split()[:2] == ["ADDED", "watched"]
         assert run_cli("suspend", "job/watched", store=sqlite_url).code == 0
         [changed] = _documents(json_lines, 1)
         assert (changed["type"], changed["object"]["spec"]["suspend"]) == ("MODIFIED", True)
         assert run_cli("delete", "job", "watched", store=sqlite_url).code == 0
         [deleted] = _documents(json_lines, 1)
         assert (deleted["type"], deleted["object"]["metadata"]["name"]) == ("DELETED", "watched")
-        rows = [table_lines.get(timeout=30).split()[:2] for _ in range(3)]
-        assert rows == [["ADDED", "watched"], ["MODIFIED", "watched"], ["DELETED", "watched"]], rows
+        rows = [table_lines.get(timeout=30).split()[:2] for _ in range(2)]
+        assert rows == [["MODIFIED", "watched"], ["DELETED", "watched"]], rows
     finally:
         _stop(as_json)
         _stop(as_table)

@@ -160,6 +160,28 @@ def test_a_viewer_token_sees_no_password_in_a_url(serve, sqlite_url, tokens_file
     streamed = viewer.get(f"{PREFIX}/notifiers", params=params, timeout=30).text
     assert "S3cretPw" not in streamed and shown in streamed
     assert "S3cretPw" in admin.get(f"{PREFIX}/notifiers", params=params, timeout=30).text
+    # a Source's queue and its template's artifact; the seed's view of a job; a node's runs
+    source = {
+        "apiVersion": "reconciler.dev/v1alpha1",
+        "kind": "Source",
+        "metadata": {"name": "inbox"},
+        "spec": {
+            "http": {"url": "http://q-user:Qpw@127.0.0.1:9", "queue": "jobs"},
+            "template": {"artifact": {"url": "http://a-user:Apw@127.0.0.1:9/app.zip"}},
+        },
+    }
+    assert admin.post(f"{PREFIX}/sources", json=source).status_code == 201, "a Source"
+    seen = viewer.get(f"{PREFIX}/sources/inbox").json()["spec"]
+    assert (seen["http"]["url"], seen["template"]["artifact"]["url"]) == (
+        "http://***@127.0.0.1:9",
+        "http://***@127.0.0.1:9/app.zip",
+    )
+    made = admin.post("/jobs", json={"command": "true", "deploy_url": "http://d-user:Dpw@127.0.0.1:9/d.zip"})
+    assert made.status_code == 201
+    assert [j.get("deploy_url") for j in viewer.get("/jobs").json()] == ["http://***@127.0.0.1:9/d.zip"]
+    assert "Dpw" in admin.get("/jobs").text
+    refused = viewer.get(f"{PREFIX}/nodes/any/runs")
+    assert refused.status_code == 403 and "its agent's to read" in refused.json()["message"]
 
 
 def _counted(http: httpx.Client, outcome: str, reason: str) -> float:

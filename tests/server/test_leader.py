@@ -292,3 +292,14 @@ def test_a_server_beside_a_live_one_that_could_not_adopt_its_runs_is_refused(pg_
     assert no_node.returncode == 2 and "without the local node" in no_node.stderr, no_node
     second = serve(pg_url, "--lease", LEASE, env=env)  # the same folder: a follower, as before
     assert not leader_of(second)["leader"]
+
+
+def test_a_server_dead_of_kill_9_does_not_hold_back_the_next_one(serve, sqlite_url, tmp_path):
+    """Its node's heartbeat is still fresh, but its process is proven gone (its owner names
+    the term it led in after the process): a server without the local node may start."""
+    first = serve(sqlite_url, "--lease", LEASE)
+    wait_until(lambda: leader_of(first)["leader"], timeout=30, message="the first server leads")
+    os.killpg(first.proc.pid, signal.SIGKILL)
+    first.proc.wait(timeout=30)
+    second = serve(sqlite_url, "--lease", LEASE, "--no-local-node")
+    wait_until(lambda: leader_of(second)["leader"], timeout=30, message="the second server leads")

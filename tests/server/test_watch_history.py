@@ -176,3 +176,38 @@ def test_a_new_stream_is_not_refused_while_the_store_cannot_be_read(sqlite_url):
     finally:
         broadcaster.stop()
         store.dispose()
+
+
+def test_an_object_deleted_and_made_again_between_two_looks_is_told_deleted_then_added(sqlite_url):
+    """The DELETED of the one before and the creation of the new one share a resourceVersion
+    (the broadcaster learns of both at one look): a stream replayed from before tells both,
+    the new one as ADDED, or its client would lose an object that exists."""
+    from reconciler.apply import delete
+    from reconciler.server.watch import stream
+
+    store = Store(sqlite_url)
+    broadcaster = Broadcaster(store, interval=0.01, idle=3600).start()
+    try:
+        start = broadcaster.seq
+        apply_manifests(store, documents([job_manifest("a", suspend=True)], Path.cwd()))
+        broadcaster.catch_up()
+        delete(store, [("Job", "a")])
+        apply_manifests(store, documents([job_manifest("a", suspend=True)], Path.cwd()))
+        broadcaster.catch_up()
+
+        async def told() -> list[tuple[str, str]]:
+            sub = broadcaster.subscribe(start)
+            seen = []
+            async for event in stream(broadcaster, sub, "Job", None, {}):
+                if isinstance(event, int):  # the backlog's bookmark: all of it was told
+                    return seen
+                assert event is not None
+                seen.append((event.type, event.uid))
+            return seen
+
+        events = asyncio.run(told())
+        assert [t for t, _ in events] == ["ADDED", "DELETED", "ADDED"], events
+        assert events[0][1] == events[1][1] != events[2][1]  # the first object, then the new one
+    finally:
+        broadcaster.stop()
+        store.dispose()
