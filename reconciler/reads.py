@@ -376,12 +376,12 @@ def watch(
     """Each selected object again whenever it changes (`get -w`), and each one deleted or
     leaving the selection, forever: the caller stops. `initial`: the listing first, each
     object ADDED (kubectl's --output-watch-events)."""
+    feed = ChangeFeed(store)  # first: a write made while the listing is read or printed is seen after it
     listing = objects(store, kind, names, selector)
     seen = Seen(listing.objects)
     if initial:
         yield from (("ADDED", o) for o in listing.objects)
     derived = listing.kind in DERIVED_STATUS or kind.lower() in SERVICES
-    feed = ChangeFeed(store)
     next_look = time.monotonic() + DERIVED_LOOK
     while True:
         time.sleep(0.2)  # a CLI follower, not the controller: a short poll is the simple way

@@ -310,12 +310,6 @@ CASES: list[Case] = [
         "at least 100ms",
     ),
     one(
-        "restart-max-delay-below-delay",
-        job('  command: ["true"]\n  type: service\n  restart:\n    delay: 10s\n    maxDelay: 1s  # <--\n'),
-        "spec.restart.maxDelay",
-        "less than delay",
-    ),
-    one(
         "restart-on-run-job",
         job('  command: ["true"]\n  restart: {delay: 1s}  # <--\n'),
         "spec.restart",

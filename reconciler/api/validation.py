@@ -205,10 +205,6 @@ def _restart_problems(m: Candidate, spec: Any, *at: str) -> list[str]:
         found.append(
             f"{m.where(*at, 'restart', 'delay')}: at least {MIN_RESTART_DELAY * 1000:g}ms (it doubles from there)"
         )
-    if "max_delay" in restart.model_fields_set and restart.max_delay < restart.delay:  # the default follows delay
-        found.append(
-            f"{m.where(*at, 'restart', 'maxDelay')}: {restart.max_delay:g}s is less than delay ({restart.delay:g}s)"
-        )
     return found
 
 

@@ -189,11 +189,15 @@ def watch_listing(
         watch_events(client, names, fmt, events)
         return
     label = "Service" if kind.lower() in SERVICES else _label(kind)
-    headers, _, row = COLUMNS[label]
-    if events and fmt in (None, "wide"):  # the listing is in the stream, ADDED: one table
-        typer.echo(f"{'EVENT':<9} " + table(headers, []).splitlines()[0])
+    narrow, wide_headers, row = COLUMNS[label]
+    headers = narrow + (wide_headers if fmt == "wide" else [])
+    # the listing is in the stream, ADDED: one EVENT header, before the first of them
+    header = f"{'EVENT':<9} " + table(headers, []).splitlines()[0] if events and fmt in (None, "wide") else None
     try:
         for event, o in client.watch(kind, names, selector, initial=events):
+            if header is not None:
+                typer.echo(header)
+                header = None
             document: dict[str, Any] = o.manifest()
             if events:
                 document = {"type": event, "object": document}

@@ -56,10 +56,9 @@ def restart_delay(restart: Restart, lifetimes: list[float]) -> RestartDelay:
     lived (oldest first, the one that just ended last): `delay`, doubled for each run in a
     row that lived shorter than `resetAfter`, capped at `maxDelay`. A run that lived
     `resetAfter` resets it, as Kubernetes resets a container's crash-loop backoff."""
-    delay = max(restart.delay, MIN_RESTART_DELAY)
-    # an unset maxDelay (5m) is at least delay; a set one below it was refused at apply
-    cap = restart.max_delay if "max_delay" in restart.model_fields_set else max(restart.max_delay, delay)
-    restart = restart.model_copy(update={"delay": delay, "max_delay": max(cap, MIN_RESTART_DELAY)})
+    restart = restart.model_copy(  # a spec stored before apply refused a delay of 0 still backs off
+        update={"delay": max(restart.delay, MIN_RESTART_DELAY), "max_delay": max(restart.max_delay, MIN_RESTART_DELAY)}
+    )
     streak = 0
     for lived in reversed(lifetimes):
         if lived >= restart.reset_after:

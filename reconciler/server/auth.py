@@ -118,7 +118,7 @@ def refusal(identity: Identity, method: str, path: str) -> str | None:
     if identity.role == "viewer":
         if method not in READS:
             return f"a viewer token may only read (GET), not {method}"
-        if path.startswith(f"{PREFIX}/nodes/") and "/runs" in path:
+        if path.startswith(f"{PREFIX}/nodes/") and path.removeprefix(f"{PREFIX}/nodes/").split("/")[1:2] == ["runs"]:
             return "a node's runs, with their specs and environment, are its agent's to read (and an admin's)"
         return None
     own = f"{PREFIX}/nodes/{identity.node}"

@@ -555,7 +555,8 @@ def test_messages_name_the_runs_own_number_not_its_place_in_the_revision():
     assert retried.message.startswith("run 3 ended Failed with exit code 1; retry 1 of 1 in")
 
 
-def test_an_unset_max_delay_follows_a_longer_delay():
-    """maxDelay's default (5m) does not cut a delay of 10m to 5m: unset, it is at least delay."""
-    assert restart_delay(restart(delay="10m"), [0.1]).delay == 600.0
-    assert restart_delay(restart(delay="10m", maxDelay="5m"), [0.1]).delay == 300.0  # set: as set (apply refuses it)
+def test_max_delay_caps_every_restart_delay_the_first_too():
+    """As a spec is stored (its defaults written in, maxDelay 5m included), so read back: a
+    delay above maxDelay is maxDelay, as README says."""
+    assert restart_delay(restart(delay="10m"), [0.1]).delay == 300.0
+    assert restart_delay(restart(delay="10m", maxDelay="20m"), [0.1]).delay == 600.0

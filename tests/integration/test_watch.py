@@ -297,3 +297,42 @@ def test_get_watch_says_what_each_change_is_and_shows_a_deletion(sqlite_url, tmp
         _stop(as_json)
         _stop(as_table)
     assert run_cli("get", "jobs", "--output-watch-events", store=sqlite_url).code == 2
+
+
+def test_a_change_made_while_the_listing_is_printed_is_not_lost(sqlite_url, tmp_path):
+    """The watch follows the store from before its listing: a write made after the listing
+    was read (while it was printed, or its reader was slow) still comes."""
+    from pathlib import Path as _Path
+
+    from reconciler.apply import apply_manifests
+    from reconciler.manifests import documents
+    from reconciler.reads import watch
+    from reconciler.store import Store
+    from tests.server.conftest import job_manifest
+
+    store = Store(sqlite_url)
+    try:
+        apply_manifests(store, documents([job_manifest("w", suspend=True)], _Path.cwd()))
+        events = watch(store, "jobs", [], None, initial=True)
+        assert next(events)[0] == "ADDED"  # the listing read and told; the watch not resumed yet
+        apply_manifests(store, documents([job_manifest("w", suspend=True, labels={"k": "v"})], _Path.cwd()))
+        told: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: told.put(next(events)), daemon=True).start()
+        event, obj = told.get(timeout=30)
+        assert (event, obj.labels) == ("MODIFIED", {"k": "v"})
+    finally:
+        store.dispose()
+
+
+def test_get_watch_wide_prints_the_wide_row(sqlite_url, tmp_path):
+    (tmp_path / "j.yaml").write_text(_job("watched"))
+    assert run_cli("apply", "-f", str(tmp_path / "j.yaml"), store=sqlite_url).code == 0
+    wide = _start(["get", "jobs", "-w", "-o", "wide"], sqlite_url)
+    try:
+        lines = _lines(wide)
+        assert "MESSAGE" in lines.get(timeout=30) and lines.get(timeout=30).split()[0] == "watched"
+        assert run_cli("suspend", "job/watched", store=sqlite_url).code == 0
+        changed = lines.get(timeout=30)  # a wide row (it crashed on the first change)
+        assert changed.split()[0] == "watched" and len(changed.split()) >= 10, changed
+    finally:
+        _stop(wide)

@@ -196,3 +196,15 @@ def test_tls(serve, sqlite_url, tmp_path, tokens_file):
     untrusted = server.cli("get", "jobs", env={"SSL_CERT_FILE": other})
     assert untrusted.code == 1 and f"cannot reach the server at {server.url}" in untrusted.stderr
     assert "CERTIFICATE_VERIFY_FAILED" in untrusted.stderr
+
+
+def test_a_viewer_is_refused_a_nodes_runs_and_nothing_else_of_a_node():
+    """A node's runs carry every placed run's spec and environment: its agent's (and an
+    admin's) to read; a node merely named runs-something is read as any node is."""
+    from reconciler.server.auth import Identity, refusal
+
+    viewer = Identity("viewer", None)
+    assert refusal(viewer, "GET", f"{PREFIX}/nodes/w1/runs") is not None
+    assert refusal(viewer, "GET", f"{PREFIX}/nodes/w1/runs/x/report") is not None
+    for path in (f"{PREFIX}/nodes/runs-a", f"{PREFIX}/nodes/runsbox/held", f"{PREFIX}/nodes", f"{PREFIX}/jobs/runs"):
+        assert refusal(viewer, "GET", path) is None, path
