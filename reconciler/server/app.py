@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import threading
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
@@ -13,7 +12,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import anyio
-from fastapi import Body, Depends, FastAPI, Query, Request
+from fastapi import Body, Depends, FastAPI, Query
 from fastapi.responses import PlainTextResponse, Response, StreamingResponse
 
 from .. import apply as applying
@@ -23,9 +22,7 @@ from .. import graph as graphs
 from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
 from ..errors import InvalidInput, NotFound
-from ..manifests import Loaded, documents, invalid
-from ..selectors import Requirement
-from ..selectors import parse as parse_selector
+from ..manifests import Loaded, documents
 from ..store import Store
 from ..wire import (
     LIST_KINDS,
@@ -39,17 +36,16 @@ from ..wire import (
     deleted_doc,
     event_doc,
     graph_doc,
-    object_list,
     status,
-    without_secrets,
 )
-from . import agents, dashboard, params, seed
+from . import agents, dashboard, objects, params, seed
 from .agents import Wake
 from .apiwarnings import status_ignored, warned
 from .auth import Tokens
 from .errors import answer_errors
 from .guard import MAX_BODY, Guard
-from .watch import Broadcaster, event_lines, watch_lines
+from .objects import json_answer, selector_of, watched_version
+from .watch import Broadcaster, event_lines
 
 ACTIONS = ("cancel", "suspend", "resume", "rerun")
 ObjectBody = Annotated[
@@ -103,28 +99,11 @@ def create_app(
             """Which server runs the reconcile loop: `{leader, server, holder, term, expiresIn,
             termAge, leaseSeconds}`, `leader` true on the server that holds the controller lease (no
             token needed)."""
-            return _json(leader())
+            return json_answer(leader())
 
     seed.routes(app, store)
     dashboard.routes(app, store)
     return Guard(app, tokens=tokens, max_body=max_body)
-
-
-def _json(document: Any, code: int = 200) -> Response:
-    """JSON written by the standard encoder: thousands of objects without walking them twice."""
-    return Response(json.dumps(document, separators=(",", ":")), status_code=code, media_type="application/json")
-
-
-def _kind(plural: str) -> KindInfo:
-    info = LIST_KINDS.get(plural)
-    if info is None:
-        known = ", ".join(LIST_KINDS)
-        raise NotFound(f"the server could not find the requested resource: no kind {plural!r} (known: {known})")
-    return info
-
-
-def _selector(text: str | None) -> list[Requirement] | None:
-    return parse_selector(text) if text else None
 
 
 def _items(items: list[dict[str, Any]]) -> Loaded:
@@ -151,7 +130,7 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
     @app.get("/services", tags=["server"])
     def services(label_selector: str = Query("", alias="labelSelector")) -> Response:
         """The service registry: `[{name, node, address, port, run, ready}]`."""
-        return _json(reads.services(store, _selector(label_selector)))
+        return json_answer(reads.services(store, selector_of(label_selector)))
 
     @app.get(PREFIX, tags=["resources"])
     def discovery() -> Response:
@@ -167,7 +146,7 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
             }
             for info in LIST_KINDS.values()
         ]
-        return _json({"kind": "APIResourceList", "groupVersion": API_VERSION, "resources": resources})
+        return json_answer({"kind": "APIResourceList", "groupVersion": API_VERSION, "resources": resources})
 
     @app.post(f"{PREFIX}/apply", tags=["verbs"])
     def apply(request: ApplyRequest) -> Response:
@@ -180,12 +159,12 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
             dry_run=request.dry_run,
             force=request.force,
             prune=request.prune,
-            selector=_selector(request.label_selector),
+            selector=selector_of(request.label_selector),
         )
         said = {"kind": "ApplyResult", "dryRun": request.dry_run, "items": [change_doc(c) for c in changes]}
         if warnings := status_ignored(loaded):
             said["warnings"] = warnings
-        return warned(_json(said), warnings)
+        return warned(json_answer(said), warnings)
 
     @app.post(f"{PREFIX}/delete", tags=["verbs"])
     def delete_many(request: DeleteRequest) -> Response:
@@ -196,8 +175,8 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
         kind = _kind_of(request.kind).kind if request.kind else None
         if bool(targets) == bool(request.label_selector):
             raise InvalidInput("delete: give items, or labelSelector (and a kind, or none), not both")
-        return _json(
-            deleted_doc(applying.delete(store, targets, kind=kind, selector=_selector(request.label_selector)))
+        return json_answer(
+            deleted_doc(applying.delete(store, targets, kind=kind, selector=selector_of(request.label_selector)))
         )
 
     @app.post(f"{PREFIX}/rerun", tags=["verbs"])
@@ -207,30 +186,30 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
         downstream: bool = False,
     ) -> Response:
         """`rerun --failed [-l SEL]` or `rerun -l SEL`, in one transaction: the jobs asked for."""
-        selector = _selector(label_selector)
+        selector = selector_of(label_selector)
         if failed:
             names = commands.rerun_failed(store, selector)
         elif selector:
             names = commands.rerun_selected(store, selector, downstream=downstream)
         else:
             raise InvalidInput("rerun: give labelSelector, failed=true, or both")
-        return _json({"names": names})
+        return json_answer({"names": names})
 
     @app.post(f"{PREFIX}/run", tags=["verbs"], status_code=201)
     def run(request: RunRequest) -> Response:
         """A one-off job, as `reconciler run`; unnamed jobs get job-1, job-2, ..."""
         name = commands.run_job(store, request.one_off())  # no workingDir: the server's working directory
-        return _json(reads.objects(store, "jobs", [name], None).objects[0].manifest(), 201)
+        return json_answer(reads.objects(store, "jobs", [name], None).objects[0].manifest(), 201)
 
     @app.get(f"{PREFIX}/graph", tags=["verbs"])
     def graph(label_selector: str = Query("", alias="labelSelector")) -> Response:
         """The job graph: nodes (name, state as `get` shows it) and edges dependency -> dependent."""
-        return _json(graph_doc(graphs.stored_graph(store, _selector(label_selector))))
+        return json_answer(graph_doc(graphs.stored_graph(store, selector_of(label_selector))))
 
     @app.post(f"{PREFIX}/graph", tags=["verbs"])
     def manifest_graph(request: ItemsRequest) -> Response:
         """The graph of these objects' jobs as they would be applied (NotApplied: not stored)."""
-        return _json(graph_doc(graphs.manifest_graph(store, _checked(_items(request.items)).manifests)))
+        return json_answer(graph_doc(graphs.manifest_graph(store, _checked(_items(request.items)).manifests)))
 
     @app.get(f"{PREFIX}/events", tags=["resources"])
     def events(
@@ -253,13 +232,13 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
             return reads.events(store, [], count)
 
         if watch:
-            since = _version(resource_version)
+            since = watched_version(resource_version)
             stream = event_lines(store, newest, limit, since, timeout_seconds)
             return StreamingResponse(stream, media_type="application/json")
         rows = newest(limit)
         seq = store.change_seq()
         items = [event_doc(r) for r in rows]
-        return _json(
+        return json_answer(
             {"apiVersion": "v1", "kind": "EventList", "metadata": {"resourceVersion": str(seq)}, "items": items}
         )
 
@@ -281,30 +260,30 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
             raise NotFound(f"no action {action!r} on jobs: use {', '.join(ACTIONS)}")
         document = status(200, said)
         document["details"] = {"name": name, "group": "reconciler.dev", "kind": "jobs"}
-        return _json(document)
+        return json_answer(document)
 
     @app.post(PREFIX + "/nodes/{name}/cordon", tags=["verbs"])
     def cordon(name: str) -> Response:
         """Mark the node unschedulable (`reconciler cordon`); the message says what happened."""
-        return _json(status(200, commands.set_unschedulable(store, name, True)))
+        return json_answer(status(200, commands.set_unschedulable(store, name, True)))
 
     @app.post(PREFIX + "/nodes/{name}/uncordon", tags=["verbs"])
     def uncordon(name: str) -> Response:
         """Mark the node schedulable again (`reconciler uncordon`)."""
-        return _json(status(200, commands.set_unschedulable(store, name, False)))
+        return json_answer(status(200, commands.set_unschedulable(store, name, False)))
 
     @app.post(PREFIX + "/nodes/{name}/drain", tags=["verbs"])
     def drain(name: str, force: bool = Query(False, description="Declare its runs lost.")) -> Response:
         """Cordon the node and, with force, declare every run there lost (`reconciler drain`):
         one transaction; `GET nodes/{name}/held` is what a drain waits for."""
         done = commands.drain(store, name, force=force)
-        return _json({"cordoned": done.cordoned, "declaredLost": [list(lost) for lost in done.declared_lost]})
+        return json_answer({"cordoned": done.cordoned, "declaredLost": [list(lost) for lost in done.declared_lost]})
 
     @app.get(PREFIX + "/nodes/{name}/held", tags=["verbs"])
     def held(name: str) -> Response:
         """The runs holding slots on the node, as `drain` waits for them to leave."""
         items = [dataclasses.asdict(h) for h in draining.runs_on(store, [name])]
-        return _json({"items": items})
+        return json_answer({"items": items})
 
     @app.get(PREFIX + "/jobs/{name}/log", tags=["resources"], response_class=PlainTextResponse)
     def job_log(
@@ -326,97 +305,7 @@ def _routes(app: FastAPI, store: Store, broadcaster: Broadcaster, tokens: Tokens
         pieces = found.follow(stream_name, tail=tail_lines, stop=stop)
         return StreamingResponse(_in_threads(pieces, stop), media_type="text/plain")
 
-    @app.get(PREFIX + "/{plural}", tags=["resources"])
-    def list_or_watch(
-        request: Request,
-        plural: str,
-        label_selector: str = Query("", alias="labelSelector"),
-        watch: bool = False,
-        resource_version: str | None = Query(None, alias="resourceVersion"),
-        timeout_seconds: float | None = Query(None, alias="timeoutSeconds", gt=0),
-        allow_watch_bookmarks: bool = Query(False, alias="allowWatchBookmarks"),
-    ) -> Response:
-        """The objects of a kind (`JobList`, with the resourceVersion to watch from); with
-        watch=true, JSON lines `{"type": ADDED|MODIFIED|DELETED, "object"}` of the changes
-        after resourceVersion (none: every object as ADDED first, then the changes)."""
-        info, selector = _kind(plural), _selector(label_selector)
-        secrets = not _viewer(request)
-        if not watch:
-            seq, listing = reads.listing_at(store, info.plural, [], selector)
-            return _json(object_list(info.kind, seq, listing.objects, secrets=secrets))
-        since = _version(resource_version)
-        lines = watch_lines(broadcaster, store, info, selector, since, timeout_seconds, allow_watch_bookmarks, secrets)
-        return StreamingResponse(lines, media_type="application/json")
-
-    @app.post(PREFIX + "/{plural}", tags=["resources"], status_code=201)
-    def create(plural: str, body: ObjectBody, dry_run: str | None = Query(None, alias="dryRun")) -> Response:
-        """Create an object; 409 when it exists."""
-        info = _kind(plural)
-        change, warnings = _one(store, info, None, body, create_only=True, dry_run=params.dry_run(dry_run), force=False)
-        return warned(_json(change.after, 201), warnings)
-
-    @app.delete(PREFIX + "/{plural}", tags=["resources"])
-    def delete_collection(
-        plural: str,
-        label_selector: str = Query("", alias="labelSelector"),
-        dry_run: str | None = Query(None, alias="dryRun"),
-        options: DeleteBody = None,
-    ) -> Response:
-        """Every object of the kind matching labelSelector (required: no accidental delete-all)."""
-        info = _kind(plural)
-        if not label_selector:
-            raise InvalidInput(f"delete {info.plural}: a labelSelector is required")
-        rehearse, preconditions = params.delete_options(options, dry_run)
-        if preconditions is not None:
-            raise params.BadRequest("preconditions name one object: DELETE it by name")
-        selector = _selector(label_selector)
-        done = applying.delete(store, [], kind=info.kind, selector=selector, dry_run=rehearse).done
-        return _json({"apiVersion": API_VERSION, "kind": f"{info.kind}List", "items": [o.manifest() for o, _ in done]})
-
-    @app.get(PREFIX + "/{plural}/{name}", tags=["resources"])
-    def get(request: Request, plural: str, name: str) -> Response:
-        info = _kind(plural)
-        document = reads.objects(store, info.plural, [name], None).objects[0].manifest()
-        return _json(document if not _viewer(request) else without_secrets(document))
-
-    @app.put(PREFIX + "/{plural}/{name}", tags=["resources"])
-    def replace(
-        plural: str,
-        name: str,
-        body: ObjectBody,
-        dry_run: str | None = Query(None, alias="dryRun"),
-        force: bool = Query(False, description="Allow changing an active job: its run is stopped."),
-    ) -> Response:
-        """Create or update an object, as apply does; a stale metadata.resourceVersion is 409."""
-        info = _kind(plural)
-        change, warnings = _one(
-            store, info, name, body, create_only=False, dry_run=params.dry_run(dry_run), force=force
-        )
-        return warned(_json(change.after, 201 if change.action == "created" else 200), warnings)
-
-    @app.delete(PREFIX + "/{plural}/{name}", tags=["resources"])
-    def delete(
-        plural: str,
-        name: str,
-        dry_run: str | None = Query(None, alias="dryRun"),
-        options: DeleteBody = None,
-    ) -> Response:
-        """Delete an object: 200 deleted, 202 while an active job is stopped first; with
-        dryRun=All what would be, nothing stored; DeleteOptions' preconditions checked."""
-        info = _kind(plural)
-        rehearse, pre = params.delete_options(options, dry_run)
-        uid, version = (pre.uid, pre.resource_version) if pre is not None else (None, None)
-        result = applying.delete(store, [(info.kind, name)], dry_run=rehearse, uid=uid, resource_version=version)
-        if result.missing:
-            raise NotFound(f'{info.plural} "{name}" not found')
-        obj, action = result.done[0]
-        return _json(obj.manifest(), 202 if action == "deleting" else 200)
-
-
-def _viewer(request: Request) -> bool:
-    """A viewer's token: it sees no password (`wire.without_secrets`); without tokens (loopback
-    only) every caller is the owner."""
-    return bool(request.scope.get("reconciler.role") == "viewer")
+    objects.routes(app, store, broadcaster)  # last: their /{plural} paths would take the ones above
 
 
 def _kind_of(kind: str) -> KindInfo:
@@ -433,29 +322,6 @@ def _checked(loaded: Loaded) -> Loaded:
     return loaded
 
 
-def _one(
-    store: Store,
-    info: KindInfo,
-    name: str | None,
-    body: dict[str, Any],
-    *,
-    create_only: bool,
-    dry_run: bool,
-    force: bool,
-) -> tuple[applying.Change, list[str]]:
-    """PUT and POST of one object: an apply of it alone; and its warnings."""
-    if body.get("kind", info.kind) != info.kind:
-        raise InvalidInput(f"kind: {body.get('kind')!r} does not match the URL's {info.plural}")
-    meta = body.get("metadata")
-    if name is not None and isinstance(meta, dict) and meta.get("name") != name:
-        raise InvalidInput(f"metadata.name: {meta.get('name')!r} does not match the name in the URL ({name!r})")
-    loaded = documents([body], Path.cwd(), source=None)  # one object: its fields named alone
-    if loaded.problems:
-        raise invalid(loaded.problems)
-    change = applying.apply_manifests(store, loaded, dry_run=dry_run, force=force, create_only=create_only)[0]
-    return change, ["status is written only by the system; ignored"] if status_ignored(loaded) else []
-
-
 def _fields(text: str) -> dict[str, str]:
     """A fieldSelector of events: involvedObject.kind and involvedObject.name, both."""
     if not text:
@@ -465,16 +331,6 @@ def _fields(text: str) -> dict[str, str]:
     if set(fields) != wanted:
         raise InvalidInput(f"fieldSelector {text!r}: give involvedObject.kind=KIND,involvedObject.name=NAME")
     return fields
-
-
-def _version(text: str | None) -> int | None:
-    """A watch's resourceVersion; none, empty or 0 (Kubernetes' "any version") is None: what
-    is there now, then the changes."""
-    if text is None or text in ("", "0"):
-        return None
-    if not text.isdecimal():
-        raise InvalidInput(f"resourceVersion {text!r}: use the one a list answered")
-    return int(text)
 
 
 async def _in_threads(pieces: Iterator[str], stop: threading.Event | None = None) -> AsyncIterator[str]:
