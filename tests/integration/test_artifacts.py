@@ -269,4 +269,5 @@ def test_a_service_whose_artifact_cannot_be_fetched_restarts_in_place_keeping_it
     env.apply("other.yaml", job_yaml("other", f"type: service\nport: {port}\ncommand: [sleep, '60']\n"))
     held = env.wait_status("other", lambda s: f"port {port}" in (s.get("message") or ""), what="port taken")
     assert held["phase"] == "Queued", held
-    assert env.get_job("cf")["status"]["phase"] == "Running"
+    still = env.get_job("cf")["status"]  # between restarts, or starting the next: its admission kept
+    assert still["phase"] in ("Running", "Starting") and "admission" in still, still
