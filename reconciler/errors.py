@@ -27,3 +27,9 @@ class Conflict(ReconcilerError):
     """A stale resourceVersion, or a change refused in the object's current state."""
 
     exit_code = 4
+
+
+def first_line(exc: BaseException) -> str:
+    """An error's first line, or its type's name when it says nothing: what one log or
+    message line shows of it."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

@@ -4,7 +4,6 @@ types, so a verb prints the same whether it ran on a store or through a server."
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import re
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
@@ -14,7 +13,6 @@ from pydantic.alias_generators import to_camel
 
 from .api.kinds import KINDS
 from .api.meta import API_VERSION, from_epoch, to_epoch
-from .api.source import shown_url
 from .errors import Conflict, InvalidInput, NotFound, ReconcilerError
 from .jsontext import canonical
 from .store import StoredObject
@@ -141,47 +139,14 @@ def error_of(code: int, document: dict[str, Any] | None, server: str) -> Reconci
 # -- objects ---------------------------------------------------------------------------------
 
 
-def object_list(
-    kind: str, resource_version: int, objects: list[StoredObject], *, secrets: bool = True
-) -> dict[str, Any]:
-    """A list as Kubernetes writes it: `JobList`, with the resourceVersion to watch from;
-    without `secrets`, passwords in URLs shown as *** (`without_secrets`)."""
-    items = [o.manifest() for o in objects]
+def object_list(kind: str, resource_version: int, objects: list[StoredObject]) -> dict[str, Any]:
+    """A list as Kubernetes writes it: `JobList`, with the resourceVersion to watch from."""
     return {
         "apiVersion": API_VERSION,
         "kind": f"{kind}List",
         "metadata": {"resourceVersion": str(resource_version)},
-        "items": items if secrets else [without_secrets(i) for i in items],
+        "items": [o.manifest() for o in objects],
     }
-
-
-# where an object's spec may carry a password, in a URL's user info
-_SECRET_URLS = {
-    "Source": (("amqp", "url"), ("http", "url"), ("template", "artifact", "url")),
-    "Notifier": (("url",),),
-    "Job": (("artifact", "url"),),
-}
-
-
-def without_secrets(document: dict[str, Any]) -> dict[str, Any]:
-    """The object as a viewer's token sees it: a password in a broker's, a webhook's or an
-    artifact's URL shown as *** (an admin's token, which may PUT it back, sees it whole)."""
-    paths = _SECRET_URLS.get(document.get("kind", ""), ())
-    shown = document
-    for path in paths:
-        holder: Any = document.get("spec")
-        for key in path[:-1]:
-            holder = holder.get(key) if isinstance(holder, dict) else None
-        url = holder.get(path[-1]) if isinstance(holder, dict) else None
-        if not isinstance(url, str) or (masked := shown_url(url)) == url:
-            continue
-        if shown is document:
-            shown = copy.deepcopy(document)
-        target = shown["spec"]
-        for key in path[:-1]:
-            target = target[key]
-        target[path[-1]] = masked
-    return shown
 
 
 def object_from(document: dict[str, Any]) -> StoredObject:

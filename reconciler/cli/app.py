@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from ..errors import InvalidInput, ReconcilerError
+from ..errors import InvalidInput, ReconcilerError, first_line
 from . import resources
 from .context import Context
 
@@ -138,6 +138,6 @@ def main() -> None:
         from ..store import StoreError
 
         if isinstance(exc, (StoreError, OSError)):
-            print(f"error: {exc.__class__.__name__}: {str(exc).splitlines()[0]}", file=sys.stderr)
+            print(f"error: {exc.__class__.__name__}: {first_line(exc)}", file=sys.stderr)
             sys.exit(1)
         raise

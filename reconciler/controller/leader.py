@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..agent.local import owner_gone, process_owner
+from ..errors import first_line
 from ..store import Store, StoreError
 from ..store import lease as leases
 from ..store.transactions import Fence
@@ -142,7 +143,7 @@ class Leadership:
             with self.store.write() as tx:
                 term = leases.take(tx, self.holder, self.period, gone=gone)
         except StoreError as exc:  # the database is away: one line a look, not a traceback
-            log.warning("could not look at the controller lease (%s); trying again", _first_line(exc))
+            log.warning("could not look at the controller lease (%s); trying again", first_line(exc))
             return look
         if term is None:  # another server was quicker, or the lease had a moment left: look again soon
             return TICK
@@ -170,7 +171,7 @@ class Leadership:
             if not fence.holds():
                 self._step_down("the controller lease could not be renewed within its period")
                 return self.period / 15
-            log.warning("could not renew the controller lease (%s); trying again", _first_line(exc))
+            log.warning("could not renew the controller lease (%s); trying again", first_line(exc))
             return 1.0
         if not kept:
             self._step_down("the controller lease changed hands")
@@ -189,7 +190,3 @@ class Leadership:
         if not drain:
             log.warning("stepping down from term %s: %s", None if fence is None else fence.term, why)
         running.stop(drain=drain)
-
-
-def _first_line(exc: BaseException) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]

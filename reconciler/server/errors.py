@@ -7,7 +7,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from ..errors import ReconcilerError
+from ..errors import ReconcilerError, first_line
 from ..store import StoreError
 from ..wire import NO_ROUTE, error_status, status
 
@@ -24,8 +24,7 @@ def answer_errors(app: FastAPI) -> None:
 
     @app.exception_handler(StoreError)
     async def store_error(_: Request, exc: StoreError) -> Response:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return JSONResponse(status(503, f"the store cannot be used: {first}"), status_code=503)
+        return JSONResponse(status(503, f"the store cannot be used: {first_line(exc)}"), status_code=503)
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(_: Request, exc: RequestValidationError) -> Response:

@@ -20,9 +20,10 @@ from ..manifests import documents, invalid
 from ..selectors import Requirement
 from ..selectors import parse as parse_selector
 from ..store import Store
-from ..wire import LIST_KINDS, PREFIX, DeleteOptions, object_list, without_secrets
+from ..wire import LIST_KINDS, PREFIX, DeleteOptions, object_list
 from . import params
 from .apiwarnings import status_ignored, warned
+from .redact import viewer, without_secrets
 from .watch import Broadcaster, watch_lines
 
 ObjectBody = Annotated[
@@ -46,10 +47,13 @@ def routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
         watch=true, JSON lines `{"type": ADDED|MODIFIED|DELETED, "object"}` of the changes
         after resourceVersion (none: every object as ADDED first, then the changes)."""
         info, selector = kind_of_path(plural), selector_of(label_selector)
-        secrets = not _viewer(request)
+        secrets = not viewer(request)
         if not watch:
             seq, listing = reads.listing_at(store, info.plural, [], selector)
-            return json_answer(object_list(info.kind, seq, listing.objects, secrets=secrets))
+            document = object_list(info.kind, seq, listing.objects)
+            if not secrets:
+                document["items"] = [without_secrets(i) for i in document["items"]]
+            return json_answer(document)
         since = watched_version(resource_version)
         lines = watch_lines(broadcaster, store, info, selector, since, timeout_seconds, allow_watch_bookmarks, secrets)
         return StreamingResponse(lines, media_type="application/json")
@@ -85,7 +89,7 @@ def routes(app: FastAPI, store: Store, broadcaster: Broadcaster) -> None:
     def get(request: Request, plural: str, name: str) -> Response:
         info = kind_of_path(plural)
         document = reads.objects(store, info.plural, [name], None).objects[0].manifest()
-        return json_answer(document if not _viewer(request) else without_secrets(document))
+        return json_answer(document if not viewer(request) else without_secrets(document))
 
     @app.put(PREFIX + "/{plural}/{name}", tags=["resources"])
     def replace(
@@ -146,12 +150,6 @@ def watched_version(text: str | None) -> int | None:
     if not text.isdecimal():
         raise InvalidInput(f"resourceVersion {text!r}: use the one a list answered")
     return int(text)
-
-
-def _viewer(request: Request) -> bool:
-    """A viewer's token: it sees no password (`wire.without_secrets`); without tokens (loopback
-    only) every caller is the owner."""
-    return bool(request.scope.get("reconciler.role") == "viewer")
 
 
 def _one(

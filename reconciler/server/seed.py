@@ -24,6 +24,7 @@ from ..api.source import shown_url
 from ..api.status import Outcome, Phase
 from ..errors import InvalidInput
 from ..store import Store, StoredObject
+from .redact import viewer
 
 SEED_STATUSES = ("pending", "running", "done", "failed")
 _RUNNING = (Phase.STARTING, Phase.RUNNING, Phase.STOPPING)
@@ -83,7 +84,7 @@ def routes(app: FastAPI, store: Store) -> None:
         """Every job in the seed's shape, filtered by node and seed status: a bare JSON array."""
         if status is not None and status not in SEED_STATUSES:
             raise InvalidInput(f"status {status!r}: use one of {', '.join(SEED_STATUSES)}")
-        secrets = request.scope.get("reconciler.role") != "viewer"
+        secrets = not viewer(request)
         found = [seed_job(o, secrets=secrets) for o in reads.objects(store, "jobs", [], None).objects]
         found = [j for j in found if (node_id is None or j["node_id"] == node_id)]
         found = [j for j in found if (status is None or j["status"] == status)]

@@ -35,7 +35,8 @@ from ..reads import EVENT_POLL, ChangeReader, NewEvents, objects, poll_interval
 from ..selectors import Requirement, matches
 from ..store import Store, StoredObject
 from ..threads import critical
-from ..wire import event_doc, status, without_secrets
+from ..wire import event_doc, status
+from .redact import without_secrets
 
 log = logging.getLogger("reconciler.server")
 

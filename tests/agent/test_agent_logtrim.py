@@ -108,7 +108,8 @@ def test_the_trimmer_keeps_a_live_runs_logs_within_the_limit(spawn, tmp_path):
     trimmer = LogTrimmer(interval=0.05)
     try:
         trimmer.keep(run_dir, LIMIT)
-        wait_until(lambda: out.stat().st_size == 300_000 * 15, timeout=20)
+        # the C wrapper makes the log itself, off the spawner's path: it may not exist yet
+        wait_until(lambda: out.exists() and out.stat().st_size == 300_000 * 15, timeout=20)
         wait_until(lambda: err.stat().st_size == 20_000 * 15, timeout=20)  # written after stdout's
         _wait_for_trim(trimmer, run_dir, out, limit=LIMIT)
         _wait_for_trim(trimmer, run_dir, err, limit=LIMIT)
@@ -136,7 +137,8 @@ def test_copytruncate_where_the_filesystem_has_no_holes(spawn, tmp_path):
     trimmer = LogTrimmer(interval=0.05, holes=False)
     try:
         # trimmed once the run has paused: what it writes during a copy would be lost
-        wait_until(lambda: out.stat().st_size == 300_000 * 15, timeout=20)
+        # the C wrapper makes the log itself, off the spawner's path: it may not exist yet
+        wait_until(lambda: out.exists() and out.stat().st_size == 300_000 * 15, timeout=20)
         trimmer.keep(run_dir, LIMIT)
         wait_until(rotated(out).exists, timeout=20)  # renamed into place after the truncation
         _wait_for_trim(trimmer, run_dir, out, rotated(out), limit=LIMIT)
