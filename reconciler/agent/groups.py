@@ -27,6 +27,9 @@ from reconciler.agent.identity import ProcessIdentity, same_process
 # reaches EOF once they are (see spawn_run). Spawning returns without waiting, which
 # keeps a sh startup off the reconcile loop's path; only a signal must wait for it.
 _arming: dict[int, int] = {}
+# Wrappers a fork server forked (forkserver.py) that may not lead their own session yet: their
+# signals are blocked until trapped, so only their `setsid` is waited for.
+_settling: set[int] = set()
 _arming_lock = threading.Lock()
 
 
@@ -39,16 +42,23 @@ def arming(pid: int, ready_r: int) -> None:
         os.close(stale)
 
 
+def settling(pid: int) -> None:
+    """Note a wrapper just forked by the fork server, which calls setsid first thing."""
+    with _arming_lock:
+        _settling.add(pid)
+
+
 def wait_armed(pid: int, timeout: float = 5.0) -> None:
     """Return once the wrapper `pid` can no longer be killed by a signal before it records
     its exit (at once for wrappers not spawned by this process, or armed long ago). EOF on
     the pipe means its traps are set; the timeout only guards against a process forked
     (without exec) elsewhere in this program inheriting the pipe."""
+    deadline = time.monotonic() + timeout
+    settle(pid, timeout)
     with _arming_lock:
         ready_r = _arming.pop(pid, None)
     if ready_r is None:
         return
-    deadline = time.monotonic() + timeout
     try:
         while (left := deadline - time.monotonic()) > 0:
             readable, _, _ = select.select([ready_r], [], [], left)
@@ -56,6 +66,25 @@ def wait_armed(pid: int, timeout: float = 5.0) -> None:
                 return
     finally:
         os.close(ready_r)
+
+
+def settle(pid: int, timeout: float = 5.0) -> None:
+    """Return once a fork server's wrapper `pid` leads its own session (its group is there
+    to look at and signal) or is gone; at once for any other process."""
+    with _arming_lock:
+        if pid not in _settling:
+            return
+        _settling.discard(pid)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if os.getsid(pid) == pid:
+                return
+        except ProcessLookupError:
+            return
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.0001)
 
 
 def _group_is_ours(identity: ProcessIdentity) -> bool:
@@ -72,6 +101,7 @@ def _group_is_ours(identity: ProcessIdentity) -> bool:
 
 def _members(identity: ProcessIdentity) -> list[psutil.Process]:
     pgid = identity.pid
+    settle(pgid)
     try:
         os.killpg(pgid, 0)  # one syscall answers the common "all gone" case
     except ProcessLookupError:

@@ -22,6 +22,7 @@ from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgro
 from .cgroupspares import Spares
 from .cgroupspares import sweep as sweep_spares
 from .cwrapper import Binary
+from .forkserver import ForkServer, wait_for_servers
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import WORK, has_legacy_runs, run_dir
 from .logtrim import LogTrimmer
@@ -60,6 +61,7 @@ __all__ = [
 # Pointing it elsewhere (a folder with no hierarchy, one that cannot be written) gives the
 # fallback: an address-space rlimit, and runs whose condition says limits are degraded.
 CGROUP_ROOT_ENV = "RECONCILER_CGROUP_ROOT"
+FORK_SERVER_ENV = "RECONCILER_FORK_SERVER"  # "0": every run exec's its own wrapper (the fork server off)
 
 
 @dataclass(frozen=True)
@@ -115,6 +117,8 @@ class LocalAgent:
         self._artifacts: Artifacts | None = None  # made by the first run with an artifact
         self._artifacts_lock = threading.Lock()
         self.wrapper = Binary(self.state_dir)  # the C wrapper, built in a thread; the sh one meanwhile
+        self._server: ForkServer | None = None  # made with the first run the C wrapper starts
+        self._servers_checked = False  # no fork server of an earlier agent is left: see find
         root = cgroup_root or Path(os.environ.get(CGROUP_ROOT_ENV) or DEFAULT_ROOT)
         self._hierarchy: Hierarchy | None = None
         self._spares: Spares | None = None
@@ -254,6 +258,7 @@ class LocalAgent:
             join=join,
             address_space_kib=address_space_kib,
             wrapper=self._wrapper_binary(),
+            server=self._fork_server(),
         )
 
     def _wrapper_binary(self) -> Path | None:
@@ -264,6 +269,18 @@ class LocalAgent:
             log.warning("the C run wrapper %s is gone: runs use the sh wrapper", binary)
             self.wrapper.path = binary = None
         return binary
+
+    def _fork_server(self) -> ForkServer | None:
+        """The C wrapper's fork server, once the binary is there (RECONCILER_FORK_SERVER=0: every
+        run exec's its own wrapper, as before)."""
+        binary = self.wrapper.path
+        if binary is None or os.environ.get(FORK_SERVER_ENV) == "0":
+            return None
+        if self._server is None or self._server.binary != binary:
+            locks = self.state_dir / "forkservers"
+            make_private_dirs(locks)
+            self._server = ForkServer(binary, locks)
+        return self._server
 
     def prepare(self, job: str, run_dir: Path, artifact: Artifact) -> Preparation:
         """Fetch a run's artifact (once per sha256, into the cache beside `runs/`) and unpack
@@ -331,6 +348,9 @@ class LocalAgent:
             # its artifact is unpacked into it, and this process, which holds its spawn, has
             # not spawned it yet (it does once prepare answers ready): no look at every process
             return None
+        if not self._servers_checked:  # a run a dead agent asked of its fork server is findable
+            mine = self._server.mine if self._server is not None else set()
+            self._servers_checked = wait_for_servers(self.state_dir / "forkservers", mine)
         target = str(run_dir.absolute())  # as spawn_run gave it to the wrapper
         for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = proc.info.get("cmdline") or []
@@ -412,6 +432,8 @@ class LocalAgent:
     def close(self) -> None:
         if self._spares is not None:
             self._spares.close()
+        if self._server is not None:
+            self._server.close()
         self._watcher.close()
         self._logs.close()
         self._folders.close()

@@ -13,18 +13,23 @@ import shutil
 import subprocess
 import threading
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from reconciler.agent.groups import (
     arming,
     group_alive,
     group_pids,
     kill_group_except_wrapper,
+    settling,
     signal_group,
     wait_armed,
 )
 from reconciler.agent.identity import ProcessIdentity, is_alive, same_process
 from reconciler.agent.wrapper import wrapper_argv
 from reconciler.files import make_private_dirs, read_small
+
+if TYPE_CHECKING:
+    from reconciler.agent.forkserver import ForkServer
 
 
 @dataclass(frozen=True)
@@ -93,6 +98,7 @@ def spawn_run(
     join: list[pathlib.Path] | None = None,
     address_space_kib: int | None = None,
     wrapper: pathlib.Path | None = None,
+    server: ForkServer | None = None,
 ) -> ProcessIdentity:
     """Start a run under the wrapper (the C build `wrapper`, else the sh script) in a new
     session; return the wrapper's identity.
@@ -109,7 +115,9 @@ def spawn_run(
     group: pgid == pid. Raises StartFailed, without spawning anything, when the
     program or the working directory is missing. reap() (which ExitWatcher
     calls) collects the wrapper once it has exited. The identity's start time is read at
-    its first use, not here (`ProcessIdentity.of_child`).
+    its first use, not here (`ProcessIdentity.of_child`). With `server`, the C wrapper's fork
+    server starts the run as a forked copy of itself instead (forkserver.py): the same
+    wrapper, not this process's child, its start time known at once and its traps armed.
     """
     if (argv is None) == (shell is None):
         raise ValueError("exactly one of argv and shell must be given")
@@ -135,6 +143,8 @@ def spawn_run(
         (run_dir / "exit").unlink(missing_ok=True)
         fresh = False
     os.chmod(run_dir, 0o700)  # mkdir's mode is masked by umask and not applied if it existed
+    if server is not None:
+        return _start_by_server(server, run_dir, fresh, fsync_exit, join, address_space_kib, cwd, merged, command)
 
     # The C wrapper makes a new run's log files itself (reconciler-run.c), off this thread;
     # the script is given them, and a run dir used before has its logs emptied here.
@@ -178,6 +188,36 @@ def spawn_run(
     return identity
 
 
+def _start_by_server(
+    server: ForkServer,
+    run_dir: pathlib.Path,
+    fresh: bool,
+    fsync: bool,
+    join: list[pathlib.Path] | None,
+    address_space_kib: int | None,
+    cwd: str,
+    env: dict[str, str],
+    command: list[str],
+) -> ProcessIdentity:
+    if not fresh:  # the copy appends to the logs: a run dir used before has them emptied here
+        os.close(_open_private(run_dir / "stdout"))
+        os.close(_open_private(run_dir / "stderr"))
+    try:
+        identity = server.start(
+            run_dir=run_dir.absolute(),  # not resolved here: LocalAgent resolved its state folder once
+            fsync=fsync,
+            cgroups=" ".join(str(p) for p in join or []),
+            address_space_kib=address_space_kib,
+            cwd=cwd,
+            env=env,
+            command=command,
+        )
+    except OSError as exc:
+        raise StartFailed(f"cannot start run: {exc}") from exc
+    settling(identity.pid)  # a signal to its group waits for its setsid
+    return identity
+
+
 def read_exit(run_dir: pathlib.Path) -> ExitRecord | None:
     """The exit record the wrapper left, or None while there is none (yet)."""
     text = read_small(os.path.join(run_dir, "exit"))
@@ -213,6 +253,7 @@ def reap(identity: ProcessIdentity) -> int | None:
                 _children.pop(identity.pid, None)
             wait_armed(identity.pid, timeout=0)  # closes the arming pipe if nobody waited on it
         return code
+    wait_armed(identity.pid, timeout=0)  # a fork server's wrapper: forgets its setsid wait
     proc = same_process(identity)  # never waitpid a pid that was reused
     if proc is None:
         return None

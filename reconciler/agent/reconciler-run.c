@@ -112,20 +112,25 @@ static int run(char **command, const sigset_t *mask, const sigset_t *defaults) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
 }
 
-int main(int argc, char **argv) {
-    if (argc < 9) return say("usage", "reconciler-run -c TAG reconciler-run RUN_DIR FSYNC CGROUPS KIB CMD..."), 2;
+/* The signals a run's group may be sent, caught: noted, so the command is not started or
+ * its end is recorded, never the wrapper killed before it records. */
+static void trap_signals(sigset_t *set) {
     struct sigaction on;
     memset(&on, 0, sizeof on);
     on.sa_handler = note;
     on.sa_flags = SA_RESTART;
     sigemptyset(&on.sa_mask);
-    sigset_t set;
-    sigemptyset(&set);
+    sigemptyset(set);
     for (int i = 0; i < NCAUGHT; i++) {
         sigaction(caught[i], &on, NULL);
-        sigaddset(&set, caught[i]);
+        sigaddset(set, caught[i]);
     }
-    const char *dir = argv[4];
+}
+
+/* The run itself, with the signals trapped: logs, cgroup, rlimit, the command (from `cwd`
+ * unless NULL: an exec'd wrapper was started there), the exit record. Returns the exit code. */
+static int wrap(const char *dir, const char *fsync_flag, const char *cgroups, const char *kib, char **command,
+                const sigset_t *set, const char *cwd) {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/stdout", dir) >= (int)sizeof path) return say("run dir", "too long"), 2;
     int out_error = 0; /* said once stderr is the run's */
@@ -139,15 +144,20 @@ int main(int argc, char **argv) {
     if (fd >= 0) close(fd);
     if (out_error) say("stdout", strerror(out_error));
 
-    join(argv[6]);
-    if (argv[7][0]) limit_address_space(argv[7]);
+    join(cgroups);
+    if (kib[0]) limit_address_space(kib);
 
     sigset_t old, pending;
-    sigprocmask(SIG_BLOCK, &set, &old);
+    sigprocmask(SIG_BLOCK, set, &old);
     sigpending(&pending);
     for (int i = 0; i < NCAUGHT; i++)
         if (sigismember(&pending, caught[i])) noted = 128 + caught[i];
-    int code = noted ? noted : run(argv + 8, &old, &set);
+    int code = noted;
+    if (!code && cwd && chdir(cwd) < 0) { /* spawn_run saw it there; gone since: as sh's cd */
+        say(cwd, strerror(errno));
+        code = 127;
+    }
+    if (!code) code = run(command, &old, set);
 
     struct sigaction off;
     memset(&off, 0, sizeof off);
@@ -160,7 +170,179 @@ int main(int argc, char **argv) {
     snprintf(path, sizeof path, "%s/exit", dir);
     int out = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (out < 0 || write(out, record, (size_t)n) != n) say(path, strerror(errno));
-    if (out >= 0 && argv[5][0] == '1' && !argv[5][1]) fsync(out);
+    if (out >= 0 && fsync_flag[0] == '1' && !fsync_flag[1]) fsync(out);
     if (out >= 0) close(out);
     return code & 255;
+}
+
+/* Fork-server mode, `reconciler-run --serve LOCKFD reconciler-run-server PAD`: one long-lived
+ * process per agent that starts every run as a forked copy of itself, which then is that
+ * run's wrapper exactly as above. The agent's thread writes a request and reads one line;
+ * the fork, the new session, the log files and the command's spawn are this process's and
+ * the copy's work, on another core, not the agent's. A copy is a process per run as before:
+ * its death loses its own run's status only, and this server's death loses none (the copies
+ * are reparented and go on; the agent starts another server).
+ * Request on stdin: a 4-byte length in host order, then NUL-terminated fields: RUN_DIR,
+ * FSYNC, CGROUPS, KIB, CWD, the number of environment entries N, N entries, the command.
+ * Reply on stdout, written by the copy once it leads its own session with its signals
+ * trapped: "PID STARTTIME\n" (STARTTIME in clock ticks since boot, /proc/PID/stat's field
+ * 22), or "! reason\n" when it could not start (nothing is run then).
+ * The copy rewrites its command line to the wrapper's first five words
+ * (`reconciler-run -c - reconciler-run RUN_DIR`) in the room PAD leaves, so an agent that
+ * restarts finds it as it finds an exec'd wrapper. Ends at EOF on stdin.
+ * LOCKFD (inherited) holds an flock the agent took for this server: the server holds it for
+ * its life and each copy until it leads its session under its new title, so an agent that
+ * restarts and finds the lock free knows every run its predecessor asked for can be found. */
+static int read_full(int fd, char *buf, size_t n) {
+    while (n) {
+        ssize_t got = read(fd, buf, n);
+        if (got < 0 && errno == EINTR) continue;
+        if (got <= 0) return -1;
+        buf += got;
+        n -= (size_t)got;
+    }
+    return 0;
+}
+
+static void reply(const char *line) {
+    size_t n = strlen(line);
+    while (write(1, line, n) < 0 && errno == EINTR) {
+    }
+}
+
+static void refuse(const char *what, int err) {
+    char line[512];
+    snprintf(line, sizeof line, "! %s: %s\n", what, strerror(err));
+    reply(line);
+}
+
+/* A process's start in clock ticks since boot, as /proc/PID/stat says it (0: unknown). */
+static unsigned long long start_ticks(pid_t pid) {
+    char buf[1024];
+    snprintf(buf, sizeof buf, "/proc/%d/stat", (int)pid);
+    int fd = open(buf, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) return 0;
+    buf[n] = 0;
+    char *p = strrchr(buf, ')');
+    if (!p) return 0;
+    p += 2; /* the state letter: field 3 */
+    for (int field = 3; field < 22 && *p; field++) {
+        p = strchr(p, ' ');
+        if (!p) return 0;
+        p++;
+    }
+    return strtoull(p, NULL, 10);
+}
+
+/* The command line from argv[1] on, in the room the server's own left: "-c - reconciler-run
+ * RUN_DIR", as an exec'd wrapper's (argv[0], this binary's path, stays). */
+static void retitle(char *area, char *area_end, const char *dir) {
+    static const char head[] = "-c\0-\0reconciler-run";
+    char *p = area + strlen(area) + 1;
+    if (sizeof head + strlen(dir) + 1 > (size_t)(area_end - p)) return; /* never: PAD holds PATH_MAX */
+    memset(p, 0, (size_t)(area_end - p));
+    memcpy(p, head, sizeof head);
+    memcpy(p + sizeof head, dir, strlen(dir));
+}
+
+static void start_copy(char *body, size_t size, char **argv, char *area_end, int lock) {
+    char *field[6];
+    char *p = body, *end = body + size;
+    for (int i = 0; i < 6; i++) {
+        field[i] = p;
+        p = memchr(p, 0, (size_t)(end - p));
+        if (!p) return refuse("request", EINVAL);
+        p++;
+    }
+    long nenv = strtol(field[5], NULL, 10);
+    size_t count = 0;
+    for (char *q = p; q < end; q += strlen(q) + 1) count++;
+    if (nenv < 0 || (size_t)nenv >= count) return refuse("request", EINVAL);
+    char **list = calloc(count + 2, sizeof *list);
+    if (!list) return refuse("request", ENOMEM);
+    size_t i = 0;
+    for (char *q = p; q < end; q += strlen(q) + 1) list[i + (i >= (size_t)nenv)] = q, i++;
+    char **envp = list, **command = list + nenv + 1; /* envp NULL-terminated at list[nenv] */
+
+    sigset_t set, chld, prev;
+    sigemptyset(&set);
+    for (int k = 0; k < NCAUGHT; k++) sigaddset(&set, caught[k]);
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &chld, &prev); /* not reaped before its start time is read */
+    pid_t pid = fork();
+    if (pid != 0) {
+        if (pid < 0) refuse("fork", errno);
+        char line[64];
+        if (pid > 0) snprintf(line, sizeof line, "%d %llu\n", (int)pid, start_ticks(pid));
+        if (pid > 0) reply(line);
+        sigprocmask(SIG_SETMASK, &prev, NULL);
+        free(list);
+        return;
+    }
+    sigaddset(&set, SIGCHLD);
+    /* The copy: the caught signals are blocked (the server's mask) until they are trapped. */
+    struct sigaction dfl;
+    memset(&dfl, 0, sizeof dfl);
+    dfl.sa_handler = SIG_DFL;
+    setsid(); /* first: the agent's signals to the run's group wait for it (forkserver.py) */
+    sigaction(SIGCHLD, &dfl, NULL); /* the server's handler reaps copies; this one waits for its command */
+    retitle(argv[0], area_end, field[0]);
+    if (lock >= 0) close(lock); /* found as a wrapper from now on */
+    sigset_t trapped;
+    trap_signals(&trapped);
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null >= 0) {
+        dup2(null, 0);
+        dup2(null, 1); /* the reply pipe no longer: wrap() points stdout at the run's file */
+        close(null);
+    }
+    environ = envp;
+    sigprocmask(SIG_UNBLOCK, &set, NULL); /* a signal pending since the fork is noted now; SIGCHLD too */
+    _exit(wrap(field[0], field[1], field[2], field[3], command, &trapped, field[4]));
+}
+
+/* Copies are reaped as they end: their records are their files. */
+static void reap_copies(int sig) {
+    (void)sig;
+    int saved = errno;
+    while (waitpid(-1, NULL, WNOHANG) > 0) {
+    }
+    errno = saved;
+}
+
+static int serve(char **argv, char *area_end) {
+    int lock = strcmp(argv[2], "-") == 0 ? -1 : atoi(argv[2]);
+    struct sigaction reaper;
+    memset(&reaper, 0, sizeof reaper);
+    reaper.sa_handler = reap_copies;
+    reaper.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+    sigemptyset(&reaper.sa_mask);
+    sigaction(SIGCHLD, &reaper, NULL);
+    sigset_t set;
+    sigemptyset(&set);
+    for (int k = 0; k < NCAUGHT; k++) sigaddset(&set, caught[k]);
+    sigprocmask(SIG_BLOCK, &set, NULL); /* inherited blocked by each copy until it traps them */
+    for (;;) {
+        unsigned int size;
+        if (read_full(0, (char *)&size, sizeof size) < 0) return 0; /* the agent is gone or done */
+        if (size > (1u << 26)) return say("request", "too large"), 2;
+        char *body = malloc((size_t)size + 1);
+        if (!body) return say("request", strerror(ENOMEM)), 2;
+        if (read_full(0, body, size) < 0) return free(body), 0;
+        body[size] = 0;
+        start_copy(body, size, argv, area_end, lock);
+        free(body);
+    }
+}
+
+int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[1], "--serve") == 0) return serve(argv, argv[argc - 1] + strlen(argv[argc - 1]) + 1);
+    if (argc < 9) return say("usage", "reconciler-run -c TAG reconciler-run RUN_DIR FSYNC CGROUPS KIB CMD..."), 2;
+    sigset_t set;
+    trap_signals(&set);
+    return wrap(argv[4], argv[5], argv[6], argv[7], argv + 8, &set, NULL);
 }

@@ -10,6 +10,7 @@ import psutil
 import pytest
 
 from reconciler.agent.cwrapper import build, compiler
+from reconciler.agent.forkserver import ForkServer
 from reconciler.agent.process import (
     ProcessIdentity,
     group_alive,
@@ -48,16 +49,30 @@ def c_wrapper(tmp_path_factory: pytest.TempPathFactory) -> pathlib.Path:
     return binary
 
 
-@pytest.fixture(params=["sh", "c"])
+@pytest.fixture(params=["sh", "c", "forkserver"])
 def wrapper(request: pytest.FixtureRequest) -> pathlib.Path | None:
-    """Each wrapper in turn: None for the sh script, else the C build's path."""
+    """Each way to start a run in turn: None for the sh script, else the C build's path (exec'd
+    per run, or forking its copies as the fork server: see `fork_server`)."""
     return None if request.param == "sh" else request.getfixturevalue("c_wrapper")
 
 
 @pytest.fixture
-def spawn(tmp_path: pathlib.Path, wrapper: pathlib.Path | None):
-    """spawn_run with defaults (cwd = tmp_path, run_dir = tmp_path/run-N, the wrapper of the
-    `wrapper` parameter: every test using it runs under both); kills leftovers."""
+def fork_server(request: pytest.FixtureRequest, tmp_path: pathlib.Path, wrapper: pathlib.Path | None):
+    """The C wrapper's fork server where the `wrapper` parameter says so, else None."""
+    if request.node.callspec.params.get("wrapper") != "forkserver":
+        yield None
+        return
+    assert wrapper is not None
+    server = ForkServer(wrapper, tmp_path / "locks")
+    (tmp_path / "locks").mkdir()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def spawn(tmp_path: pathlib.Path, wrapper: pathlib.Path | None, fork_server: ForkServer | None):
+    """spawn_run with defaults (cwd = tmp_path, run_dir = tmp_path/run-N, the way to start of
+    the `wrapper` parameter: every test using it runs under each); kills leftovers."""
     started: list[ProcessIdentity] = []
 
     def _spawn(*, argv=None, shell=None, env=None, cwd=None, run_dir=None, **kwargs):
@@ -68,7 +83,7 @@ def spawn(tmp_path: pathlib.Path, wrapper: pathlib.Path | None):
             env=env or {},
             cwd=str(cwd or tmp_path),
             run_dir=run_dir,
-            **{"wrapper": wrapper, **kwargs},
+            **{"wrapper": wrapper, "server": fork_server, **kwargs},
         )
         started.append(identity)
         return identity, run_dir

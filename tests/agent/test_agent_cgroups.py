@@ -127,7 +127,8 @@ real_v1 = pytest.mark.skipif(_real_v1() is None, reason="needs a writable cgroup
 
 # -- spares: cgroups made ahead, renamed at a run's start (v1: cgroup2 renames none) ----------
 def _spares_in(parent: Path) -> list[str]:
-    return sorted(p.name for p in parent.iterdir() if p.name.startswith("spare-"))
+    """This process's spares: a controller running beside the tests has its own."""
+    return sorted(p.name for p in parent.iterdir() if p.name.startswith(f"spare-{os.getpid()}-"))
 
 
 def _unique(job: str) -> str:

@@ -131,17 +131,21 @@ def test_respawn_in_the_same_dir_does_not_see_the_old_exit(spawn, tmp_path):
     assert stat.S_IMODE((run_dir / "stdout").stat().st_mode) == 0o600
 
 
-def test_identity_is_the_group_leading_wrapper(spawn, tmp_path):
+def test_identity_is_the_group_leading_wrapper(spawn, tmp_path, fork_server):
     os.mkfifo(tmp_path / "gate")
     identity, run_dir = spawn(argv=["sh", "-c", "read x < ./gate; exit 5"])
+    wait_until(lambda: os.getsid(identity.pid) == identity.pid)  # a fork server's copy: just after its fork
     assert os.getpgid(identity.pid) == identity.pid
-    assert os.getsid(identity.pid) == identity.pid
     assert is_alive(identity)
     assert reap(identity) is None  # still running: nothing to collect
     (tmp_path / "gate").write_text("go\n")
     assert finished(run_dir) == ExitRecord(exit_code=5, signal=None)
     wait_until(lambda: not is_alive(identity))  # a zombie is not alive
-    assert wait_until(lambda: reap(identity)) == 5
+    if fork_server is None:  # our child: collected here, with its status
+        assert wait_until(lambda: reap(identity)) == 5
+    else:  # the fork server's: collected by it, its status in the record only
+        wait_until(lambda: start_time_of(identity.pid) is None)
+        assert reap(identity) is None
     assert not psutil.pid_exists(identity.pid) or not is_alive(identity)
 
 
@@ -171,11 +175,12 @@ def test_the_start_time_read_directly_is_psutils_exactly_for_a_live_process_and_
     assert not is_alive(identity)
 
 
-def test_a_spawned_runs_start_time_is_read_at_its_first_use_and_is_psutils(spawn):
+def test_a_spawned_runs_start_time_is_read_at_its_first_use_and_is_psutils(spawn, fork_server):
     """spawn_run does not wait for the wrapper's exec to read its start time (the read would
-    block until the exec is done); read later, it is the very number psutil gives."""
+    block until the exec is done); read later, it is the very number psutil gives. A fork
+    server's copy comes with it, read by the server right after the fork."""
     identity, _ = spawn(argv=["sleep", "5"])
-    assert not identity.start_known
+    assert identity.start_known == (fork_server is not None)
     assert identity.start_time == psutil.Process(identity.pid).create_time()
     assert identity.start_known
     assert is_alive(identity)
@@ -184,9 +189,17 @@ def test_a_spawned_runs_start_time_is_read_at_its_first_use_and_is_psutils(spawn
     assert hash(identity) == hash(ProcessIdentity(identity.pid, 0.0))
 
 
-def test_reaping_a_spawned_run_reads_its_start_time_before_the_pid_is_freed(spawn):
+def test_reaping_a_spawned_run_reads_its_start_time_before_the_pid_is_freed(spawn, fork_server):
     """Once reaped, the pid may go to another process: the start time must be read first,
-    else a later read (the run's record) could take a stranger's or none."""
+    else a later read (the run's record) could take a stranger's or none. (A fork server's copy
+    is no child of ours and comes with its start time: see the test above.)"""
+    if fork_server is not None:
+        identity, run_dir = spawn(argv=["true"])
+        started = identity.start_time
+        finished(run_dir)
+        wait_until(lambda: start_time_of(identity.pid) is None)  # reaped by the server
+        assert reap(identity) is None and identity.start_time == started
+        return
     identity, run_dir = spawn(argv=["true"])
     finished(run_dir)
     wait_until(lambda: psutil.Process(identity.pid).status() == psutil.STATUS_ZOMBIE)

@@ -12,6 +12,7 @@ import threading
 import psutil
 import pytest
 
+from reconciler.agent.identity import start_time_of
 from reconciler.agent.process import (
     ExitRecord,
     ProcessIdentity,
@@ -63,10 +64,13 @@ def test_callback_after_our_run_exits_and_is_reaped(spawn, watcher, tmp_path):
     assert reap(identity) is None
 
 
-def test_callback_promptly_for_an_identity_already_dead(spawn, watcher):
+def test_callback_promptly_for_an_identity_already_dead(spawn, watcher, fork_server):
     identity, run_dir = spawn(argv=["true"])
     wait_until(lambda: read_exit(run_dir))
-    wait_until(lambda: reap(identity) is not None)  # gone entirely
+    if fork_server is None:
+        wait_until(lambda: reap(identity) is not None)  # gone entirely
+    else:  # the server's copy, reaped by it
+        wait_until(lambda: start_time_of(identity.pid) is None)
     seen = Recorder()
     watcher.watch(identity, seen)
     assert wait_until(seen.identities, timeout=5) == [identity]
@@ -168,7 +172,7 @@ def test_adopted_run_is_reported_and_its_exit_code_read(watcher, tmp_path, wrapp
         wait_until(lambda: not group_alive(identity))
 
 
-def test_a_spawned_run_is_watched_before_its_start_time_is_read(spawn):
+def test_a_spawned_run_is_watched_before_its_start_time_is_read(spawn, fork_server):
     """Watching a run just spawned asks nothing of /proc (the pid is the child's until it is
     reaped); the watcher reads the start time before it reaps, and calls back with it. The run
     ends by itself: a signal sent this soon after the spawn can land in the sh wrapper's window
@@ -183,7 +187,8 @@ def test_a_spawned_run_is_watched_before_its_start_time_is_read(spawn):
 
     with ExitWatcher() as w:
         w.watch(identity, exited)
-        assert not identity.start_known  # watched without a look at /proc
+        # watched without a look at /proc (a fork server's reply carries the start time)
+        assert identity.start_known == (fork_server is not None)
         assert done.wait(10)
     assert seen.identities() == [identity]
     assert identity.start_known  # read before the reap

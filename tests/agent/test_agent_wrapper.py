@@ -130,8 +130,9 @@ def _start_and_find(agent: LocalAgent) -> list[str]:
     started = agent.start("job", uid, 1, _spec(), 1)
     run_dir = agent.run_dir("job", uid, 1)
     try:
-        argv = psutil.Process(started.identity.pid).cmdline()
-        assert argv[3] == WRAPPER_NAME and argv[4] == str(run_dir.resolve())
+        # a fork server's copy takes the wrapper's title just after its fork
+        argv = wait_until(lambda: (a := psutil.Process(started.identity.pid).cmdline())[3] == WRAPPER_NAME and a)
+        assert argv[4] == str(run_dir.resolve())
         assert agent.find(run_dir) == started.identity
         wait_until(lambda: group_names(started.identity) == ["sh", "sleep"])
         agent.terminate(started.identity, started.cgroup)
@@ -257,7 +258,7 @@ def test_a_run_is_found_again_whichever_way_the_state_folder_is_spelled(tmp_path
     before = LocalAgent("node-a", link, on_exit=lambda job: None)
     uid = str(uuid.uuid4())
     started = before.start("job", uid, 1, _spec(), 1)
-    argv = psutil.Process(started.identity.pid).cmdline()
+    argv = wait_until(lambda: (a := psutil.Process(started.identity.pid).cmdline())[3] == WRAPPER_NAME and a)
     before.close()
     assert argv[4] == str(real / "runs" / f"job.{uid}.1")
     for spelled in (link, real):

@@ -280,6 +280,16 @@ class Env:
                 continue
         return found
 
+    def run_processes(self) -> list[psutil.Process]:
+        """The tagged processes but the controllers' run fork servers (a controller's own)."""
+        found = []
+        for proc in self.tagged_processes():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                cmd = proc.cmdline()
+                if not (len(cmd) > 3 and cmd[3] == f"{WRAPPER_NAME}-server"):
+                    found.append(proc)
+        return found
+
     def wrapper_of(self, name: str, number: int) -> Pid | None:
         """The live run wrapper of run `number` of job `name`, found by its argv (the way
         the agent finds it after a crash), whether or not any status records it."""

@@ -54,7 +54,7 @@ def assert_clean_history(env: Env, statuses: dict[str, dict], markers) -> None:
     assert env.admissions() == [], [(a.job_name, a.run_number, a.owner) for a in env.admissions()]
     assert env.queue() == [], [q.job_name for q in env.queue()]
     controllers = {c.pid for c in env.controllers}
-    left = [p.pid for p in env.tagged_processes() if p.pid not in controllers]
+    left = [p.pid for p in env.run_processes() if p.pid not in controllers]
     assert left == [], f"processes still alive after every job completed: {left}"
 
 

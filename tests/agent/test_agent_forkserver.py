@@ -1,0 +1,160 @@
+"""The C wrapper's fork server (forkserver.py): what it adds to the wrapper's protocol, which
+the `spawn` fixture's "forkserver" runs hold it to. Its crash safety: the server's death
+loses no run, the agent's death ends the server and no run, and a run a dead agent asked for
+is found by the next one, however late the server forks it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import uuid
+
+import psutil
+
+from reconciler.agent.forkserver import ForkServer
+from reconciler.agent.local import LocalAgent
+from reconciler.agent.process import ExitRecord, read_exit, signal_group
+from reconciler.api.job import JobSpec
+
+from .conftest import REPO_ROOT, wait_until
+
+
+def _server_of(agent: LocalAgent) -> psutil.Process:
+    server = agent._server
+    assert server is not None and server._proc is not None
+    return psutil.Process(server._proc.pid)
+
+
+def _agent(state) -> LocalAgent:  # type: ignore[no-untyped-def]
+    agent = LocalAgent("node-a", state, on_exit=lambda job: None)
+    assert agent.wrapper.wait(120) is not None, "the C wrapper is built where a compiler exists"
+    return agent
+
+
+def test_runs_are_copies_of_one_server_and_outlive_its_death(tmp_path, c_wrapper):
+    agent = _agent(tmp_path / "state")
+    try:
+        spec = JobSpec.model_validate({"command": ["sh", "-c", "read x < ./gate; exit 4"], "workingDir": str(tmp_path)})
+        os.mkfifo(tmp_path / "gate")
+        uid = str(uuid.uuid4())
+        first = agent.start("job", uid, 1, spec, 1)
+        server = _server_of(agent)
+        assert psutil.Process(first.identity.pid).ppid() == server.pid  # forked by it, not by us
+        server.kill()  # kill -9 of the server: the run goes on, its record is its own
+        server.wait(10)
+        (tmp_path / "gate").write_text("go\n")
+        assert wait_until(lambda: read_exit(agent.run_dir("job", uid, 1))) == ExitRecord(4, None)
+        agent.start("job", uid, 2, JobSpec.model_validate({"command": ["true"]}), 1)
+        assert _server_of(agent).pid != server.pid  # another server, started by the next run
+        assert wait_until(lambda: read_exit(agent.run_dir("job", uid, 2))) == ExitRecord(0, None)
+    finally:
+        agent.close()
+
+
+def test_the_agents_death_ends_the_server_and_no_run(tmp_path, c_wrapper):
+    script = textwrap.dedent(
+        f"""
+        import os, pathlib, sys
+        sys.path.insert(0, {str(REPO_ROOT)!r})
+        from reconciler.agent.local import LocalAgent
+        from reconciler.api.job import JobSpec
+        agent = LocalAgent("node-a", pathlib.Path({str(tmp_path / "state")!r}), on_exit=lambda job: None)
+        assert agent.wrapper.wait(120) is not None
+        command = ["sh", "-c", "read x < ./gate; exit 6"]
+        spec = JobSpec.model_validate({{"command": command, "workingDir": {str(tmp_path)!r}}})
+        started = agent.start("job", "u1", 1, spec, 1)
+        print(started.identity.pid, agent._server._proc.pid, flush=True)
+        sys.stdin.read()  # until the test kills this process
+        """
+    )
+    os.mkfifo(tmp_path / "gate")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        run_pid, server_pid = map(int, proc.stdout.readline().split())
+        proc.kill()  # kill -9 of the agent
+        proc.wait(10)
+        wait_until(lambda: not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == "zombie")
+        assert psutil.Process(run_pid).is_running()
+        (tmp_path / "gate").write_text("go\n")
+        run_dir = tmp_path / "state" / "runs" / "job.u1.1"
+        assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(6, None)
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_run_asked_of_a_dead_agents_server_is_found_however_late_it_is_forked(tmp_path, c_wrapper):
+    """The agent dies once its request is written; its server is paused before reading it.
+    The next agent looks for the run while the server still has not forked it: it waits for the
+    server to end (and its copy to take the wrapper's title), and finds the run, rather than
+    finding nothing and starting it a second time."""
+    state = tmp_path / "state"
+    script = textwrap.dedent(
+        f"""
+        import os, pathlib, signal, sys
+        sys.path.insert(0, {str(REPO_ROOT)!r})
+        from reconciler.agent.local import LocalAgent
+        from reconciler.api.job import JobSpec
+        agent = LocalAgent("node-a", pathlib.Path({str(state)!r}), on_exit=lambda job: None)
+        assert agent.wrapper.wait(120) is not None
+        agent.start("job", "u1", 1, JobSpec.model_validate({{"command": ["true"]}}), 1)  # the server is up
+        server = agent._server._proc
+        os.kill(server.pid, signal.SIGSTOP)
+        print(server.pid, flush=True)
+        spec = JobSpec.model_validate({{"command": ["sleep", "60"]}})
+        import reconciler.agent.forkserver as fs
+        def die_after_writing(fd, data, _write=fs._write_all):
+            _write(fd, data)
+            os.kill(os.getpid(), signal.SIGKILL)
+        fs._write_all = die_after_writing
+        agent.start("job", "u1", 2, spec, 1)
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    server_pid = int(proc.stdout.readline())
+    assert proc.wait(30) == -signal.SIGKILL
+    run_dir = state / "runs" / "job.u1.2"
+    assert run_dir.is_dir() and read_exit(run_dir) is None
+    agent = _agent(state)
+    resume = threading.Timer(0.5, os.kill, (server_pid, signal.SIGCONT))  # the server, slow to fork
+    resume.start()
+    try:
+        found = agent.find(run_dir)
+        assert found is not None, "the run the dead agent asked for was not found: it would start twice"
+        assert psutil.Process(found.pid).cmdline()[4] == str(run_dir)
+        assert not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == "zombie"
+        assert signal_group(found, signal.SIGTERM)
+        assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(143, 15)
+    finally:
+        resume.join()
+        agent.close()
+        with_pid = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in (p.info["cmdline"] or [])]
+        for leftover in with_pid:
+            leftover.kill()
+
+
+def test_a_working_dir_gone_before_the_copy_starts_ends_the_run_127_with_the_reason(tmp_path, c_wrapper):
+    (tmp_path / "locks").mkdir()
+    server = ForkServer(c_wrapper, tmp_path / "locks")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    try:
+        server.start(
+            run_dir=run_dir,
+            fsync=False,
+            cgroups="",
+            address_space_kib=None,
+            cwd=str(tmp_path / "gone"),
+            env={},
+            command=["/bin/true"],
+        )
+        assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(127, None)
+        assert f"{tmp_path / 'gone'}: No such file or directory" in (run_dir / "stderr").read_text()
+    finally:
+        server.close()
