@@ -3,7 +3,11 @@
 from the call to the wrapper reaped with its exit record written:
 
 - `sh`: the `/bin/sh -c SCRIPT` wrapper (wrapper.py), as every run was started before;
-- `c`: the same protocol compiled from C (`reconciler-run.c`, built by cwrapper.py);
+- `c`: the same protocol compiled from C (`reconciler-run.c`, built by cwrapper.py), exec'd
+  per run;
+- `server`: the C wrapper's fork server (forkserver.py), as the agent starts runs where the C
+  build exists: a request and a one-line reply on the caller's path, the run a forked copy of
+  the server (its CPU: the server's and its copies', over all its runs, once it has ended);
 - `direct`: what a per-node run supervisor (one long-lived process spawning the runs, like a
   container shim) must still do per run, in this process: the run dir and its files as
   spawn_run makes them, `/bin/true` spawned straight by `subprocess.Popen` in a new session
@@ -21,21 +25,27 @@ wrapper's whole run against the sh wrapper's. No aim: the issue asks to measure 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import resource
+import select
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import Row, discard, log
 
-FIGURE = "19 run start, C wrapper against sh"
-MODES = ("sh", "c", "direct", "bare")
+if TYPE_CHECKING:
+    from reconciler.agent.forkserver import ForkServer
+
+FIGURE = "19 run start, C fork server against the exec'd C wrapper"
+MODES = ("sh", "c", "server", "direct", "bare")
 
 
 def _children_cpu() -> float:
@@ -44,16 +54,26 @@ def _children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def _wrapped(work: Path, index: int, binary: Path | None) -> tuple[float, float, float]:
+def _wrapped(
+    work: Path, index: int, binary: Path | None, server: ForkServer | None = None
+) -> tuple[float, float, float]:
     from reconciler.agent.process import read_exit, reap, spawn_run
 
     run_dir = work / f"run-{index}"
     cpu = _children_cpu()
     t0 = time.perf_counter()
-    identity = spawn_run(argv=["/bin/true"], env={}, cwd=str(work), run_dir=run_dir, fsync_exit=False, wrapper=binary)
+    identity = spawn_run(
+        argv=["/bin/true"], env={}, cwd=str(work), run_dir=run_dir, fsync_exit=False, wrapper=binary, server=server
+    )
     t1 = time.perf_counter()
-    while reap(identity) is None:
-        time.sleep(0.0001)
+    if server is None:
+        while reap(identity) is None:
+            time.sleep(0.0001)
+    else:  # the server's copy: its end as the agent learns it, a pidfd (the exit record written first)
+        with contextlib.suppress(ProcessLookupError):
+            pidfd = os.pidfd_open(identity.pid)
+            select.select([pidfd], [], [])
+            os.close(pidfd)
     t2 = time.perf_counter()
     cpu = _children_cpu() - cpu
     if read_exit(run_dir) is None:
@@ -103,8 +123,10 @@ def _bare(work: Path) -> tuple[float, float, float]:
 def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
     """Median seconds per run (`spawn`, `whole`) of each mode; rounds rotate the modes' order."""
     from reconciler.agent.cwrapper import build
+    from reconciler.agent.forkserver import ForkServer
 
     work = Path(tempfile.mkdtemp(prefix="reconciler-bench-start-"))
+    server: ForkServer | None = None
     try:
         t0 = time.perf_counter()
         binary = build(work / "state")
@@ -112,6 +134,8 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
         if binary is None:
             raise RuntimeError("no C compiler here: the C wrapper could not be built")
         samples: dict[str, list[tuple[float, float, float]]] = {m: [] for m in MODES}
+        (work / "locks").mkdir()
+        server = ForkServer(binary, work / "locks")
         for r in range(rounds):
             for i in range(runs):  # one run of each mode in turn: the machine's drift hits all alike
                 shift = (r * runs + i) % len(MODES)
@@ -120,9 +144,16 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
                         samples[mode].append(_bare(work))
                     elif mode == "direct":
                         samples[mode].append(_direct(work, i))
+                    elif mode == "server":
+                        samples[mode].append(_wrapped(work, i, binary, server))
                     else:
                         samples[mode].append(_wrapped(work, i, binary if mode == "c" else None))
+        cpu = _children_cpu()
+        server.close()  # reaped here: its CPU and its copies' (which it reaped) become ours
+        server_cpu = (_children_cpu() - cpu) / len(samples["server"])
     finally:
+        if server is not None:
+            server.close()
         discard(work)
     result = {
         m: {
@@ -132,37 +163,44 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
         }
         for m, xs in samples.items()
     }
+    result["server"]["cpu"] = server_cpu
     result["c"]["built"] = built
     return result
 
 
 def row(runs: int, rounds: int) -> Row:
-    log(f"start: {rounds} rounds of {runs} runs each way (sh wrapper, C wrapper, a supervisor's floor, bare Popen)")
+    log(
+        f"start: {rounds} rounds of {runs} runs each way (sh wrapper, C wrapper, its fork server, a supervisor's "
+        "floor, bare Popen)"
+    )
     try:
         m = measure(runs, rounds)
     except RuntimeError as exc:
         return Row(FIGURE, "not measured", "-", None, "x", None, [f"19 start: not measured: {exc}"])
-    sh, c, direct, bare = m["sh"], m["c"], m["direct"], m["bare"]
+    sh, c, server, direct, bare = m["sh"], m["c"], m["server"], m["direct"], m["bare"]
     load = os.getloadavg()[0]
     note = (
         f"19 start: medians of {rounds} x {runs} runs of /bin/true each way, one of each in turn "
         f"(load average {load:.1f}); "
-        f"spawn (on the loop's path) sh {sh['spawn'] * 1000:.2f} ms, C {c['spawn'] * 1000:.2f} ms, a supervisor's "
+        f"spawn (on the loop's path) sh {sh['spawn'] * 1000:.2f} ms, C {c['spawn'] * 1000:.2f} ms, C fork server "
+        f"{server['spawn'] * 1000:.2f} ms, a supervisor's "
         f"own work {direct['spawn'] * 1000:.2f} ms, bare Popen {bare['spawn'] * 1000:.2f} ms; whole run (call to "
-        f"wrapper reaped, exit recorded) sh {sh['whole'] * 1000:.2f} ms, C {c['whole'] * 1000:.2f} ms, a "
+        f"wrapper reaped, exit recorded) sh {sh['whole'] * 1000:.2f} ms, C {c['whole'] * 1000:.2f} ms, C fork "
+        f"server {server['whole'] * 1000:.2f} ms (to the copy's end seen by a pidfd), a "
         f"supervisor's own work (files, Popen of the command, wait, record; no messages: its floor) "
         f"{direct['whole'] * 1000:.2f} ms, bare Popen of /bin/true {bare['whole'] * 1000:.2f} ms; "
         f"CPU of the run's processes (mean, rusage of reaped children) sh "
-        f"{sh['cpu'] * 1000:.2f} ms, C {c['cpu'] * 1000:.2f} ms, direct {direct['cpu'] * 1000:.2f} ms, bare "
+        f"{sh['cpu'] * 1000:.2f} ms, C {c['cpu'] * 1000:.2f} ms, C fork server (its own and its copies') "
+        f"{server['cpu'] * 1000:.2f} ms, direct {direct['cpu'] * 1000:.2f} ms, bare "
         f"{bare['cpu'] * 1000:.2f} ms; building the C "
         f"wrapper took "
         f"{c['built']:.2f} s (once per state folder; a copy from the user's cache when one is there)"
     )
     return Row(
         FIGURE,
-        f"C: whole run {c['whole'] * 1000:.2f} ms, spawn {c['spawn'] * 1000:.2f} ms",
-        f"sh: {sh['whole'] * 1000:.2f} ms, spawn {sh['spawn'] * 1000:.2f} ms",
-        c["whole"] / sh["whole"],
+        f"fork server: whole run {server['whole'] * 1000:.2f} ms, spawn {server['spawn'] * 1000:.2f} ms",
+        f"C exec'd: {c['whole'] * 1000:.2f} ms, spawn {c['spawn'] * 1000:.2f} ms",
+        server["whole"] / c["whole"],
         "x",
         None,
         [note],

@@ -29,6 +29,14 @@ def _server_of(agent: LocalAgent) -> psutil.Process:
     return psutil.Process(server._proc.pid)
 
 
+def _remove_cgroup(state, name: str) -> None:  # type: ignore[no-untyped-def]
+    agent = LocalAgent("node-a", state, on_exit=lambda job: None)
+    try:
+        wait_until(lambda: agent.remove_cgroup(name))
+    finally:
+        agent.close()
+
+
 def _agent(state) -> LocalAgent:  # type: ignore[no-untyped-def]
     agent = LocalAgent("node-a", state, on_exit=lambda job: None)
     assert agent.wrapper.wait(120) is not None, "the C wrapper is built where a compiler exists"
@@ -42,20 +50,24 @@ def test_runs_are_copies_of_one_server_and_outlive_its_death(tmp_path, c_wrapper
         os.mkfifo(tmp_path / "gate")
         uid = str(uuid.uuid4())
         first = agent.start("job", uid, 1, spec, 1)
+        cgroups = [first.cgroup]
         server = _server_of(agent)
         assert psutil.Process(first.identity.pid).ppid() == server.pid  # forked by it, not by us
         server.kill()  # kill -9 of the server: the run goes on, its record is its own
         server.wait(10)
         (tmp_path / "gate").write_text("go\n")
         assert wait_until(lambda: read_exit(agent.run_dir("job", uid, 1))) == ExitRecord(4, None)
-        agent.start("job", uid, 2, JobSpec.model_validate({"command": ["true"]}), 1)
+        cgroups.append(agent.start("job", uid, 2, JobSpec.model_validate({"command": ["true"]}), 1).cgroup)
         assert _server_of(agent).pid != server.pid  # another server, started by the next run
         assert wait_until(lambda: read_exit(agent.run_dir("job", uid, 2))) == ExitRecord(0, None)
+        for cgroup in cgroups:
+            wait_until(lambda cgroup=cgroup: agent.remove_cgroup(cgroup))
     finally:
         agent.close()
 
 
 def test_the_agents_death_ends_the_server_and_no_run(tmp_path, c_wrapper):
+    uid = str(uuid.uuid4())  # the run's cgroup is named by it, machine-wide
     script = textwrap.dedent(
         f"""
         import os, pathlib, sys
@@ -66,7 +78,7 @@ def test_the_agents_death_ends_the_server_and_no_run(tmp_path, c_wrapper):
         assert agent.wrapper.wait(120) is not None
         command = ["sh", "-c", "read x < ./gate; exit 6"]
         spec = JobSpec.model_validate({{"command": command, "workingDir": {str(tmp_path)!r}}})
-        started = agent.start("job", "u1", 1, spec, 1)
+        started = agent.start("job", {uid!r}, 1, spec, 1)
         print(started.identity.pid, agent._server._proc.pid, flush=True)
         sys.stdin.read()  # until the test kills this process
         """
@@ -81,11 +93,12 @@ def test_the_agents_death_ends_the_server_and_no_run(tmp_path, c_wrapper):
         wait_until(lambda: not psutil.pid_exists(server_pid) or psutil.Process(server_pid).status() == "zombie")
         assert psutil.Process(run_pid).is_running()
         (tmp_path / "gate").write_text("go\n")
-        run_dir = tmp_path / "state" / "runs" / "job.u1.1"
+        run_dir = tmp_path / "state" / "runs" / f"job.{uid}.1"
         assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(6, None)
     finally:
         proc.kill()
         proc.wait(10)
+        _remove_cgroup(tmp_path / "state", f"job.{uid}.1")
 
 
 def test_a_run_asked_of_a_dead_agents_server_is_found_however_late_it_is_forked(tmp_path, c_wrapper):
@@ -94,6 +107,7 @@ def test_a_run_asked_of_a_dead_agents_server_is_found_however_late_it_is_forked(
     server to end (and its copy to take the wrapper's title), and finds the run, rather than
     finding nothing and starting it a second time."""
     state = tmp_path / "state"
+    uid = str(uuid.uuid4())
     script = textwrap.dedent(
         f"""
         import os, pathlib, signal, sys
@@ -102,7 +116,7 @@ def test_a_run_asked_of_a_dead_agents_server_is_found_however_late_it_is_forked(
         from reconciler.api.job import JobSpec
         agent = LocalAgent("node-a", pathlib.Path({str(state)!r}), on_exit=lambda job: None)
         assert agent.wrapper.wait(120) is not None
-        agent.start("job", "u1", 1, JobSpec.model_validate({{"command": ["true"]}}), 1)  # the server is up
+        agent.start("job", {uid!r}, 1, JobSpec.model_validate({{"command": ["true"]}}), 1)  # the server is up
         server = agent._server._proc
         os.kill(server.pid, signal.SIGSTOP)
         print(server.pid, flush=True)
@@ -112,14 +126,14 @@ def test_a_run_asked_of_a_dead_agents_server_is_found_however_late_it_is_forked(
             _write(fd, data)
             os.kill(os.getpid(), signal.SIGKILL)
         fs._write_all = die_after_writing
-        agent.start("job", "u1", 2, spec, 1)
+        agent.start("job", {uid!r}, 2, spec, 1)
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     server_pid = int(proc.stdout.readline())
     assert proc.wait(30) == -signal.SIGKILL
-    run_dir = state / "runs" / "job.u1.2"
+    run_dir = state / "runs" / f"job.{uid}.2"
     assert run_dir.is_dir() and read_exit(run_dir) is None
     agent = _agent(state)
     resume = threading.Timer(0.5, os.kill, (server_pid, signal.SIGCONT))  # the server, slow to fork
@@ -133,6 +147,8 @@ def test_a_run_asked_of_a_dead_agents_server_is_found_however_late_it_is_forked(
         assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(143, 15)
     finally:
         resume.join()
+        for number in (1, 2):
+            wait_until(lambda number=number: agent.remove_cgroup(agent.existing_cgroup("job", uid, number)))
         agent.close()
         with_pid = [p for p in psutil.process_iter(["cmdline"]) if str(run_dir) in (p.info["cmdline"] or [])]
         for leftover in with_pid:
@@ -158,3 +174,18 @@ def test_a_working_dir_gone_before_the_copy_starts_ends_the_run_127_with_the_rea
         assert f"{tmp_path / 'gone'}: No such file or directory" in (run_dir / "stderr").read_text()
     finally:
         server.close()
+
+
+def test_fork_server_0_execs_a_wrapper_per_run(tmp_path, c_wrapper, monkeypatch):
+    monkeypatch.setenv("RECONCILER_FORK_SERVER", "0")
+    agent = _agent(tmp_path / "state")
+    try:
+        uid = str(uuid.uuid4())
+        started = agent.start("job", uid, 1, JobSpec.model_validate({"command": ["sleep", "60"]}), 1)
+        assert psutil.Process(started.identity.pid).ppid() == os.getpid()  # our child: no server
+        assert agent._server is None
+        agent.kill(started.identity, started.cgroup, wrapper_too=True)
+        wait_until(lambda: not agent.alive(started.identity, started.cgroup))
+        agent.remove_cgroup(started.cgroup)
+    finally:
+        agent.close()
