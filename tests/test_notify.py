@@ -222,3 +222,13 @@ def test_a_password_in_the_url_stays_out_of_the_error(store, tmp_path):
     notify.Lane(store, "hook", clock=clock, owner="test:1:1").step()
     error = counts(store, "hook").last_error
     assert error.startswith("POST http://***@127.0.0.1:9/jobs: ") and "hunter2" not in error
+
+
+def test_a_password_holding_an_at_stays_out_of_the_error(store, tmp_path):
+    """URL parsers split the user info at the last @ before the host: so does the mask."""
+    apply(store, tmp_path, notifier("hook", url="http://bot:hunt@er2@127.0.0.1:9/jobs"))
+    clock = FakeClock()
+    add_event(store, "hook", clock.now())
+    notify.Lane(store, "hook", clock=clock, owner="test:1:1").step()
+    error = counts(store, "hook").last_error
+    assert error.startswith("POST http://***@127.0.0.1:9/jobs: ") and "er2" not in error, error

@@ -128,6 +128,11 @@ def test_a_source_is_stored_shown_and_deleted(tmp_path, sqlite_url):
     described = run_cli("describe", "source", "inbox", store=sqlite_url).stdout
     assert "URL:      amqp://***@127.0.0.1:5672/" in described  # no password shown
     assert "guest:guest" not in described
+    # a password holding an @: hidden up to the last @, where URL parsers split it from the host
+    at = {**AMQP, "url": "amqp://guest:top@secret@127.0.0.1:5672/"}
+    assert run_cli("apply", "-f", "-", store=sqlite_url, input=yaml.safe_dump(source({"amqp": at}, "at"))).code == 0
+    shown = run_cli("describe", "source", "at", store=sqlite_url).stdout
+    assert "URL:      amqp://***@127.0.0.1:5672/" in shown and "secret" not in shown
     assert "pool: batch" in described and "Rejected:" in described
     assert run_cli("get", "src", "inbox", "-o", "name", store=sqlite_url).stdout == "source.reconciler.dev/inbox\n"
     deleted = run_cli("delete", "source", "inbox", store=sqlite_url)
@@ -391,14 +396,14 @@ def test_a_batch_is_checked_as_its_messages_would_be_one_by_one(stored):
         ("rejected", None, "spec.dependsOn[0].job: job 'fourth' does not exist (neither stored nor in this apply)"),
         ("created", "fourth", None),
         ("rejected", None, "spec.slots: 3 slots can never fit pool 'small' (2 slots)"),
-        ("created", "job-2", None),  # job-1 went to m5, which was refused: names are not reused
+        ("created", "job-1", None),  # m5 was refused before it took a name: job-1 is m6's
     ]
     # every job of this one passes: checked in one call, stored all
     again = intake.store_batch(_batch(("m7", job(None, pool="small")), ("m8", job("eighth", dependsOn=["fourth"]))))
-    assert [(v.outcome, v.job) for v in again] == [("created", "job-3"), ("created", "eighth")]
+    assert [(v.outcome, v.job) for v in again] == [("created", "job-2"), ("created", "eighth")]
     with store.read() as session:
         names = [o.name for o in repo.list_objects(session, kind="Job")]
-    assert sorted(names) == ["eighth", "first", "fourth", "job-2", "job-3", "second"]
+    assert sorted(names) == ["eighth", "first", "fourth", "job-1", "job-2", "second"]
 
 
 def test_a_stored_job_leaves_its_validated_spec_for_its_first_step(stored):

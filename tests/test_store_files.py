@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.store.connect import redacted
 from tests.helpers import run_cli, wait_until
 
 
@@ -54,6 +55,10 @@ def test_a_password_in_a_store_url_is_never_printed(pg_url, tmp_path):
     assert "s3cret-word" not in text and "postgres:***@" in text, text
     refused = run_cli("--store", secret_url.replace("postgresql", "mysql"), "get", "jobs", store="")
     assert refused.code == 2 and "s3cret-word" not in refused.stderr and "***" in refused.stderr
+
+
+def test_a_store_password_holding_an_at_is_hidden_whole():
+    assert redacted("postgresql://app:top@secret@db.local:5432/jobs") == "postgresql://app:***@db.local:5432/jobs"
 
 
 def mode(path: Path) -> int:

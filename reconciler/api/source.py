@@ -17,11 +17,13 @@ TEMPLATE_METADATA = ("labels", "annotations")
 # the message gives the command; a default one would make a job of any message
 TEMPLATE_REFUSED = ("command", "shell")
 
-_USERINFO = re.compile(r"//[^/@\s]*@")
+# up to the last @ before the path, as URL parsers split user info from the host: a password
+# may hold an @ of its own (`amqp://guest:top@secret@host/`)
+_USERINFO = re.compile(r"//[^/\s]*@")
 
 
 def shown_url(url: str) -> str:
-    """A URL as status, events and logs show it: no password in it."""
+    """A URL (or a text holding URLs) as status, events and logs show it: no password in it."""
     return _USERINFO.sub("//***@", url)
 
 

@@ -84,10 +84,9 @@ def agent(
         address=address,
         verify=tls_ca if tls_ca else True,
     )
-    import logging
+    from ..logsetup import process_log
 
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per request would drown what matters
+    process_log()
     running = NodeAgent(options).start()
     signal.signal(signal.SIGTERM, lambda *_: running.stop())
     print(

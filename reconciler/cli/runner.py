@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -173,12 +171,9 @@ def controller(
 ) -> None:
     """The reconcile loop as a long-running process, with this machine's agent inside it."""
     from ..converge import controller_running
+    from ..logsetup import process_log
 
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    process_log(verbose=verbose)
     if watch is not None and not os.path.exists(watch):  # said now, not by the watcher's thread later
         raise InvalidInput(f"--watch {watch}: no such file or folder")
     store = ctx_of(ctx).local_only("controller")

@@ -25,7 +25,7 @@ from ..store import repository as repo
 from ..threads import critical
 from . import faults
 from .intake import Intake, Settled, note_connection
-from .messages import Drafter
+from .messages import Draft, Drafter
 from .queues import Consumer, QueueError, consumer
 
 log = logging.getLogger("reconciler.ingest")
@@ -113,7 +113,9 @@ class Lane:
             self._note(True, None)
             if not messages:
                 continue
-            verdicts = self.intake.store_batch([(m, self.drafter.draft(m.body)) for m in messages])
+            verdicts = self.intake.store_batch(
+                [(m, self.drafter.draft(m.body) if m.problem is None else Draft(problem=m.problem)) for m in messages]
+            )
             if verdicts is None:
                 return False
             faults.point("after-ingest")  # stored, not acknowledged: the crash test's point

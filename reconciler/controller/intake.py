@@ -38,6 +38,7 @@ class Message:
     id: str  # the redelivery key: the same on every delivery of the message
     body: bytes
     tag: Any  # the adapter's handle for acknowledging it (a delivery tag, the HTTP queue's id)
+    problem: str | None = None  # the adapter found it malformed: rejected, its body unread
 
 
 Outcome = Literal["created", "duplicate", "rejected"]
@@ -113,19 +114,20 @@ class _Batch:
         if d.job is None:
             return Verdict(message, "rejected", problem=d.problem)
         job = d.job
-        if d.named:
-            name = job.metadata.name
-            if name in self.taken:
-                return Verdict(message, "rejected", problem=f"metadata.name: job {name!r} already exists")
-            if name.startswith("job-") and name[4:].isdecimal():  # as `run` names: above every job-N
-                self.next_number = max(self.next_number, int(name[4:]) + 1)
-        else:
-            name = self._free_name()
+        if d.named and job.metadata.name in self.taken:
+            return Verdict(message, "rejected", problem=f"metadata.name: job {job.metadata.name!r} already exists")
         if not (self.passed and not job.spec.depends_on):
             # the draft's own name may be a placeholder: the checks name fields, not the job
             problems = validate_apply([Built(KINDS["Job"], job)], self.view)
             if problems:
                 return Verdict(message, "rejected", problem="; ".join(problems))
+        # named only once accepted: a refused message takes no job-N
+        if d.named:
+            name = job.metadata.name
+            if name.startswith("job-") and name[4:].isdecimal():  # as `run` names: above every job-N
+                self.next_number = max(self.next_number, int(name[4:]) + 1)
+        else:
+            name = self._free_name()
         spec = d.spec if d.spec is not None else dump(job.spec)
         self.view.remember("Job", name, spec)
         self.taken.add(name)

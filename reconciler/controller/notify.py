@@ -18,25 +18,25 @@ import hmac
 import json
 import logging
 import os
-import re
 import signal
+import socket
 import subprocess
 import tempfile
 import threading
 import time
+import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .. import telemetry
 from ..api.notifier import NotifierSpec
+from ..api.source import shown_url
 from ..clock import Clock
 from ..store import outbox
 from ..threads import critical
 from .owners import released
 
 if TYPE_CHECKING:
-    import httpx
-
     from ..store import Store
     from ..store.dbapi import Row
     from ..store.transactions import Tx
@@ -76,33 +76,74 @@ def _secret(path: str) -> bytes:
     return key[:-1] if key.endswith(b"\n") else key
 
 
-_USERINFO = re.compile(r"//[^/@\s]*@")
+class Connections:
+    """A lane's HTTP client, kept for the lane's life (its connections are reused: keep-alive),
+    and the sockets of those connections, so that an attempt can be ended at its deadline:
+    httpx bounds each read, not the whole request (encode/httpx#1450), and a receiver that
+    trickles its header lines would hold the lane as long as it likes. The sockets are learned
+    from httpcore's trace as each connection is made (a reused one was made by an earlier
+    attempt of this lane, which traced it too)."""
+
+    def __init__(self) -> None:
+        import httpx  # imported once a notifier has a URL (a tenth of a second at start-up otherwise)
+
+        self.client = httpx.Client(timeout=TIMEOUT, headers={"User-Agent": "reconciler"})
+        self._streams: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.complete" and info.get("return_value") is not None:
+            self._streams.add(info["return_value"])
+
+    def cut(self) -> None:
+        """Shut every connection down: a read blocked on one returns at once (closing the
+        socket would not wake it). The lane's only request in flight is among them; idle
+        ones are found closed and made anew."""
+        for stream in list(self._streams):
+            sock = stream.get_extra_info("socket")
+            if sock is not None:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        self.client.close()
 
 
-def post(client: httpx.Client, spec: NotifierSpec, body: str, event_id: str) -> None:
-    import httpx  # imported once a notifier has a URL (a tenth of a second at start-up otherwise)
+def post(conns: Connections, spec: NotifierSpec, body: str, event_id: str) -> None:
+    import httpx
 
     assert spec.url is not None
-    shown = _USERINFO.sub("//***@", spec.url)  # errors are shown and logged: no password in them
+    shown = shown_url(spec.url)  # errors are shown and logged: no password in them
     content = body.encode()
     headers = {"Content-Type": "application/json", "X-Reconciler-Event": event_id}
     if spec.secret_ref is not None:
         headers["X-Reconciler-Signature"] = signature(_secret(spec.secret_ref.file), content)
-    deadline = time.monotonic() + TIMEOUT
+    # the whole attempt ends by TIMEOUT (API.md), whatever the receiver sends meanwhile
+    expired = threading.Event()
+
+    def at_deadline() -> None:
+        expired.set()
+        conns.cut()
+
+    watchdog = threading.Timer(TIMEOUT, at_deadline)
+    watchdog.daemon = True
+    watchdog.start()
     try:
         # the answer is its status (a failure to get it is one of the request); the body is read
-        # to its end so the connection serves the next event, but not past the deadline
-        # (checked between reads, each bounded by the timeout): a receiver that trickles a body
-        # must not hold the lane for ever, and one that breaks off its body has answered
-        stream = client.stream("POST", spec.url, content=content, headers=headers)
+        # to its end so the connection serves the next event, but not past the deadline (the
+        # watchdog cuts it): a receiver that trickles a body must not hold the lane for ever,
+        # and one that breaks off its body has answered
+        stream = conns.client.stream(
+            "POST", spec.url, content=content, headers=headers, extensions={"trace": conns.trace}
+        )
         with stream as response, contextlib.suppress(httpx.HTTPError):
             for _ in response.iter_raw():
-                if time.monotonic() > deadline:
-                    break
-    except httpx.TimeoutException:
-        raise DeliveryFailed(f"POST {shown}: no answer within {TIMEOUT:g}s") from None
+                pass
     except httpx.HTTPError as exc:
-        raise DeliveryFailed(f"POST {shown}: {_USERINFO.sub('//***@', str(exc)) or type(exc).__name__}") from None
+        if expired.is_set() or isinstance(exc, httpx.TimeoutException):
+            raise DeliveryFailed(f"POST {shown}: no answer within {TIMEOUT:g}s") from None
+        raise DeliveryFailed(f"POST {shown}: {shown_url(str(exc)) or type(exc).__name__}") from None
+    finally:
+        watchdog.cancel()
     if not response.is_success:
         raise DeliveryFailed(f"POST {shown}: HTTP {response.status_code} {response.reason_phrase}".rstrip())
 
@@ -147,15 +188,13 @@ class Lane:
         self.failures = 0  # consecutive failed attempts: the lane's own backoff
         self.resume_at = 0.0
         self.gone = False  # the notifier was deleted: the lane ends
-        self._client: httpx.Client | None = None
+        self._client: Connections | None = None
 
     @property
-    def client(self) -> httpx.Client:
+    def client(self) -> Connections:
         """Kept for the lane's life: its connections are reused (keep-alive)."""
         if self._client is None:
-            import httpx
-
-            self._client = httpx.Client(timeout=TIMEOUT, headers={"User-Agent": "reconciler"})
+            self._client = Connections()
         return self._client
 
     def step(self) -> float | None:

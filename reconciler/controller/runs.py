@@ -22,6 +22,7 @@ from ..agent.probe import Probes
 from ..api.annotations import LOST_RUN
 from ..api.meta import from_epoch, to_epoch
 from ..api.node import heartbeat_fresh
+from ..api.source import shown_url
 from ..api.status import Phase, RunDict, RunOutcome
 from ..store import Store
 from ..store import repository as repo
@@ -236,7 +237,9 @@ class RunSteps:
         if prep.state == "failed":
             return self._artifact_failed(ctx, number, prep)
         if prep.state == "started":
-            ctx.note("FetchingArtifact", f"run {number}: fetching {ctx.spec.artifact.url} and unpacking it")
+            # events are stored and shown to every reader: no password in them
+            url = shown_url(ctx.spec.artifact.url)
+            ctx.note("FetchingArtifact", f"run {number}: fetching {url} and unpacking it")
             self.endings.write(ctx)
         return requeue_after(deadlines.soonest(ctx.now, ctx.job_deadline()))
 

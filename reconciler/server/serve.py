@@ -5,7 +5,6 @@ leads, the others take over), in one process until SIGINT or SIGTERM."""
 from __future__ import annotations
 
 import ipaddress
-import logging
 import socket
 import sys
 import threading
@@ -14,6 +13,7 @@ from typing import Any
 
 from ..converge import controller_elected
 from ..errors import InvalidInput
+from ..logsetup import process_log
 from ..store import Store
 from .app import create_app
 from .auth import Tokens
@@ -83,12 +83,7 @@ def serve(
 ) -> None:
     import uvicorn  # only `serve` pays for it
 
-    logging.basicConfig(  # the controller's log, as `controller` writes it
-        level=logging.DEBUG if verbose else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # log fetches from agents: a line each otherwise
+    process_log(verbose=verbose)  # the controller's log, as `controller` writes it
     with controller_elected(store, lease=lease, workers=workers, local_node=local_node, address=address) as elected:
 
         def wake(job: str) -> None:

@@ -34,7 +34,7 @@ def default_store_url() -> str:
 ACCEPTED_URLS = "sqlite:///PATH (a SQLite file) or postgresql://USER[:PASSWORD]@HOST[:PORT]/DATABASE"
 _SQLITE_URL = "sqlite:///"
 _POSTGRESQL_URLS = ("postgresql://", "postgres://", "postgresql+psycopg://")
-_PASSWORD = re.compile(r"(?<=://)([^:/@]*):[^@/]*@")
+_PASSWORD = re.compile(r"(?<=://)([^:/@]*):[^/\s]*@")  # to the last @: a password may hold one
 _PASSWORD_PARAM = re.compile(r"(password=)[^&\s]*", re.IGNORECASE)
 
 

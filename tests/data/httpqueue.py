@@ -18,6 +18,7 @@ class QueueServer:
         self.deleted: list[tuple[str, str]] = []
         self.gets = 0
         self.down = False
+        self.raw: list[Any] = []  # entries answered as they are (malformed ones), after the messages
         server = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -44,6 +45,7 @@ class QueueServer:
                 with server.lock:
                     server.gets += 1
                     items = [{"id": i, "body": b} for i, b in server.queues.get(parts[1], {}).items()]
+                    items += server.raw
                 return self._answer(200, items)
 
             def do_DELETE(self) -> None:
@@ -54,6 +56,8 @@ class QueueServer:
                     return self._answer(404)
                 with server.lock:
                     gone = server.queues.get(parts[1], {}).pop(parts[3], None)
+                    kept = [e for e in server.raw if not (isinstance(e, dict) and str(e.get("id")) == parts[3])]
+                    gone, server.raw = gone if len(kept) == len(server.raw) else "raw", kept
                     server.deleted.append((parts[1], parts[3]))
                 return self._answer(204 if gone is not None else 404)
 

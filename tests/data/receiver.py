@@ -5,7 +5,9 @@ answers as the path says:
 - `/flaky`: 500 the first time an event id arrives, 200 after;
 - `/hang`: holds the request until `release()` (then 200);
 - `/trickle`: 200 at once, then a 100-byte body one byte a second (until `release()`);
-- `/cut`: 200 announcing a 100-byte body, 10 bytes of it, then the connection closed.
+- `/cut`: 200 announcing a 100-byte body, 10 bytes of it, then the connection closed;
+- `/slow-headers`: the status line at once, then a header line every 3 s for 45 s (until
+  `release()`), then the end of the headers: no read waits long, the answer takes 45 s.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ class Receiver:
                     )
                 if self.path == "/hang":
                     receiver._released.wait(60)
+                if self.path == "/slow-headers":
+                    self._slow_headers()
+                    return
                 code = 500 if self.path == "/flaky" and seen == 1 else 200
                 self.send_response(code)
                 self.send_header("Content-Length", "100" if self.path in ("/trickle", "/cut") else "0")
@@ -66,6 +71,23 @@ class Receiver:
                         except OSError:  # the client went away: it had its answer
                             break
                     self.close_connection = True
+                with receiver._lock:
+                    receiver.answered += 1
+
+            def _slow_headers(self) -> None:
+                try:
+                    self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                    self.wfile.flush()
+                    for i in range(15):
+                        if receiver._released.wait(3):
+                            break
+                        self.wfile.write(b"X-Wait: %d\r\n" % i)
+                        self.wfile.flush()
+                    self.wfile.write(b"Content-Length: 0\r\n\r\n")
+                    self.wfile.flush()
+                except OSError:  # the client went away
+                    pass
+                self.close_connection = True
                 with receiver._lock:
                     receiver.answered += 1
 

@@ -186,6 +186,20 @@ def test_the_loop_goes_on_while_a_download_stalls(env, http_server):
     assert "FetchingArtifact" in events and f"fetching {url}" in events
 
 
+def test_the_fetching_artifact_event_shows_no_password(env, http_server):
+    """Events are stored and shown to every reader: the artifact's URL in them is masked."""
+    sha = write_zip(env.root / "app.zip", SCRIPT, GREETING)
+    url = http_server.put("/app.zip", (env.root / "app.zip").read_bytes())
+    secret_url = url.replace("http://", "http://bob:s3cr3t-pw@")
+    manifest = env.write(
+        "app.yaml", docs(node_yaml(1), job_yaml("app", f"command: [./run.sh]\n{artifact(secret_url, sha)}"))
+    )
+    assert env.up(manifest).code == 0
+    events = env.ok("get", "events").stdout
+    assert "FetchingArtifact" in events and f"fetching {url.replace('http://', 'http://***@')}" in events, events
+    assert "s3cr3t-pw" not in events
+
+
 def test_a_controller_killed_mid_fetch_leaves_nothing_half_visible(env, http_server):
     sha = write_zip(env.root / "app.zip", SCRIPT, GREETING)
     url = http_server.put("/app.zip", (env.root / "app.zip").read_bytes())

@@ -192,3 +192,29 @@ def test_a_receiver_that_trickles_its_answer_does_not_hold_the_delivery(env):
         start(env, notifier_yaml("hook", f"  url: {receiver.url}/trickle\n"), job_yaml("build", "command: [/bin/true]"))
         status = wait_delivered(env, "hook", 1)
         assert (status["failed"], status.get("lastError")) == (0, None)
+
+
+def test_a_receiver_that_trickles_its_header_lines_fails_the_attempt_at_10s(env):
+    """API.md bounds an attempt at 10 s: a receiver sending a header line every 3 s (no read
+    waits long) for 45 s fails the attempt by then, and it is retried as any failure."""
+    from reconciler.api.meta import to_epoch
+    from reconciler.reads import objects
+
+    with Receiver() as receiver:
+        start(
+            env,
+            notifier_yaml("hook", f"  url: {receiver.url}/slow-headers\n"),
+            job_yaml("build", "command: [/bin/true]"),
+        )
+
+        def failed():
+            [found] = objects(env.store, "Notifier", ["hook"], None).objects
+            return (found.status or {}).get("lastError") and found.status
+
+        status = wait_until(failed, timeout=25, message="the attempt failed by its deadline")
+        [first] = receiver.at("/slow-headers")[:1]
+        took = to_epoch(status["lastErrorTime"]) - first.at
+        assert status["lastError"] == f"POST {receiver.url}/slow-headers: no answer within 10s"
+        assert 9.5 <= took <= 12.0, took
+        assert status["delivered"] == 0
+        wait_until(lambda: len(receiver.at("/slow-headers")) >= 2, timeout=30, message="retried")

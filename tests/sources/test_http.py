@@ -67,3 +67,45 @@ def test_a_queue_server_that_fails_is_shown_and_asked_again(env: Env):
         wait_source(env, lambda s: s.get("connected") is True, "connected")
         wait_until(lambda: not server.waiting("jobs"), 30, message="deleted")
         assert controller.proc.poll() is None
+
+
+def test_a_malformed_entry_is_refused_alone_and_the_others_are_ingested(env: Env):
+    """An entry with an id but no body is rejected and deleted like an invalid message; one
+    without an id cannot be deleted: it is said once (the queue answers it on every GET) and
+    skipped. The valid messages of the same answer become jobs; the Source stays connected."""
+    with QueueServer() as server:
+        server.put("jobs", "m5", {"command": "exit 0"})
+        server.put("jobs", "m6", {"command": "exit 0"})
+        server.raw = [{"id": "m7"}, {"body": {"command": "exit 0"}}]  # no body; no id
+        env.apply(source(server.url))
+        controller = env.start_controller()
+
+        assert sorted(wait_jobs(env, 2)) == ["job-1", "job-2"]
+        wait_until(lambda: not server.waiting("jobs"), 30, message="m5 and m6 deleted")
+        status = wait_source(env, lambda s: s.get("rejected") == 2, "the two refusals counted")
+        assert status["connected"] is True and status["created"] == 2
+        wait_until(lambda: ("jobs", "m7") in server.deleted, 30, message="m7 deleted")
+        gets = server.gets
+        wait_until(lambda: server.gets >= gets + 3, 30, message="more GETs answering the id-less entry")
+        warnings = [r.message for r in env.rows("SELECT * FROM events WHERE kind = 'Source' AND type = 'Warning'")]
+        assert sorted(warnings) == [
+            'message (no id): id: missing, so it cannot be deleted; skipped (the queue keeps it): {"body": '
+            '{"command": "exit 0"}}',
+            "message m7: body: missing",
+        ], warnings
+        assert wait_source(env, lambda s: True, "status")["rejected"] == 2  # said once, not once a GET
+        assert controller.log().count("an entry without an id skipped") == 1
+
+
+def test_the_controller_logs_no_queue_password_and_no_line_per_poll(env: Env):
+    """httpx says each request at INFO with its URL whole: the controller keeps it quiet, as
+    `serve` and the node agent do."""
+    with QueueServer() as server:
+        secret_url = server.url.replace("http://", "http://queue-user:s3cr3t-pw@")
+        env.apply(source(secret_url))
+        controller = env.start_controller()
+        wait_source(env, lambda s: s.get("connected") is True, "connected")
+        gets = server.gets
+        wait_until(lambda: server.gets >= gets + 4, 30, message="empty polls")
+        log = controller.log()
+        assert "s3cr3t-pw" not in log and "HTTP Request" not in log, log
