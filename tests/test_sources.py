@@ -14,7 +14,7 @@ import yaml
 
 from reconciler.api.annotations import CREATED_BY, MESSAGE_ID
 from reconciler.api.job import Artifact, JobSpec
-from reconciler.api.source import SourceStatus
+from reconciler.api.source import SourceStatus, shown_url
 from reconciler.api.status import SUSPENDED_MESSAGE, SUSPENDED_REASON, new_job_status
 from reconciler.controller import specs
 from reconciler.controller.intake import Intake, Message, note_connection
@@ -517,3 +517,10 @@ def test_a_source_stored_with_looser_rules_is_said_broken_and_not_consumed(store
     finally:
         for lane, _ in ingester._lanes.values():
             lane.stop(say_stopped=False)
+
+
+def test_the_shown_url_masks_user_info_only_up_to_the_last_at_before_path_query_or_fragment():
+    assert shown_url("amqp://guest:top@secret@127.0.0.1:5672/") == "amqp://***@127.0.0.1:5672/"
+    assert shown_url("http://127.0.0.1:8080?mail=a@b.example") == "http://127.0.0.1:8080?mail=a@b.example"
+    assert shown_url("http://u:p@h#x@y") == "http://***@h#x@y"
+    assert shown_url("GET http://u:p@h/q failed; see http://v:w@k/r") == "GET http://***@h/q failed; see http://***@k/r"
