@@ -269,7 +269,10 @@ def figure(name: str, sizes: dict, slots: int, pg: bool) -> list[tuple[str, call
             ("16 run start with a cgroup", lambda: [cgroups.row(s["cgroups"]["runs"], s["cgroups"]["rounds"])]),
         ],
         "start": [
-            ("19 run start, C wrapper against sh", lambda: [start.row(s["start"]["runs"], s["start"]["rounds"])]),
+            (
+                "19 run start, C fork server against the exec'd C wrapper",
+                lambda: [start.row(s["start"]["runs"], s["start"]["rounds"])],
+            ),
         ],
         "agents": [("18 remote agents (sqlite)", lambda: agents.rows(s["agents"]["jobs"]))],
         "pg": [

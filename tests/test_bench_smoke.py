@@ -30,7 +30,7 @@ FIGURES = [
     "14 dashboard pages (sqlite)",
     "15 ingestion from RabbitMQ (sqlite)",
     "16 run start with a cgroup",
-    "19 run start, C wrapper against sh",
+    "19 run start, C fork server against the exec'd C wrapper",
     "18 remote agents, throughput (sqlite)",
     "18 remote agents, placement to start (sqlite)",
 ]
