@@ -82,6 +82,19 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
     return became_ready
 
 
+def serving(store: Store, node: str, agent: str | None) -> None:
+    """Conflict (409) when `agent` (as its request names it) is not the one whose heartbeat
+    the node last accepted: a duplicate on another host, refused at its heartbeat, or one
+    another took the node over from, must learn of no run and report on none."""
+    if not agent:
+        return  # an agent that names none (an older one): judged by its heartbeat alone
+    with store.read() as session:
+        obj = repo.get(session, kind="Node", name=node)
+    current = (obj.status or {}).get("agent") if obj is not None else None
+    if current is not None and current != agent:
+        raise Conflict(f"node {node} is served by the agent {current}, not {agent}; give this agent another --node")
+
+
 def placed(store: Store, node: str) -> list[dict[str, Any]]:
     """The admissions on `node`, as its agent acts on them: start the run unless the server
     holds a report of it (`started`, `finished`), or stop it (`stop`: the job is Stopping
@@ -105,7 +118,8 @@ def placed(store: Store, node: str) -> list[dict[str, Any]]:
         }
         if row.phase == "Stopping":
             runs, stop = status.get("runs") or [], status.get("stop") or {}
-            if runs and not runs[-1].get("finishedAt") and runs[-1]["number"] == row.run_number:
+            open_run = runs and not runs[-1].get("finishedAt") and runs[-1]["number"] == row.run_number
+            if open_run or stop.get("unstarted") == row.run_number:  # the latter: never to start
                 item["stop"] = {"reason": stop.get("reason"), "message": stop.get("message")}
         items.append(item)
     return items

@@ -376,6 +376,11 @@ class Capacity(Body):
     memory: str | None = None
 
 
+# which agent process (host:pid:start, as its heartbeat names it) asks for a node's runs or
+# reports on them: the server refuses (409) one that does not serve the node
+AGENT_HEADER = "X-Reconciler-Agent"
+
+
 class HeartbeatRequest(Body):
     """POST nodes/{name}/heartbeat: a node agent registers its Node (first beat) and keeps it
     Ready. Labels and capacity are the agent's word for a Node it registered; a Node applied
@@ -405,7 +410,9 @@ class RunReport(Body):
     signal: int | None = None
     gone: bool = Field(default=False, description="The process is gone and left no exit record.")
     start_failed: str | None = Field(default=None, description="Why the run could not start (nothing ran).")
-    start_reason: str | None = Field(default=None, description="StartFailed, or ArtifactInvalid.")
+    start_reason: str | None = Field(
+        default=None, description="StartFailed, ArtifactInvalid, or Withdrawn (stopped before it started)."
+    )
     retryable: bool = Field(default=False, description="A failed start worth another attempt (URL unreachable).")
     ready: bool | None = Field(
         default=None, description="A service's readiness probe, run by the agent: passed or not."

@@ -140,6 +140,10 @@ class StopRequest(Strict):
     requested_at: Time
     kill_at: float = Field(description="When the grace period ends (seconds since the epoch).")
     killed: bool = Field(default=False, description="SIGKILL was sent.")
+    unstarted: int | None = Field(
+        default=None,
+        description="A run on a remote node not known to have started: its slots wait for its agent's word.",
+    )
 
 
 class JobStatus(Strict):
@@ -257,6 +261,7 @@ class StopDict(TypedDict, total=False):
     requestedAt: str
     killAt: float
     killed: bool
+    unstarted: int
 
 
 class ConditionDict(TypedDict, total=False):

@@ -101,7 +101,7 @@ def agent(
         running.stop()
     if running.failed is not None:
         print(f"error: {running.failed}", file=sys.stderr, flush=True)
-        os._exit(1)
+        os._exit(running.exit_code)  # 1: the node is another agent's; 2: a token the server refuses
     os._exit(0)  # the runs outlive the agent; nothing of this process needs a tidy interpreter exit
 
 

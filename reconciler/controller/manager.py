@@ -109,9 +109,14 @@ class Controller:
         self._watcher = critical("change-watcher", self._watch)
         self._feed: ChangeFeed | None = None
         self._interval = poll_interval()  # a bad RECONCILER_POLL_INTERVAL is refused here, not in the thread
+        self.started_at = 0.0  # set by start()
 
     def start(self) -> Controller:
         tune_collector()
+        # nodes' silence is counted from now at the earliest: no heartbeat could be heard by
+        # this controller before, and one missed while none was up proves nothing of a node
+        self.started_at = self.clock.now()
+        self.jobs.runs.remote.since = self.started_at
         if self.local_node:
             heartbeat(self.store, self.node, self.owner, self.clock.now(), address=self.address, state_dir=self._state)
         self._feed = ChangeFeed(self.store, skip_known=True, listen=True, reports=True)
@@ -215,7 +220,7 @@ class Controller:
                     log.warning("node heartbeat failed", exc_info=True)
                     next_beat = time.monotonic() + HEARTBEAT_RETRY
                 try:  # after its own heartbeat: a watcher that stalled says nothing wrong of its own node
-                    note_not_ready(self.store, self.clock.now())  # any node whose heartbeats stopped
+                    note_not_ready(self.store, self.clock.now(), self.started_at)  # any node whose heartbeats stopped
                 except Exception:  # the store may be briefly unavailable: said at the next beat
                     log.warning("checking the nodes' heartbeats failed", exc_info=True)
             if not announced and time.monotonic() < next_poll:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import socket
+from typing import Any
 
 from ..agent.local import owner_gone
 from ..api import node as node_api
@@ -35,18 +36,23 @@ def local_node_name() -> str:
 DEFAULT_ADDRESS = "127.0.0.1"  # a node that names no address: reachable from this machine
 
 
-def note_not_ready(store: Store, now: float) -> list[str]:
+def note_not_ready(store: Store, now: float, since: float = 0.0) -> list[str]:
     """Record, once, that a node's heartbeats stopped: the Ready condition is derived when the
     node is read (api/node.observed_status), so nothing else writes the moment; an event
     NodeNotReady does, as Kubernetes' node controller records it (NodeReady comes with the
-    next heartbeat, which also drops the mark). The nodes it marked."""
+    next heartbeat, which also drops the mark). The nodes it marked. `since`: when this
+    controller started; silence before it, while no controller was up to hear the node, is
+    not counted (a server restarted after a minute down would call every node NotReady)."""
+
+    def silent(status: dict[str, Any] | None) -> bool:
+        beat = (status or {}).get("heartbeatAt")
+        return bool(beat) and now - max(to_epoch(beat), since) >= node_api.READY_WINDOW
+
     with store.read() as session:
         stale = [
             o.name
             for o in repo.list_objects(session, kind="Node")
-            if (o.status or {}).get("heartbeatAt")
-            and not heartbeat_fresh(o.status, now)
-            and not (o.status or {}).get("notReadySince")
+            if silent(o.status) and not (o.status or {}).get("notReadySince")
         ]
     if not stale:
         return []
@@ -54,11 +60,11 @@ def note_not_ready(store: Store, now: float) -> list[str]:
     with store.write() as tx:
         for obj in repo.list_objects(tx.session, kind="Node", names=stale):
             status = dict(obj.status or {})
-            if heartbeat_fresh(status, now) or status.get("notReadySince"):
+            if not silent(status) or status.get("notReadySince"):
                 continue  # a heartbeat came meanwhile, or another controller said it
             window = node_api.READY_WINDOW  # read now: serve --node-lost-after sets it
-            since = from_epoch(to_epoch(status["heartbeatAt"]) + window)
-            updated = repo.update_object(tx, obj, status={**status, "notReadySince": since})
+            marked_at = from_epoch(max(to_epoch(status["heartbeatAt"]), since) + window)
+            updated = repo.update_object(tx, obj, status={**status, "notReadySince": marked_at})
             said = f"node {obj.name} posted no heartbeat for {window:g}s (its last at {status['heartbeatAt']})"
             repo.record_events(tx, repo.ObjectEvent(updated, "NodeNotReady", said, True))
             marked.append(obj.name)

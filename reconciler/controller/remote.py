@@ -17,7 +17,7 @@ from ..agent.local import ExitRecord, ProcessIdentity
 from ..api import node as nodes
 from ..api.meta import to_epoch
 from ..api.quantity import format_size
-from ..api.status import Phase, RunDict, RunOutcome
+from ..api.status import Phase, RunDict, RunOutcome, StopDict
 from ..store import repository as repo
 from ..store import scheduling as sched
 from . import deadlines
@@ -38,19 +38,22 @@ SETTLE = 0.05  # judge a node's readiness just after its window ends, not just b
 
 class Node:
     """What a step needs of a Node: is it served by a remote agent, is it Ready, when was
-    its last heartbeat."""
+    its last heartbeat. Its silence counts from `since` at the earliest (when this controller
+    started): heartbeats missed while no controller was up are not held against it (a server
+    down for a minute must not find every node lost when it is back)."""
 
-    def __init__(self, name: str, obj: repo.StoredObject | None, now: float):
+    def __init__(self, name: str, obj: repo.StoredObject | None, now: float, since: float = 0.0):
         self.name = name
         self.exists = obj is not None
         status: dict[str, Any] = (obj.status or {}) if obj is not None else {}
         self.remote = bool(status.get("remote"))
-        self.ready = nodes.heartbeat_fresh(status, now)
         beat = status.get("heartbeatAt")
         self.heartbeat = to_epoch(beat) if beat else None
+        self.counted = None if self.heartbeat is None else max(self.heartbeat, since)  # silent since
+        self.ready = self.counted is not None and now - self.counted < nodes.READY_WINDOW
 
     def not_ready_at(self) -> float | None:
-        return None if self.heartbeat is None else self.heartbeat + nodes.READY_WINDOW + SETTLE
+        return None if self.counted is None else self.counted + nodes.READY_WINDOW + SETTLE
 
 
 class RemoteSteps:
@@ -58,6 +61,7 @@ class RemoteSteps:
         self.runs = runs
         self.store = runs.store
         self._nodes: dict[str, tuple[float, repo.StoredObject | None]] = {}  # name -> (monotonic read time, Node)
+        self.since = 0.0  # when this controller started (Controller.start): nodes' silence counts from then
 
     def node(self, name: str | None, now: float) -> Node | None:
         """The node if a remote agent serves it (or served it: deleted, its runs are lost).
@@ -74,7 +78,7 @@ class RemoteSteps:
             with self.store.read() as session:
                 obj = repo.get(session, kind="Node", name=name)
             self._nodes[name] = (time.monotonic(), obj)
-        found = Node(name, obj, now)
+        found = Node(name, obj, now, self.since)
         if obj is None:
             return found if self._was_remote(name) else None
         return found if found.remote else None
@@ -126,13 +130,59 @@ class RemoteSteps:
         if (drain := drained(ctx, held.run_number, node.name)) is not None:
             return self.runs.unstarted(ctx, drain)  # the run does not start there; a late start is refused
         if (stop := self.runs.stop_reason(ctx)) is not None:
-            # not started as far as anyone knows: the slots go back now; should the agent
-            # start it after all, its report names an admission that is gone (409) and it
-            # stops the process
-            return self.runs.ends.after_stop(ctx, stop, run=None)
+            # not known to have started, which is not known not to have: its agent may have
+            # started it (its report delayed, the node partitioned). The slots wait for its
+            # word (withdrawn), as a stop of a Running run's do
+            return self._withdraw(ctx, held.run_number, stop)
         lost = self._lost(ctx, node, held.run_number)
         if lost is not None:
             return self.runs.unstarted(ctx, lost)
+        self._reachability(ctx, node)
+        return requeue_after(self._due(ctx, node, None))
+
+    def _withdraw(self, ctx: Ctx, number: int, stop: Stop) -> Result:
+        """Stopping with no run known: the agent sees the stop in its node's runs and either
+        reports the run never started (and never starts it) or stops it as a Running one."""
+        reason, message = stop
+        ctx.status["stop"] = {
+            "reason": reason,
+            "message": message,
+            "requestedAt": ctx.now_text,
+            "killAt": ctx.now + ctx.spec.stop_grace_period,
+            "unstarted": number,
+        }
+        ctx.move(Phase.STOPPING, reason, message, event="Stopping")
+        self.runs.endings.write(ctx)
+        return AGAIN
+
+    def withdrawn(self, ctx: Ctx, stop: StopDict) -> Result:
+        """Stopping run `stop["unstarted"]` before it was known to start: the slots are
+        released once its agent says it never started it, or its node is proven gone; a start
+        reported meanwhile makes it a run, stopped as a Running one is."""
+        why: Stop = (stop.get("reason", "Cancelled"), stop.get("message", ""))
+        number = int(stop["unstarted"])
+        with self.store.read() as session:
+            held = sched.admission(session, ctx.uid)
+        node = None if held is None or held.run_number != number else self.node(held.node, ctx.now)
+        if held is None or node is None:
+            return self.runs.ends.after_stop(ctx, why, run=None)  # nothing is held there any more
+        report = held.report or {}
+        if report.get("startedAt"):
+            identity = _identity(report)
+            run = self.runs.new_run(ctx, number, identity, report["startedAt"], node=node.name)
+            if report.get("limits"):
+                run["limits"] = report["limits"]
+            stop.pop("unstarted")
+            pid = f" (pid {identity.pid})" if identity else ""
+            ctx.note("Started", f"run {number} started on {node.name}{pid} before its agent saw the stop")
+            if report.get("finishedAt"):
+                return self.stopping(ctx, run, node)
+            self.runs.endings.write(ctx)
+            return requeue_after(UNREACHABLE_POLL)
+        if report.get("startFailed") or drained(ctx, number, node.name) is not None:
+            return self.runs.ends.after_stop(ctx, why, run=None)  # it never ran (or is proven gone)
+        if self._lost(ctx, node, number) is not None:
+            return self.runs.ends.after_stop(ctx, why, run=None)
         self._reachability(ctx, node)
         return requeue_after(self._due(ctx, node, None))
 
@@ -230,9 +280,9 @@ class RemoteSteps:
             if held_number is not None and (drain := drained(ctx, held_number, node.name)) is not None:
                 return drain
         lost_after = ctx.spec.retry.lost_after
-        if node.ready or lost_after is None or node.heartbeat is None:
+        if node.ready or lost_after is None or node.heartbeat is None or node.counted is None:
             return None
-        if ctx.now >= node.heartbeat + lost_after:
+        if ctx.now >= node.counted + lost_after:
             return "NodeLost", (
                 f"node {node.name} posted no heartbeat for {ctx.now - node.heartbeat:.0f}s "
                 f"(retry.lostAfter {lost_after:g}s): its run is declared lost"
@@ -276,8 +326,8 @@ class RemoteSteps:
         else:
             wait = UNREACHABLE_POLL
             lost_after = ctx.spec.retry.lost_after
-            if lost_after is not None and node.heartbeat is not None:
-                wait = min(wait, max(node.heartbeat + lost_after - ctx.now, SETTLE))
+            if lost_after is not None and node.counted is not None:
+                wait = min(wait, max(node.counted + lost_after - ctx.now, SETTLE))
         if wait is None:
             return due
         return wait if due is None else min(due, wait)

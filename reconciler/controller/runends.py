@@ -100,6 +100,8 @@ class RunEnds:
 
     def stopping(self, ctx: Ctx) -> Result:
         run, stop = ctx.open_run(), ctx.status.get("stop") or {}
+        if run is None and stop.get("unstarted") is not None:  # a remote run not known to have started
+            return self.runs.remote.withdrawn(ctx, stop)
         if run is not None and run.get("node") != self.agent.node:
             if (node := self.runs.remote.node(run.get("node"), ctx.now)) is not None:
                 return self.runs.remote.stopping(ctx, run, node)

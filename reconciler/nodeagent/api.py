@@ -12,6 +12,8 @@ import threading
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
+from ..wire import AGENT_HEADER
+
 CONNECT_TIMEOUT = 10.0
 
 
@@ -27,8 +29,12 @@ class Unreachable(Exception):
         self.status = status  # the HTTP status of an answer that is not a success
 
 
+class Unauthorized(Unreachable):
+    """The server refused the token (401: unknown or missing; 403: not this node's)."""
+
+
 class Api:
-    def __init__(self, server: str, node: str, token: str | None, verify: bool | str = True):
+    def __init__(self, server: str, node: str, token: str | None, verify: bool | str = True, agent: str | None = None):
         url = urlsplit(server)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"--server {server}: give http(s)://HOST[:PORT]")
@@ -39,6 +45,8 @@ class Api:
         self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
+        if agent:  # the server refuses runs and reports from an agent that does not serve the node
+            self.headers[AGENT_HEADER] = agent
         self.context: ssl.SSLContext | None = None
         if self.https:
             self.context = ssl.create_default_context(cafile=verify if isinstance(verify, str) else None)
@@ -94,6 +102,8 @@ class Api:
             document = {"message": text.decode("utf-8", "replace")[:200]}
         if status == 409:
             raise Stale(document.get("message", "conflict"))
+        if status in (401, 403):
+            raise Unauthorized(f"HTTP {status}: {document.get('message', '')}", status)
         if status >= 400:
             raise Unreachable(f"HTTP {status}: {document.get('message', '')}", status)
         return document

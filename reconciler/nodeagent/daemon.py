@@ -23,7 +23,7 @@ from ..agent.local import LocalAgent, StartFailed, process_owner
 from ..agent.probe import Probes
 from ..api.job import JobSpec, WaitCondition
 from ..api.meta import from_epoch
-from .api import Api, Stale, Unreachable
+from .api import Api, Stale, Unauthorized, Unreachable
 from .logserver import LogServer
 from .records import Record, load, load_all
 
@@ -59,9 +59,9 @@ class Options:
 class NodeAgent:
     def __init__(self, options: Options):
         self.options = options
-        self.api = Api(options.server, options.node, options.token, options.verify)
-        self.local = LocalAgent(options.node, options.state_dir, on_exit=self._exited)
         self.owner = process_owner()
+        self.api = Api(options.server, options.node, options.token, options.verify, agent=self.owner)
+        self.local = LocalAgent(options.node, options.state_dir, on_exit=self._exited)
         self.address = options.address or _route_to(options.server)
         self._lock = threading.Lock()
         self._records: dict[str, Record] = {}  # job -> its run on this node still to settle
@@ -75,9 +75,17 @@ class NodeAgent:
         self._batches = True  # the server takes several reports in one request (runs/reports)
         self._quiet_until: dict[str, float] = {}  # run folder -> when its start is reported, unless it ends first
         self._stop = threading.Event()
+        # set once a heartbeat is accepted: until then this agent may be a duplicate of the one
+        # serving its node, and it learns of no run, starts none and reports none
+        self._accepted = threading.Event()
+        self._reconciling = threading.Lock()  # one look at the placed runs at a time
+        self._last_items: list[dict[str, Any]] | None = None  # the long poll's last answer
+        self._skipped: set[str] = set()  # jobs whose admission waits for an older run's record to settle
+        self._relook = threading.Event()  # a record settled: look at the last answer again
         self._threads: list[threading.Thread] = []
         self.logs: LogServer | None = None
-        self.failed: str | None = None  # why the agent gave up (its node is another agent's)
+        self.failed: str | None = None  # why the agent gave up (its node is another agent's, a bad token)
+        self.exit_code = 1  # with `failed`: 1 the node is another agent's, 2 bad configuration (token)
 
     # -- life ------------------------------------------------------------------------------
     def start(self) -> NodeAgent:
@@ -154,16 +162,46 @@ class NodeAgent:
             try:
                 self.api.heartbeat(self._beat_body())
                 delay = BACKOFF_FIRST
+                self._accepted.set()
                 self._pending.set()  # back after an outage: what waited is sent now
                 self._stop.wait(HEARTBEAT_INTERVAL)
             except Stale as exc:  # refused: another agent serves this node
-                self.failed = str(exc)
+                stopped = self._stop_runs()
+                self.failed = str(exc) + (f"; stopped the {stopped} run(s) this agent held" if stopped else "")
+                self._stop.set()
+                return
+            except Unauthorized as exc:  # not worth retrying: the token is wrong until someone fixes it
+                self.failed = (
+                    f"the server refused this agent's token for node {self.options.node} ({exc}): give --token or "
+                    f"--token-file with the token of an `agent {self.options.node}` line of the server's tokens file"
+                )
+                self.exit_code = 2
                 self._stop.set()
                 return
             except Unreachable as exc:
                 log.warning("heartbeat failed: %s (again in %.1fs)", exc, delay)
                 self._stop.wait(_jitter(delay))
                 delay = min(delay * 2, BACKOFF_MAX)
+
+    def _stop_runs(self) -> int:
+        """This node is served by another agent now (taken over after a partition): the runs
+        this one holds would go on unrecorded, so each is stopped as any run is (SIGTERM,
+        SIGKILL after its grace period, by the stops thread) before the agent exits."""
+        with self._lock:
+            live = [r for r in self._records.values() if not r.finished and r.identity is not None]
+        for record in live:
+            self._begin_stop(record, "Replaced")
+        deadline = time.monotonic() + max((r.grace for r in live), default=0.0) + WRAPPER_GRACE + 1.0
+        while any(not r.finished for r in live) and time.monotonic() < deadline:
+            time.sleep(TICK)
+        return len(live)
+
+    def _await_acceptance(self) -> bool:
+        """Wait for this agent's first accepted heartbeat; False when it stops first."""
+        while not self._accepted.wait(TICK):
+            if self._stop.is_set():
+                return False
+        return True
 
     def _beat_body(self) -> dict[str, Any]:
         capacity = {
@@ -185,6 +223,8 @@ class NodeAgent:
     # -- runs placed here ------------------------------------------------------------------
     def _follow(self) -> None:
         known, delay = "", BACKOFF_FIRST
+        if not self._await_acceptance():
+            return
         while not self._stop.is_set():
             try:
                 answer = self.api.runs(known, LONG_POLL)
@@ -201,7 +241,20 @@ class NodeAgent:
                 log.exception("acting on the runs placed on node %s failed", self.options.node)
 
     def reconcile(self, items: list[dict[str, Any]]) -> None:
+        with self._reconciling:
+            self._last_items = items
+            self._reconcile(items)
+
+    def _look_again(self) -> None:
+        """A record settled: an admission skipped while that older run ended starts now, not
+        at the long poll's next answer (which may be 30 s away)."""
+        with self._reconciling:
+            if self._skipped and self._last_items is not None:
+                self._reconcile(self._last_items)
+
+    def _reconcile(self, items: list[dict[str, Any]]) -> None:
         placed: set[tuple[str, int, int]] = set()
+        self._skipped = set()
         for item in items:
             placed.add((item["uid"], item["run"], item["epoch"]))
             with self._lock:
@@ -216,9 +269,12 @@ class NodeAgent:
                     self._begin_stop(record, item["stop"].get("reason"))
                 continue
             if record is not None and not record.settled and record.identity is not None:
+                self._skipped.add(item["job"])
                 continue  # an older run of the job still ends here: the next waits for it (never two alive)
             if item.get("stop"):
-                continue  # a stop of a run this node has no record of: nothing runs to stop
+                if not item.get("started"):
+                    self._withdraw(item)  # stopped before it started here: it never will
+                continue  # else a stop of a run this node has no record of: nothing runs to stop
             if not item.get("started"):
                 self._start(item)
             elif not item.get("finished"):
@@ -239,6 +295,35 @@ class NodeAgent:
                 # the server confirms it (200) or refuses it (409: then it is stopped)
                 record.start_reported = False
                 self._pending.set()
+
+    def _withdraw(self, item: dict[str, Any]) -> None:
+        """The server stopped a run this node has not started (a cancel, a deletion...) and
+        holds its slots until told: it is reported as never started (Withdrawn), and no later
+        look starts it (its record names the admission). A process found started before a
+        crash, its record unwritten, is adopted and stopped instead."""
+        job, uid, number, epoch = item["job"], item["uid"], item["run"], item["epoch"]
+        run_dir = self.local.run_dir(job, uid, number)
+        with self._lock:
+            if self._preparing.pop(job, None) is not None:
+                self.local.discard_work(run_dir)
+        reason = str((item.get("stop") or {}).get("reason") or "a stop")
+        grace = JobSpec.model_validate(item["spec"]).stop_grace_period
+        record = Record(job, uid, number, epoch, str(run_dir), grace=grace)
+        identity = self.local.find(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if identity is not None:
+            record.pid, record.process_start_time = identity.pid, identity.start_time
+            record.started_at = from_epoch(self.local.started_at(identity))
+            record.save()
+            self._keep(record)
+            self.local.watch(job, identity)
+            self._begin_stop(record, reason)
+        else:
+            record.start_failed = f"stopped ({reason}) before it started on node {self.options.node}"
+            record.start_reason, record.finished_at = "Withdrawn", from_epoch(time.time())
+            record.save()
+            self._keep(record)
+        self._pending.set()
 
     def _start(self, item: dict[str, Any]) -> None:
         job, uid, number, epoch = item["job"], item["uid"], item["run"], item["epoch"]
@@ -279,6 +364,9 @@ class NodeAgent:
         # under the lock until the record is kept: the exit watcher's call for a run that
         # ends at once waits for it, and finds it
         with self._lock:
+            current = self._records.get(job)
+            if current is not None and (current.uid, current.run, current.epoch) == (uid, number, epoch):
+                return  # this admission has a record already: withdrawn while its artifact was fetched
             identity = self.local.find(run_dir)  # started before a crash, its record not yet written
             if identity is not None:  # its cgroup, if one was made, is found by name
                 record.cgroup = self.local.existing_cgroup(job, uid, number)
@@ -359,6 +447,8 @@ class NodeAgent:
         if not record.finished:
             self._record_end(record)
             self._pending.set()
+            if record.settled:  # a stale run's end: the admission waiting for it is taken now
+                self._relook.set()
 
     def _record_end(self, record: Record) -> None:
         """The wrapper is gone: its exit record, or none (the run is gone without one)."""
@@ -408,6 +498,9 @@ class NodeAgent:
 
     def _tick(self) -> None:
         while not self._stop.wait(TICK):
+            if self._relook.is_set():
+                self._relook.clear()
+                self._look_again()
             self._look_at_probes()
             with self._lock:
                 stopping = [r for r in self._records.values() if r.stop_at is not None and not r.finished]
@@ -444,6 +537,8 @@ class NodeAgent:
     # -- reports ---------------------------------------------------------------------------
     def _report(self) -> None:
         delay, wait = BACKOFF_FIRST, None
+        if not self._await_acceptance():
+            return
         while not self._stop.is_set():
             self._pending.wait(wait)
             self._pending.clear()
@@ -464,7 +559,7 @@ class NodeAgent:
                 finished = [r.finished for r in batch]  # what each report says, whatever the watcher adds meanwhile
                 try:
                     kept = self._send(batch)
-                except Unreachable as exc:
+                except (Unreachable, Stale) as exc:  # Stale: not this node's agent now (the heartbeat says)
                     log.warning("reports of %d run(s) failed: %s (again in %.1fs)", len(batch), exc, delay)
                     self._stop.wait(_jitter(delay))
                     delay = min(delay * 2, BACKOFF_MAX)
@@ -482,6 +577,7 @@ class NodeAgent:
                         self._begin_stop(record, "Stale")
                     if record.settled:  # a start reported again after a restart costs nothing: not saved for
                         record.save()
+                        self._relook.set()
 
     def _send(self, batch: list[Record]) -> list[str | None]:
         """The reports of `batch` in one request (the server keeps them in one transaction),

@@ -13,12 +13,12 @@ from typing import Any
 
 import anyio
 import httpx
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Header, Query
 
 from .. import noderuns, reads, runlogs
 from ..errors import NotFound, ReconcilerError
 from ..store import Store
-from ..wire import PREFIX, HeartbeatRequest, RunReport, RunReports, status
+from ..wire import AGENT_HEADER, PREFIX, HeartbeatRequest, RunReport, RunReports, status
 from .auth import Tokens
 
 LONG_POLL = 30.0  # the longest a runs request waits for a change (the agent asks again)
@@ -28,6 +28,8 @@ POLLS = anyio.CapacityLimiter(1024)  # waiting agents hold a thread each, apart 
 LOG_CONNECT = 5.0  # seconds to reach a node's log port
 
 Wake = Callable[[str], None]
+# the agent process asking (runs, reports): one that does not serve the node is refused (409)
+AGENT = Header(None, alias=AGENT_HEADER, description="The agent process (host:pid:start) its heartbeat names.")
 Keys = dict[str, list[tuple[Any, ...]]]
 
 
@@ -159,15 +161,18 @@ def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
         name: str,
         known: str = Query("", description="The digest of the last answer: wait until the runs differ from it."),
         timeout_seconds: float = Query(LONG_POLL, alias="timeoutSeconds", ge=0, le=300),
+        agent: str | None = AGENT,
     ) -> dict[str, Any]:
         """The runs placed on the node (each with its epoch, job spec, and a stop when the job
         is stopping it), answered when they differ from `known` or after timeoutSeconds."""
+        await anyio.to_thread.run_sync(noderuns.serving, store, name, agent)
         return await anyio.to_thread.run_sync(placements.wait, name, known, timeout_seconds, limiter=POLLS)
 
     @app.post(PREFIX + "/nodes/{name}/runs/reports", tags=["agents"])
-    def reports(name: str, request: RunReports) -> dict[str, Any]:
+    def reports(name: str, request: RunReports, agent: str | None = AGENT) -> dict[str, Any]:
         """Several runs' reports, kept in one transaction; each is judged alone: `items` says,
         in order, 200 (kept) or 409 (its admission is no longer current: stop the process)."""
+        noderuns.serving(store, name, agent)
         kept = noderuns.report_many(
             store, name, [noderuns.Report(r.uid, r.run, r.epoch, r.facts()) for r in request.items]
         )
@@ -180,9 +185,10 @@ def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
         return {**status(200, f"{sum(kept)} of {len(kept)} reports kept"), "items": items}
 
     @app.post(PREFIX + "/nodes/{name}/runs/{job}/report", tags=["agents"])
-    def report(name: str, job: str, request: RunReport) -> dict[str, Any]:
+    def report(name: str, job: str, request: RunReport, agent: str | None = AGENT) -> dict[str, Any]:
         """A run's start (pid, process start time) or end (exit code, times; or gone without
         a record). 409 when the admission it names is no longer current: stop the process."""
+        noderuns.serving(store, name, agent)
         noderuns.report(store, name, job, uid=request.uid, run=request.run, epoch=request.epoch, facts=request.facts())
         if wake is not None:
             wake(job)  # the controller in this process looks at once, not at its next feed poll

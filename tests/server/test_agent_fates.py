@@ -1,0 +1,282 @@
+"""A node agent on loopback, where the server must not lose track of a run's fate: a stop of a
+run its agent may have started (its start report delayed, the agent silent), a server
+restart longer than `retry.lostAfter`, a duplicate or replaced agent, the next run of a job
+whose stale run is still ending, and a token the server refuses. A silent agent is a stopped
+process (SIGSTOP): its connections stay open, as a partition's do."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import psutil
+import pytest
+
+from tests.helpers import wait_until
+from tests.server.conftest import PREFIX, Server, job_manifest, settled
+
+
+def _alive(pid: int) -> bool:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    return False
+
+
+def _pid_of(path: Path) -> int | None:
+    with contextlib.suppress(OSError, ValueError):
+        return int(path.read_text().strip())
+    return None
+
+
+def _recording(pidfile: Path, seconds: int = 600) -> list[str]:
+    """A run that writes its pid (the shell's, which execs sleep) where the test reads it."""
+    return ["sh", "-c", f"echo $$ > {pidfile}; exec sleep {seconds}"]
+
+
+@pytest.fixture
+def agents(tmp_path) -> Iterator[Callable[..., subprocess.Popen]]:
+    """Start `reconciler agent` processes (for a server); each is killed after the test."""
+    started: list[subprocess.Popen] = []
+
+    def start(server: Server, name: str, *, env: dict | None = None, wrap: list | None = None, extra: list = ()):
+        log = (tmp_path / f"{name}.log").open("w")
+        argv = ["--server", server.url, "agent", "--node", "far", "--slots", "2", "--log-port", "0", *extra]
+        argv += ["--state-dir", str(tmp_path / name)]
+        proc = subprocess.Popen(
+            [*(wrap or []), sys.executable, "-m", "reconciler", *argv],
+            stdout=log,
+            stderr=log,
+            start_new_session=True,
+            env={**os.environ, "RECONCILER_HEARTBEAT_INTERVAL": "0.5", **(env or {})},
+        )
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGCONT)
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=20)
+
+
+def _node_up(server: Server, node: str = "far") -> None:
+    wait_until(lambda: server.http().get(f"{PREFIX}/nodes/{node}").status_code == 200, timeout=30, interval=0.1)
+
+
+def _apply(server: Server, *docs: dict) -> None:
+    answer = server.http().post(f"{PREFIX}/apply", json={"items": list(docs)})
+    assert answer.status_code == 200, answer.text
+
+
+def _phase(server: Server, name: str) -> str | None:
+    return server.job(name).get("status", {}).get("phase")
+
+
+def test_a_cancel_of_a_run_whose_start_is_not_reported_yet_waits_for_the_agent(serve, sqlite_url, agents, tmp_path):
+    """The agent started the run and holds its start report back (RECONCILER_START_REPORT_DELAY):
+    the job is Starting as far as the server knows. A cancel must not free the slots while
+    the process may live: the agent stops it, and the job is Cancelled once it is gone."""
+    server = serve(sqlite_url, "--no-local-node")
+    agents(server, "agent", env={"RECONCILER_START_REPORT_DELAY": "120"})
+    _node_up(server)
+    pidfile = tmp_path / "c4.pid"
+    _apply(server, job_manifest("c4", _recording(pidfile), stopGracePeriod="2s"))
+    pid = wait_until(lambda: _pid_of(pidfile), timeout=30, message="the agent started the run")
+    assert _phase(server, "c4") == "Starting"  # its start is not reported yet
+    assert server.cli("cancel", "job/c4").code == 0
+    status = settled(server, "c4")["c4"]["status"]
+    assert not _alive(pid), "the job was Cancelled while its run lived on its node"
+    assert status["outcome"] == "Cancelled"
+    (run,) = status["runs"]  # the run the agent started, recorded and stopped
+    assert (run["node"], run["outcome"]) == ("far", "Cancelled")
+
+
+def test_a_stop_of_a_starting_run_holds_its_slots_while_the_agent_is_silent(serve, sqlite_url, agents, tmp_path):
+    """The agent does not answer (stopped, as a partition leaves it) when the run is placed and
+    cancelled: the job stays Stopping with its slots until the agent is back and says what it
+    did; no process of the job is left when it is Cancelled."""
+    server = serve(sqlite_url, "--no-local-node")
+    agent = agents(server, "agent")
+    _node_up(server)
+    os.killpg(agent.pid, signal.SIGSTOP)
+    pidfile = tmp_path / "c4.pid"
+    _apply(server, job_manifest("c4", _recording(pidfile), stopGracePeriod="2s"))
+    wait_until(lambda: _phase(server, "c4") == "Starting", timeout=30)
+    assert server.cli("cancel", "job/c4").code == 0
+    wait_until(lambda: _phase(server, "c4") == "Stopping", timeout=30, message="Stopping, not Cancelled at once")
+    held = server.http().get(f"{PREFIX}/nodes/far/held").json()
+    assert "c4" in str(held), held  # its slots are still held there
+    os.killpg(agent.pid, signal.SIGCONT)
+    status = settled(server, "c4")["c4"]["status"]
+    assert status["outcome"] == "Cancelled"
+    pid = _pid_of(pidfile)
+    assert pid is None or not _alive(pid)
+
+
+def test_a_server_down_longer_than_lost_after_does_not_lose_a_healthy_remote_run(serve, sqlite_url, agents, tmp_path):
+    """kill -9 of the server, down longer than the job's retry.lostAfter: the agent kept its
+    run and posts heartbeats again once the server is back; the silence while no controller
+    was up is not counted against the node, so the run is not Lost (nor killed)."""
+    env = {"RECONCILER_NODE_LOST_AFTER": "3s"}
+    server = serve(sqlite_url, "--no-local-node", env=env)
+    agents(server, "agent")
+    _node_up(server)
+    pidfile = tmp_path / "kept.pid"
+    _apply(server, job_manifest("kept", _recording(pidfile), retry={"lostAfter": "6s"}))
+    wait_until(lambda: _phase(server, "kept") == "Running", timeout=30)
+    pid = _pid_of(pidfile)
+    assert pid is not None
+    os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    down_at = time.time()
+    wait_until(lambda: time.time() - down_at > 8, timeout=20, interval=0.2, message="down past lostAfter")
+    port = int(server.url.rsplit(":", 1)[1])
+    log = (tmp_path / "serve-again.log").open("w")
+    again = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", "--store", sqlite_url, "serve", "--port", str(port), "--no-local-node"],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        cwd=tmp_path,
+        env={**os.environ, **env},
+    )
+    try:
+        back = Server(server.url, sqlite_url, again, Path(log.name))
+
+        def beat_after_restart() -> bool:
+            with contextlib.suppress(httpx.HTTPError):
+                beat = back.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("heartbeatAt")
+                return bool(beat) and beat > time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(down_at + 8))
+            return False
+
+        wait_until(beat_after_restart, timeout=60, interval=0.2, message="the agent posts heartbeats again")
+        assert _alive(pid), "the healthy run was killed after the server's restart"
+        assert back.cli("cancel", "job/kept").code == 0
+        status = settled(back, "kept")["kept"]["status"]
+        assert [r["outcome"] for r in status["runs"]] == ["Cancelled"], status
+    finally:
+        os.killpg(again.pid, signal.SIGTERM)
+        again.wait(timeout=20)
+
+
+def test_runs_and_reports_are_refused_to_an_agent_that_does_not_serve_the_node(serve, sqlite_url, agents):
+    server = serve(sqlite_url, "--no-local-node")
+    agents(server, "agent")
+    _node_up(server)
+    other = {"X-Reconciler-Agent": "elsewhere:1:2.0"}
+    runs = server.http().get(f"{PREFIX}/nodes/far/runs", params={"timeoutSeconds": 0}, headers=other)
+    assert runs.status_code == 409 and "is served by the agent" in runs.json()["message"], runs.text
+    reports = server.http().post(f"{PREFIX}/nodes/far/runs/reports", json={"items": []}, headers=other)
+    assert reports.status_code == 409, reports.text
+
+
+def _other_host(name: str) -> list[str]:
+    """Run under another host name (a UTS namespace): another machine, as the server tells them."""
+    return ["unshare", "--uts", "sh", "-c", f'hostname {name} && exec "$@"', "sh"]
+
+
+def test_an_agent_whose_heartbeat_is_not_accepted_neither_starts_nor_reports_runs(serve, sqlite_url, agents, tmp_path):
+    """A second agent for a served node learns of no run before its heartbeat is accepted (a
+    duplicate is refused there): here its heartbeat is refused as invalid (a bad label), so it
+    is never accepted. It used to poll at once and report the real agent's run gone (Lost)."""
+    server = serve(sqlite_url, "--no-local-node")
+    agents(server, "agent")
+    _node_up(server)
+    pidfile = tmp_path / "real.pid"
+    _apply(server, job_manifest("real", _recording(pidfile)))
+    wait_until(lambda: _phase(server, "real") == "Running", timeout=30)
+    agents(server, "duplicate", extra=["--label", "bad key=x"])
+    log = tmp_path / "duplicate.log"
+    wait_until(lambda: log.read_text().count("heartbeat failed") >= 3, timeout=30, message="refused heartbeats")
+    assert not list((tmp_path / "duplicate" / "runs").glob("*/agent.json")), "the duplicate acted on runs"
+    assert _phase(server, "real") == "Running" and _alive(_pid_of(pidfile) or 0)
+    assert server.cli("cancel", "job/real").code == 0
+    done = settled(server, "real")
+    assert [r["outcome"] for r in done["real"]["status"]["runs"]] == ["Cancelled"]
+
+
+def test_an_agent_replaced_by_another_hosts_agent_stops_its_runs_before_it_exits(serve, sqlite_url, agents, tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("a second host name needs unshare --uts (root)")
+    server = serve(sqlite_url, "--no-local-node", env={"RECONCILER_NODE_LOST_AFTER": "2s"})
+    old = agents(server, "old")
+    _node_up(server)
+    pidfile = tmp_path / "held.pid"
+    _apply(server, job_manifest("held", _recording(pidfile), stopGracePeriod="1s"))
+    wait_until(lambda: _phase(server, "held") == "Running", timeout=30)
+    pid = _pid_of(pidfile)
+    assert pid is not None
+    os.killpg(old.pid, signal.SIGSTOP)  # partitioned: its heartbeats stop, its run goes on
+
+    def stale() -> bool:
+        conditions = server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("conditions", [])
+        return any(c["type"] == "Ready" and c["status"] != "True" for c in conditions)
+
+    wait_until(stale, timeout=30, interval=0.1, message="far is NotReady")
+    agents(server, "new", wrap=_other_host("new-machine"))  # takes the node over once it is stale
+
+    def served_by_new() -> bool:
+        agent = server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("agent", "")
+        return agent.startswith("new-machine:")
+
+    wait_until(served_by_new, timeout=30, interval=0.1, message="the new agent serves far")
+    os.killpg(old.pid, signal.SIGCONT)  # healed: its heartbeat is refused
+    assert old.wait(timeout=60) == 1
+    wait_until(lambda: not _alive(pid), timeout=10, message="the replaced agent's run is gone")
+    assert "stopped the 1 run(s) this agent held" in (tmp_path / "old.log").read_text()
+
+
+def test_the_next_run_after_a_stale_one_starts_once_the_stale_one_has_ended(serve, sqlite_url, agents, tmp_path):
+    """Run 1 is declared lost while the agent is silent (lostAfter); the retry is placed on the
+    same node when it is back. The agent stops run 1 (its report is refused) and starts run
+    2 when run 1 has ended, not at its long poll's next answer, up to 30 s later."""
+    server = serve(sqlite_url, "--no-local-node", env={"RECONCILER_NODE_LOST_AFTER": "1s"})
+    agent = agents(server, "agent")
+    _node_up(server)
+    first = tmp_path / "first.pid"
+    # run 1 takes 4 s to end when stopped: run 2 is placed on the node while it still ends
+    lingers = f"echo $$ > {first}; trap 'sleep 4; exit 1' TERM; while :; do sleep 0.1; done"
+    script = f"if [ -e {first} ]; then exec sleep 600; fi; {lingers}"
+    retry = {"limit": 1, "lostAfter": "2s", "backoff": {"delay": "0s"}}
+    spec = {"shell": script, "retry": retry, "stopGracePeriod": "20s"}
+    _apply(server, {**job_manifest("again"), "spec": spec})
+    wait_until(lambda: _phase(server, "again") == "Running", timeout=30)
+    pid = _pid_of(first)
+    assert pid is not None
+    os.killpg(agent.pid, signal.SIGSTOP)
+    wait_until(lambda: server.job("again")["status"]["runs"][0].get("outcome") == "Lost", timeout=30)
+    os.killpg(agent.pid, signal.SIGCONT)
+    wait_until(lambda: not _alive(pid), timeout=30, message="the stale run 1 is stopped")
+    ended = time.monotonic()
+
+    def second_started() -> bool:
+        runs = server.job("again")["status"].get("runs", [])
+        return len(runs) == 2 and _phase(server, "again") == "Running"
+
+    # well under the long poll's 30 s, the only other look that would start it
+    wait_until(second_started, timeout=20, interval=0.1, message="run 2 started after run 1 ended")
+    assert time.monotonic() - ended < 20
+    assert server.cli("cancel", "job/again").code == 0
+    settled(server, "again")
+
+
+def test_an_agent_whose_token_the_server_refuses_exits_2_naming_the_token(serve, sqlite_url, tmp_path):
+    admin = "admin-" + "a" * 26
+    tokens = tmp_path / "tokens"
+    tokens.write_text(f"{admin} admin\n{'agent-' + 'b' * 26} agent far\n")
+    server = serve(sqlite_url, "--tokens", str(tokens), "--no-local-node", token=admin)
+    argv = ["--server", server.url, "--token", "unknown-" + "c" * 26, "agent", "--node", "far", "--log-port", "0"]
+    argv += ["--state-dir", str(tmp_path / "agent")]
+    refused = subprocess.run(
+        [sys.executable, "-m", "reconciler", *argv], capture_output=True, text=True, timeout=30, start_new_session=True
+    )
+    assert refused.returncode == 2, refused.stderr
+    assert "refused this agent's token for node far (HTTP 401" in refused.stderr, refused.stderr
