@@ -1,20 +1,27 @@
 """The fork server: the C wrapper run once per agent as a process that starts every run as a
 forked copy of itself (`reconciler-run.c`, `serve`), so that a start costs the agent's thread
-one request and one short reply instead of a fork and exec of its own (issue 15, "a cheaper
-start": the spawn off the reconcile thread, on the other core).
+one request and one short reply instead of a fork and exec of its own, and no run pays the
+wrapper's exec (issue 15, "a cheaper start").
 
-A copy is the run's wrapper exactly as an exec'd one is: it leads its own session, writes
-the run's logs and exit record, and outlives the server and the agent; it answers the
-request itself once its signals are trapped, so a signal sent to its group after the reply
-is noted, never fatal. The server holds no run's state: its death loses nothing, and the
-next request starts another.
+A copy is the run's wrapper as an exec'd one is: it leads its own session, writes the run's
+logs and exit record, and outlives the server and the agent. The server replies with the
+copy's pid and start time right after the fork; the copy calls setsid first (a signal to its
+group waits for that: `groups.settle`) and has the signals it traps blocked from the fork
+until they are trapped, so none can kill it before it records. The server holds no run's
+state: a server that dies while idle loses nothing, and the next request starts another.
 
-Crash safety: a controller killed after writing a request may leave the server forking the
-run after the next controller looked for it (`LocalAgent.find`) and, finding nothing, started
-it again. So each server holds an flock on a file of its own under `locks/`, and each copy
-holds it too until it leads its session under the wrapper's title (`reconciler-run.c`);
-`wait_for_servers` returns once no lock but this agent's is held: every run asked of an
-earlier server is then findable.
+A request written without a good reply is a start whose outcome is unknown: the server may
+have forked the copy (it was killed after the fork, or stalled past the timeout, or the reply
+could not be read). It is never taken for "nothing started": `ForkServerUnsure` is raised, the
+server is ended, and the caller looks for the run (`LocalAgent.find`) before it starts it
+again, as after a crash.
+
+Crash safety: an agent killed after writing a request may leave its server forking the run
+after the next agent looked for it and, finding nothing, started it again. So each server
+holds an flock on a file of its own under `STATE/forkservers/`, named after the agent's
+process, and each copy holds it too until it leads its session under the wrapper's title
+(`reconciler-run.c`); `wait_for_servers` waits for the locks of agents that are gone, and
+of this agent's own servers ended before, so every run asked of them is findable.
 """
 
 from __future__ import annotations
@@ -34,32 +41,40 @@ from pathlib import Path
 
 import psutil
 
-from reconciler.agent.identity import ProcessIdentity
+from reconciler.agent.identity import ProcessIdentity, is_alive
 from reconciler.agent.process import inherited_environment
 from reconciler.agent.wrapper import WRAPPER_NAME
 
-# Room in the server's command line for a copy's `reconciler-run -c - reconciler-run RUN_DIR`
-# (a run dir is a path: at most PATH_MAX).
-_TITLE_ROOM = 4200
-_REPLY_TIMEOUT = 30.0  # a copy answers microseconds after its fork; this is for a server gone wrong
+# Room in the server's command line for a copy's `-c - reconciler-run RUN_DIR` (its argv[0],
+# the binary's path, stays): a run dir is under the state folder, its name at most a job name
+# (63), a uid (36) and a run number; the rest is margin.
+TITLE_MARGIN = 300
+_REPLY_TIMEOUT = 30.0  # a reply comes microseconds after the fork; this is for a server gone wrong
+MAX_REQUEST = 1 << 26  # as the server takes (reconciler-run.c); the kernel refuses far less at exec
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _servers = itertools.count(1)
 log = logging.getLogger(__name__)
 
 
 class ForkServerError(OSError):
-    """The server could not be reached or did not answer; nothing was started."""
+    """The server refused the request or could not be reached; nothing was started."""
+
+
+class ForkServerUnsure(Exception):
+    """The request was written and no good reply came: the run may have been started. Not a
+    StartFailed: the caller looks for it (`LocalAgent.find`) before starting it again."""
 
 
 class ForkServer:
     """One server process, started at the first request and again after it died."""
 
-    def __init__(self, binary: Path, locks: Path):
+    def __init__(self, binary: Path, locks: Path, *, title_room: int = 4096 + TITLE_MARGIN):
         self.binary = binary
         self.locks = locks  # a private folder: the lock file of each server started
+        self.title_room = title_room
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[bytes] | None = None
-        self.mine: set[Path] = set()  # lock files of servers this object started
+        self.current: Path | None = None  # the lock file of the server running now
 
     def start(
         self,
@@ -72,10 +87,9 @@ class ForkServer:
         env: dict[str, str],
         command: list[str],
     ) -> ProcessIdentity:
-        """Fork a copy of the wrapper for `command`; its identity (the server reads the copy's
-        start time). Raises ForkServerError when nothing was started. The copy calls setsid
-        first and has the signals it traps blocked until they are: a signal to its group
-        waits for the setsid (groups.wait_armed), none can kill it before it records."""
+        """Fork a copy of the wrapper for `command`; its identity (pid and start time, read by
+        the server right after the fork). Raises ForkServerError when nothing was started,
+        ForkServerUnsure when that is not known."""
         fields = [
             str(run_dir),
             "1" if fsync else "0",
@@ -90,39 +104,55 @@ class ForkServer:
         if any(b"\0" in f for f in encoded):  # as Popen refuses it: the fields are NUL-ended
             raise ForkServerError("embedded null byte in the command or its environment")
         body = b"".join(f + b"\0" for f in encoded)
+        if len(body) > MAX_REQUEST:
+            raise ForkServerError(f"the command and its environment take {len(body)} bytes: too long")
         request = struct.pack("=I", len(body)) + body
         with self._lock:
             server = self._server()
             try:
                 _write_all(server.stdin.fileno(), request)  # type: ignore[union-attr]
-            except BrokenPipeError:  # it died since: nothing was forked; one more server
+            except BrokenPipeError:  # it died since: it read no whole request, forked nothing
                 self._forget()
                 server = self._server()
                 _write_all(server.stdin.fileno(), request)  # type: ignore[union-attr]
-            line = self._reply(server)
-        if line.startswith("!"):
-            raise ForkServerError(line[1:].strip())
-        pid, ticks = line.split()
-        if ticks == "0":  # /proc could not be read: read at first use, as an exec'd wrapper's
-            return ProcessIdentity.of_child(int(pid))
-        return ProcessIdentity(int(pid), int(ticks) / _CLOCK_TICKS + psutil.boot_time())
+            try:
+                line = self._reply(server)
+                if line.startswith("!"):  # the server's own refusal (its fork failed): nothing forked
+                    raise ForkServerError(line[1:].strip())
+                pid, ticks = (int(word) for word in line.split())
+            except ForkServerError:
+                raise
+            except BaseException as exc:  # written, and no good reply: it may have forked the copy
+                self._forget()
+                raise ForkServerUnsure(f"the run fork server gave no answer ({exc or type(exc).__name__})") from exc
+        if not ticks:  # /proc could not be read: read at first use, as an exec'd wrapper's
+            return ProcessIdentity.of_child(pid)
+        return ProcessIdentity(pid, ticks / _CLOCK_TICKS + psutil.boot_time())
 
     def _server(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
-            path = self.locks / f"{os.getpid()}.{next(_servers)}.lock"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            if self._proc is not None:
+                self._forget()
+            me = psutil.Process()
+            path = self.locks / f"{me.pid}-{me.create_time()}.{next(_servers)}.lock"
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            if fd < 3:  # never 0-2: Popen gives the server its pipes there
+                fd, low = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3), fd
+                os.close(low)
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX)  # a new file: free; held by the server from now on
-                self.mine.add(path)
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: free; the server's from now on
+                self.current = path
                 self._proc = subprocess.Popen(
-                    [str(self.binary), "--serve", str(fd), f"{WRAPPER_NAME}-server", " " * _TITLE_ROOM],
+                    [str(self.binary), "--serve", str(fd), f"{WRAPPER_NAME}-server", " " * self.title_room],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.DEVNULL,
                     start_new_session=True,  # a terminal's ^C is not its business, nor its copies'
                     close_fds=True,
                     pass_fds=(fd,),
-                    env=inherited_environment(),  # what `ps e` shows of each copy, as of an exec'd wrapper
+                    # the agent's environment without reconciler's own: each copy's exec-time
+                    # environment (/proc/PID/environ); a run's own is given with its request
+                    env=inherited_environment(),
                 )
             finally:
                 os.close(fd)  # the lock stays with the server's copy of the descriptor
@@ -130,22 +160,25 @@ class ForkServer:
 
     def _reply(self, server: subprocess.Popen[bytes]) -> str:
         fd = server.stdout.fileno()  # type: ignore[union-attr]
+        poller = select.poll()  # not select(): the agent may hold more than 1024 descriptors
+        poller.register(fd, select.POLLIN)
         data = b""
         while not data.endswith(b"\n"):
-            ready, _, _ = select.select([fd], [], [], _REPLY_TIMEOUT)
-            chunk = os.read(fd, 4096) if ready else b""
-            if not chunk:  # EOF: the server died before it forked (a copy holds the pipe open)
-                self._forget()
-                raise ForkServerError("the run fork server ended or did not answer")
+            chunk = os.read(fd, 4096) if poller.poll(_REPLY_TIMEOUT * 1000) else None
+            if chunk is None:
+                raise TimeoutError(f"no reply within {_REPLY_TIMEOUT:g}s")
+            if not chunk:  # EOF: the server died, before its fork or after it
+                raise EOFError("the server ended")
             data += chunk
         return data.decode()
 
     def _forget(self) -> None:
-        proc, self._proc = self._proc, None
+        """End the server and its group: it and a copy not yet in a session of its own."""
+        proc, self._proc, self.current = self._proc, None, None
         if proc is None:
             return
         if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):  # its group: the server, a copy not yet in its own
+            with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         for stream in (proc.stdin, proc.stdout):
@@ -155,7 +188,7 @@ class ForkServer:
     def close(self) -> None:
         """End the server (EOF on its input); its copies, the runs, go on."""
         with self._lock:
-            proc, self._proc = self._proc, None
+            proc, self._proc, self.current = self._proc, None, None
         if proc is None:
             return
         if proc.stdin is not None:
@@ -169,13 +202,23 @@ class ForkServer:
             proc.stdout.close()
 
 
-def wait_for_servers(locks: Path, mine: set[Path], timeout: float = 10.0) -> bool:
-    """True once every server under `locks` but `mine` (those of an agent that died) has ended
-    and each run it forked leads its session under its title; False after `timeout` seconds
-    (a server of another agent still alive on this state folder), said once."""
+def wait_for_servers(locks: Path, current: Path | None, timeout: float = 10.0) -> bool:
+    """True once every server under `locks` that may have forked a run nobody can find yet has
+    ended, and each copy it forked leads its session under its title: those of agents that
+    are gone and this process's own ended servers (`current`, the one running now, aside).
+    A live agent's server is not waited for: the admissions it holds are its own (claimed
+    with its owner), never this agent's to start. False after `timeout` seconds, said."""
+    me = psutil.Process()
+    mine = f"{me.pid}-{me.create_time()}."
     deadline = time.monotonic() + timeout
-    for path in sorted(locks.glob("*.lock")):
-        if path in mine:
+    try:
+        paths = sorted(locks.iterdir())
+    except FileNotFoundError:
+        return True
+    for path in paths:
+        if path == current or not path.name.endswith(".lock"):
+            continue
+        if not path.name.startswith(mine) and not _owner_gone(path.name):
             continue
         while not _free(path):
             if time.monotonic() >= deadline:
@@ -183,6 +226,16 @@ def wait_for_servers(locks: Path, mine: set[Path], timeout: float = 10.0) -> boo
                 return False
             time.sleep(0.005)
     return True
+
+
+def _owner_gone(name: str) -> bool:
+    """The agent process a lock file is named after (`PID-START.N.lock`) has exited."""
+    owner = name.split(".", 2)
+    try:
+        pid, start = owner[0].split("-", 1)
+        return not is_alive(ProcessIdentity(int(pid), float(f"{start}.{owner[1]}")))
+    except (ValueError, IndexError):
+        return True  # not a name this code made: waited for like a gone agent's
 
 
 def _free(path: Path) -> bool:

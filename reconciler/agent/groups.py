@@ -74,17 +74,18 @@ def settle(pid: int, timeout: float = 5.0) -> None:
     with _arming_lock:
         if pid not in _settling:
             return
-        _settling.discard(pid)
     deadline = time.monotonic() + timeout
     while True:
         try:
             if os.getsid(pid) == pid:
-                return
+                break
         except ProcessLookupError:
-            return
+            break
         if time.monotonic() >= deadline:
-            return
+            return  # left noted: a later look waits again
         time.sleep(0.0001)
+    with _arming_lock:  # forgotten only once settled: a look from another thread meanwhile waited too
+        _settling.discard(pid)
 
 
 def _group_is_ours(identity: ProcessIdentity) -> bool:

@@ -22,7 +22,7 @@ from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgro
 from .cgroupspares import Spares
 from .cgroupspares import sweep as sweep_spares
 from .cwrapper import Binary
-from .forkserver import ForkServer, wait_for_servers
+from .forkserver import TITLE_MARGIN, ForkServer, ForkServerUnsure, wait_for_servers
 from .identity import ProcessIdentity, is_alive, wall_clock_start
 from .logs import WORK, has_legacy_runs, run_dir
 from .logtrim import LogTrimmer
@@ -62,6 +62,7 @@ __all__ = [
 # fallback: an address-space rlimit, and runs whose condition says limits are degraded.
 CGROUP_ROOT_ENV = "RECONCILER_CGROUP_ROOT"
 FORK_SERVER_ENV = "RECONCILER_FORK_SERVER"  # "0": every run exec's its own wrapper (the fork server off)
+FORK_SERVERS = "forkservers"  # under the state folder: each fork server's lock file
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ class LocalAgent:
         self._artifacts_lock = threading.Lock()
         self.wrapper = Binary(self.state_dir)  # the C wrapper, built in a thread; the sh one meanwhile
         self._server: ForkServer | None = None  # made with the first run the C wrapper starts
-        self._servers_checked = False  # no fork server of an earlier agent is left: see find
+        self._server_lock = threading.Lock()  # several workers may start runs at once
         root = cgroup_root or Path(os.environ.get(CGROUP_ROOT_ENV) or DEFAULT_ROOT)
         self._hierarchy: Hierarchy | None = None
         self._spares: Spares | None = None
@@ -177,6 +178,11 @@ class LocalAgent:
             else:
                 kib = -(-limits.memory // 1024) if limits.memory else None
                 identity = self._spawn(spec, env, run_dir, address_space_kib=kib)
+        except ForkServerUnsure:
+            # the run may have started (its cgroup kept for it): the step errs and, next time,
+            # looks for the run before it starts it again
+            log.warning("run %d of job %s: its start is not known; looked for again", number, job, exc_info=True)
+            raise
         except Exception as exc:
             if group is not None:
                 group.remove()
@@ -276,11 +282,13 @@ class LocalAgent:
         binary = self.wrapper.path
         if binary is None or os.environ.get(FORK_SERVER_ENV) == "0":
             return None
-        if self._server is None or self._server.binary != binary:
-            locks = self.state_dir / "forkservers"
-            make_private_dirs(locks)
-            self._server = ForkServer(binary, locks)
-        return self._server
+        with self._server_lock:
+            if self._server is None or self._server.binary != binary:
+                locks = self.state_dir / FORK_SERVERS
+                make_private_dirs(locks)
+                room = len(str(self.state_dir)) + TITLE_MARGIN  # the copies' titles name their run dirs
+                self._server = ForkServer(binary, locks, title_room=room)
+            return self._server
 
     def prepare(self, job: str, run_dir: Path, artifact: Artifact) -> Preparation:
         """Fetch a run's artifact (once per sha256, into the cache beside `runs/`) and unpack
@@ -348,9 +356,9 @@ class LocalAgent:
             # its artifact is unpacked into it, and this process, which holds its spawn, has
             # not spawned it yet (it does once prepare answers ready): no look at every process
             return None
-        if not self._servers_checked:  # a run a dead agent asked of its fork server is findable
-            mine = self._server.mine if self._server is not None else set()
-            self._servers_checked = wait_for_servers(self.state_dir / "forkservers", mine)
+        # a run asked of a fork server that is gone (a dead agent's, or this one's after no
+        # answer) is findable once that server's lock is free
+        wait_for_servers(self.state_dir / FORK_SERVERS, self._server.current if self._server is not None else None)
         target = str(run_dir.absolute())  # as spawn_run gave it to the wrapper
         for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = proc.info.get("cmdline") or []

@@ -117,7 +117,9 @@ def spawn_run(
     calls) collects the wrapper once it has exited. The identity's start time is read at
     its first use, not here (`ProcessIdentity.of_child`). With `server`, the C wrapper's fork
     server starts the run as a forked copy of itself instead (forkserver.py): the same
-    wrapper, not this process's child, its start time known at once and its traps armed.
+    wrapper, not this process's child, its start time known at once; it raises
+    ForkServerUnsure (not StartFailed) when the request was written but not answered: the
+    run may have started, and must be looked for before it is started again.
     """
     if (argv is None) == (shell is None):
         raise ValueError("exactly one of argv and shell must be given")

@@ -184,9 +184,10 @@ static int wrap(const char *dir, const char *fsync_flag, const char *cgroups, co
  * are reparented and go on; the agent starts another server).
  * Request on stdin: a 4-byte length in host order, then NUL-terminated fields: RUN_DIR,
  * FSYNC, CGROUPS, KIB, CWD, the number of environment entries N, N entries, the command.
- * Reply on stdout, written by the copy once it leads its own session with its signals
- * trapped: "PID STARTTIME\n" (STARTTIME in clock ticks since boot, /proc/PID/stat's field
- * 22), or "! reason\n" when it could not start (nothing is run then).
+ * Reply on stdout, written by the server right after the fork: "PID STARTTIME\n" (STARTTIME
+ * in clock ticks since boot, /proc/PID/stat's field 22, read before the copy can be reaped),
+ * or "! reason\n" when it could not fork (nothing is run then). The copy calls setsid first
+ * and has the signals it traps blocked from the fork until it has trapped them.
  * The copy rewrites its command line to the wrapper's first five words
  * (`reconciler-run -c - reconciler-run RUN_DIR`) in the room PAD leaves, so an agent that
  * restarts finds it as it finds an exec'd wrapper. Ends at EOF on stdin.
@@ -267,12 +268,13 @@ static void start_copy(char *body, size_t size, char **argv, char *area_end, int
     for (char *q = p; q < end; q += strlen(q) + 1) list[i + (i >= (size_t)nenv)] = q, i++;
     char **envp = list, **command = list + nenv + 1; /* envp NULL-terminated at list[nenv] */
 
-    sigset_t set, chld, prev;
+    sigset_t set, prev;
     sigemptyset(&set);
     for (int k = 0; k < NCAUGHT; k++) sigaddset(&set, caught[k]);
-    sigemptyset(&chld);
-    sigaddset(&chld, SIGCHLD);
-    sigprocmask(SIG_BLOCK, &chld, &prev); /* not reaped before its start time is read */
+    sigaddset(&set, SIGCHLD);
+    /* blocked across the fork: the copy is not reaped before its start time is read, and the
+     * copy starts with the signals it will trap blocked, pending until trapped */
+    sigprocmask(SIG_BLOCK, &set, &prev);
     pid_t pid = fork();
     if (pid != 0) {
         if (pid < 0) refuse("fork", errno);
@@ -283,8 +285,7 @@ static void start_copy(char *body, size_t size, char **argv, char *area_end, int
         free(list);
         return;
     }
-    sigaddset(&set, SIGCHLD);
-    /* The copy: the caught signals are blocked (the server's mask) until they are trapped. */
+    /* The copy: the caught signals and SIGCHLD are blocked (see above) until trapped, reset. */
     struct sigaction dfl;
     memset(&dfl, 0, sizeof dfl);
     dfl.sa_handler = SIG_DFL;
@@ -322,14 +323,10 @@ static int serve(char **argv, char *area_end) {
     reaper.sa_flags = SA_RESTART | SA_NOCLDSTOP;
     sigemptyset(&reaper.sa_mask);
     sigaction(SIGCHLD, &reaper, NULL);
-    sigset_t set;
-    sigemptyset(&set);
-    for (int k = 0; k < NCAUGHT; k++) sigaddset(&set, caught[k]);
-    sigprocmask(SIG_BLOCK, &set, NULL); /* inherited blocked by each copy until it traps them */
     for (;;) {
         unsigned int size;
         if (read_full(0, (char *)&size, sizeof size) < 0) return 0; /* the agent is gone or done */
-        if (size > (1u << 26)) return say("request", "too large"), 2;
+        if (size > (1u << 26)) return say("request", "too large"), 2; /* forkserver.py never sends one */
         char *body = malloc((size_t)size + 1);
         if (!body) return say("request", strerror(ENOMEM)), 2;
         if (read_full(0, body, size) < 0) return free(body), 0;

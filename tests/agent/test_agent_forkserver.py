@@ -5,17 +5,21 @@ is found by the next one, however late the server forks it."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import resource
 import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import uuid
+from pathlib import Path
 
 import psutil
+import pytest
 
-from reconciler.agent.forkserver import ForkServer
+from reconciler.agent.forkserver import ForkServer, ForkServerUnsure, wait_for_servers
 from reconciler.agent.local import LocalAgent
 from reconciler.agent.process import ExitRecord, read_exit, signal_group
 from reconciler.api.job import JobSpec
@@ -189,3 +193,135 @@ def test_fork_server_0_execs_a_wrapper_per_run(tmp_path, c_wrapper, monkeypatch)
         agent.remove_cgroup(started.cgroup)
     finally:
         agent.close()
+
+
+def test_a_request_left_unanswered_is_not_a_start_failure_and_its_run_is_found(tmp_path, c_wrapper, monkeypatch):
+    """The server forked the copy and died before its reply (or its reply could not be
+    read): the start is not known, so it is not StartFailed (the job would end, or run again,
+    beside the run) but ForkServerUnsure; the server is ended, and `find` waits for its lock
+    and finds the run."""
+    agent = _agent(tmp_path / "state")
+    uid = str(uuid.uuid4())
+    spec = JobSpec.model_validate({"command": ["sh", "-c", "read x < ./gate; exit 3"], "workingDir": str(tmp_path)})
+    os.mkfifo(tmp_path / "gate")
+    agent.start("job", uid, 1, JobSpec.model_validate({"command": ["true"]}), 1)  # the server is up
+    server = agent._server
+    assert server is not None and server._proc is not None
+    first = server._proc.pid
+
+    def no_answer(proc):  # type: ignore[no-untyped-def]
+        wait_until(lambda: any(c.ppid() == proc.pid for c in psutil.process_iter() if c.pid != proc.pid))
+        raise EOFError("the server ended")
+
+    monkeypatch.setattr(server, "_reply", no_answer)
+    try:
+        with pytest.raises(ForkServerUnsure):
+            agent.start("job", uid, 2, spec, 1)
+        assert not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie"  # ended
+        run_dir = agent.run_dir("job", uid, 2)
+        found = agent.find(run_dir)
+        assert found is not None, "a run the server forked before it failed to answer must be found"
+        assert agent.existing_cgroup("job", uid, 2) is not None or agent.cgroup_version is None  # kept for it
+        (tmp_path / "gate").write_text("go\n")
+        assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(3, None)
+        monkeypatch.undo()
+        agent.start("job", uid, 3, JobSpec.model_validate({"command": ["true"]}), 1)  # another server
+        assert wait_until(lambda: read_exit(agent.run_dir("job", uid, 3))) == ExitRecord(0, None)
+        for number in (1, 2, 3):
+            wait_until(lambda number=number: agent.remove_cgroup(agent.existing_cgroup("job", uid, number)))
+    finally:
+        agent.close()
+
+
+def test_an_agent_holding_more_than_1024_descriptors_starts_runs(tmp_path, c_wrapper):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2048:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(2048, hard), hard))
+    held = [os.open("/dev/null", os.O_RDONLY) for _ in range(1100)]
+    (tmp_path / "locks").mkdir()
+    server = ForkServer(c_wrapper, tmp_path / "locks")
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    try:
+        server.start(
+            run_dir=run_dir,
+            fsync=False,
+            cgroups="",
+            address_space_kib=None,
+            cwd=str(tmp_path),
+            env={},
+            command=["/bin/true"],
+        )
+        assert server._proc is not None and server._proc.stdout is not None and server._proc.stdout.fileno() > 1024
+        assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(0, None)
+    finally:
+        server.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_the_lock_is_held_by_the_server_even_when_descriptors_0_to_2_were_free(tmp_path, c_wrapper):
+    script = textwrap.dedent(
+        f"""
+        import os, pathlib, sys
+        sys.path.insert(0, {str(REPO_ROOT)!r})
+        from reconciler.agent.forkserver import ForkServer, ForkServerUnsure, wait_for_servers
+        out = os.fdopen(os.dup(1), "w")
+        os.close(0)  # the lock file's descriptor would be 0: the server's stdin
+        locks = pathlib.Path({str(tmp_path / "locks")!r}); locks.mkdir()
+        server = ForkServer(pathlib.Path({str(c_wrapper)!r}), locks)
+        run = pathlib.Path({str(tmp_path / "run")!r}); run.mkdir()
+        how = dict(fsync=False, cgroups="", address_space_kib=None, cwd="/", env={{}})
+        server.start(run_dir=run, command=["/bin/true"], **how)
+        print(server._proc.pid, server._proc.args[2], flush=True, file=out)
+        import time; time.sleep(30)  # until the test kills it
+        """
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        server_pid, fd = map(int, proc.stdout.readline().split())
+        assert fd >= 3
+        assert "FLOCK" in (Path(f"/proc/{server_pid}/fdinfo/{fd}")).read_text()
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_a_live_peers_server_is_not_waited_for_and_a_gone_ones_is(tmp_path, c_wrapper):
+    """Two agents on one state folder (a standby beside a leader): the live one's server holds
+    its lock for its life; it started no run the other may start, so the other does not wait
+    for it. A server whose agent is gone is waited for until it has ended."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    script = textwrap.dedent(
+        f"""
+        import pathlib, sys
+        sys.path.insert(0, {str(REPO_ROOT)!r})
+        from reconciler.agent.forkserver import ForkServer, ForkServerUnsure, wait_for_servers
+        server = ForkServer(pathlib.Path({str(c_wrapper)!r}), pathlib.Path({str(locks)!r}))
+        run = pathlib.Path({str(tmp_path / "run")!r}); run.mkdir()
+        how = dict(fsync=False, cgroups="", address_space_kib=None, cwd="/", env={{}})
+        server.start(run_dir=run, command=["/bin/true"], **how)
+        print(server._proc.pid, flush=True)
+        sys.stdin.read()
+        """
+    )
+    peer = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert peer.stdout is not None
+        server_pid = int(peer.stdout.readline())
+        assert wait_for_servers(locks, None, timeout=3) is True  # a live peer's: not waited for
+        os.kill(server_pid, signal.SIGSTOP)  # its server, slow to end once its agent is gone
+        peer.kill()
+        peer.wait(10)
+        assert wait_for_servers(locks, None, timeout=1) is False  # the gone agent's server holds on
+        os.kill(server_pid, signal.SIGCONT)  # it reads EOF and ends
+        assert wait_for_servers(locks, None, timeout=10) is True
+        assert list(locks.iterdir()) == []  # its lock file removed once free
+    finally:
+        peer.kill()
+        peer.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(server_pid, signal.SIGCONT)

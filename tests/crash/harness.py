@@ -281,12 +281,14 @@ class Env:
         return found
 
     def run_processes(self) -> list[psutil.Process]:
-        """The tagged processes but the controllers' run fork servers (a controller's own)."""
+        """The tagged processes but the run fork servers of live controllers (a controller's
+        own; one that outlives its controller is counted)."""
+        controllers = {c.pid for c in self.controllers if c.proc.poll() is None}
         found = []
         for proc in self.tagged_processes():
             with contextlib.suppress(psutil.NoSuchProcess):
                 cmd = proc.cmdline()
-                if not (len(cmd) > 3 and cmd[3] == f"{WRAPPER_NAME}-server"):
+                if not (len(cmd) > 3 and cmd[3] == f"{WRAPPER_NAME}-server" and proc.ppid() in controllers):
                     found.append(proc)
         return found
 
