@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..agent.forkserver import ForkServerUnsure
 from ..agent.local import LocalAgent, StartFailed, process_owner
 from ..agent.probe import Probes
 from ..api.job import JobSpec, WaitCondition
@@ -246,8 +247,8 @@ class NodeAgent:
             self._reconcile(items)
 
     def _look_again(self) -> None:
-        """A record settled: an admission skipped while that older run ended starts now, not
-        at the long poll's next answer (which may be 30 s away)."""
+        """A record settled, or a start went unanswered: an admission skipped meanwhile is looked at
+        now, not at the long poll's next answer (which may be 30 s away)."""
         with self._reconciling:
             if self._skipped and self._last_items is not None:
                 self._reconcile(self._last_items)
@@ -380,6 +381,11 @@ class NodeAgent:
                     run_dir.mkdir(parents=True, exist_ok=True)
                     record.start_failed, record.finished_at = str(exc), from_epoch(time.time())
                     identity = None
+                except ForkServerUnsure:  # it may have started: the next look finds it, or starts it
+                    log.warning("run %d of job %s: its start is not known; looked for again", number, job)
+                    self._skipped.add(job)
+                    self._relook.set()
+                    return
             if identity is not None:
                 record.pid, record.process_start_time = identity.pid, identity.start_time
                 self._quiet_until[record.dir] = time.monotonic() + START_REPORT_DELAY
