@@ -49,10 +49,14 @@ from reconciler.agent.wrapper import WRAPPER_NAME
 # the binary's path, stays): a run dir is under the state folder, its name at most a job name
 # (63), a uid (36) and a run number; the rest is margin.
 TITLE_MARGIN = 300
-_REPLY_TIMEOUT = 30.0  # a reply comes microseconds after the fork; this is for a server gone wrong
+ANSWER_TIMEOUT = 10.0  # to write a request, and for its reply (microseconds after the fork): a server gone wrong
 MAX_REQUEST = 1 << 26  # as the server takes (reconciler-run.c); the kernel refuses far less at exec
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _servers = itertools.count(1)
+# The lock files of the servers running in this process (several agents may share a state
+# folder in one process): never waited for by `wait_for_servers`.
+_live: set[Path] = set()
+_live_lock = threading.Lock()
 log = logging.getLogger(__name__)
 
 
@@ -110,11 +114,11 @@ class ForkServer:
         with self._lock:
             server = self._server()
             try:
-                _write_all(server.stdin.fileno(), request)  # type: ignore[union-attr]
+                self._write(server, request)
             except BrokenPipeError:  # it died since: it read no whole request, forked nothing
                 self._forget()
                 server = self._server()
-                _write_all(server.stdin.fileno(), request)  # type: ignore[union-attr]
+                self._write(server, request)
             try:
                 line = self._reply(server)
                 if line.startswith("!"):  # the server's own refusal (its fork failed): nothing forked
@@ -129,18 +133,33 @@ class ForkServer:
             return ProcessIdentity.of_child(pid)
         return ProcessIdentity(pid, ticks / _CLOCK_TICKS + psutil.boot_time())
 
+    def _write(self, server: subprocess.Popen[bytes], request: bytes) -> None:
+        """The request whole, or TimeoutError: nothing forked (the server forks once it has
+        read a whole request, and is ended before it can)."""
+        try:
+            _write_all(server.stdin.fileno(), request)  # type: ignore[union-attr]
+        except TimeoutError as exc:
+            self._forget()
+            raise ForkServerError(f"the run fork server took no request ({exc})") from None
+
     def _server(self) -> subprocess.Popen[bytes]:
         if self._proc is None or self._proc.poll() is not None:
             if self._proc is not None:
                 self._forget()
             me = psutil.Process()
             path = self.locks / f"{me.pid}-{me.create_time()}.{next(_servers)}.lock"
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            # locked under another name first: a `wait_for_servers` meanwhile must not take an
+            # unlocked file of this process's for an ended server's, and remove it
+            making = path.with_suffix(".new")
+            fd = os.open(making, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
             if fd < 3:  # never 0-2: Popen gives the server its pipes there
                 fd, low = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 3), fd
                 os.close(low)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: free; the server's from now on
+                with _live_lock:
+                    os.rename(making, path)
+                    _live.add(path)
                 self.current = path
                 self._proc = subprocess.Popen(
                     [str(self.binary), "--serve", str(fd), f"{WRAPPER_NAME}-server", " " * self.title_room],
@@ -154,8 +173,13 @@ class ForkServer:
                     # environment (/proc/PID/environ); a run's own is given with its request
                     env=inherited_environment(),
                 )
+            except BaseException:
+                with _live_lock:
+                    _live.discard(path)
+                raise
             finally:
                 os.close(fd)  # the lock stays with the server's copy of the descriptor
+            os.set_blocking(self._proc.stdin.fileno(), False)  # type: ignore[union-attr]  # writes time out
         return self._proc
 
     def _reply(self, server: subprocess.Popen[bytes]) -> str:
@@ -164,9 +188,9 @@ class ForkServer:
         poller.register(fd, select.POLLIN)
         data = b""
         while not data.endswith(b"\n"):
-            chunk = os.read(fd, 4096) if poller.poll(_REPLY_TIMEOUT * 1000) else None
+            chunk = os.read(fd, 4096) if poller.poll(ANSWER_TIMEOUT * 1000) else None
             if chunk is None:
-                raise TimeoutError(f"no reply within {_REPLY_TIMEOUT:g}s")
+                raise TimeoutError(f"no reply within {ANSWER_TIMEOUT:g}s")
             if not chunk:  # EOF: the server died, before its fork or after it
                 raise EOFError("the server ended")
             data += chunk
@@ -174,7 +198,8 @@ class ForkServer:
 
     def _forget(self) -> None:
         """End the server and its group: it and a copy not yet in a session of its own."""
-        proc, self._proc, self.current = self._proc, None, None
+        proc, self._proc = self._proc, None
+        self._not_live()
         if proc is None:
             return
         if proc.poll() is None:
@@ -185,10 +210,18 @@ class ForkServer:
             if stream is not None:
                 stream.close()
 
+    def _not_live(self) -> None:
+        """Its server is ending: from now on, `wait_for_servers` waits for its lock."""
+        with _live_lock:
+            if self.current is not None:
+                _live.discard(self.current)
+        self.current = None
+
     def close(self) -> None:
         """End the server (EOF on its input); its copies, the runs, go on."""
         with self._lock:
-            proc, self._proc, self.current = self._proc, None, None
+            proc, self._proc = self._proc, None
+            self._not_live()
         if proc is None:
             return
         if proc.stdin is not None:
@@ -202,12 +235,12 @@ class ForkServer:
             proc.stdout.close()
 
 
-def wait_for_servers(locks: Path, current: Path | None, timeout: float = 10.0) -> bool:
+def wait_for_servers(locks: Path, timeout: float = 10.0) -> bool:
     """True once every server under `locks` that may have forked a run nobody can find yet has
     ended, and each copy it forked leads its session under its title: those of agents that
-    are gone and this process's own ended servers (`current`, the one running now, aside).
-    A live agent's server is not waited for: the admissions it holds are its own (claimed
-    with its owner), never this agent's to start. False after `timeout` seconds, said."""
+    are gone and this process's own ended servers (those running now aside). A live agent's
+    server is not waited for: the admissions it holds are its own (claimed with its owner),
+    never this agent's to start. False after `timeout` seconds, said."""
     me = psutil.Process()
     mine = f"{me.pid}-{me.create_time()}."
     deadline = time.monotonic() + timeout
@@ -215,8 +248,10 @@ def wait_for_servers(locks: Path, current: Path | None, timeout: float = 10.0) -
         paths = sorted(locks.iterdir())
     except FileNotFoundError:
         return True
+    with _live_lock:
+        live = set(_live)
     for path in paths:
-        if path == current or not path.name.endswith(".lock"):
+        if path in live or not path.name.endswith(".lock"):
             continue
         if not path.name.startswith(mine) and not _owner_gone(path.name):
             continue
@@ -256,6 +291,15 @@ def _free(path: Path) -> bool:
 
 
 def _write_all(fd: int, data: bytes) -> None:
+    """All of `data` to the non-blocking `fd` within ANSWER_TIMEOUT, else TimeoutError."""
     view = memoryview(data)
+    deadline = time.monotonic() + ANSWER_TIMEOUT
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT)
     while view:
-        view = view[os.write(fd, view) :]
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                raise TimeoutError(f"the request not taken within {ANSWER_TIMEOUT:g}s") from None

@@ -358,7 +358,7 @@ class LocalAgent:
             return None
         # a run asked of a fork server that is gone (a dead agent's, or this one's after no
         # answer) is findable once that server's lock is free
-        wait_for_servers(self.state_dir / FORK_SERVERS, self._server.current if self._server is not None else None)
+        wait_for_servers(self.state_dir / FORK_SERVERS)
         target = str(run_dir.absolute())  # as spawn_run gave it to the wrapper
         for proc in psutil.process_iter(["pid", "cmdline", "create_time"]):
             cmd = proc.info.get("cmdline") or []

@@ -243,7 +243,8 @@ static unsigned long long start_ticks(pid_t pid) {
 static void retitle(char *area, char *area_end, const char *dir) {
     static const char head[] = "-c\0-\0reconciler-run";
     char *p = area + strlen(area) + 1;
-    if (sizeof head + strlen(dir) + 1 > (size_t)(area_end - p)) return; /* never: PAD holds PATH_MAX */
+    /* never: forkserver.py sizes PAD by the state folder; else the copy would not be found */
+    if (sizeof head + strlen(dir) + 1 > (size_t)(area_end - p)) return;
     memset(p, 0, (size_t)(area_end - p));
     memcpy(p, head, sizeof head);
     memcpy(p + sizeof head, dir, strlen(dir));

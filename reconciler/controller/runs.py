@@ -147,10 +147,12 @@ class RunSteps:
             if (stop := self.stop_reason(ctx)) is not None:
                 if ctx.spec.artifact is not None:
                     self.agent.discard_work(run_dir)  # a fetch or an unpacked folder nobody will use
+                self._unused_cgroup(ctx, number, run_dir)
                 return self.ends.after_stop(ctx, stop, run=None)
             if (lost := drained(ctx, number, held.node)) is not None:
                 if ctx.spec.artifact is not None:
                     self.agent.discard_work(run_dir)  # its next admission may be on another node
+                self._unused_cgroup(ctx, number, run_dir)
                 return self.unstarted(ctx, lost)
             if ctx.spec.artifact is not None and (not_yet := self._artifact(ctx, number, run_dir)) is not None:
                 return not_yet
@@ -309,6 +311,13 @@ class RunSteps:
         elif any(c.get("type") == "LimitsEnforced" for c in ctx.status.get("conditions", [])):
             message = f"run {run['number']} is held by its {started.limits}"
             set_condition(ctx.status, "LimitsEnforced", True, "Cgroup", message, ctx.now_text)
+
+    def _unused_cgroup(self, ctx: Ctx, number: int, run_dir: Path) -> None:
+        """The run will not start: a cgroup kept for it (a start the fork server left
+        unanswered, found not to have happened) is removed. Nothing to look at for a run
+        that never had a folder."""
+        if run_dir.exists():
+            self.agent.remove_cgroup(self.agent.existing_cgroup(ctx.name, ctx.uid, number))
 
     def unstarted(self, ctx: Ctx, lost: Stop) -> Result:
         """`drain --force` reached an admission whose run never started: the run does not

@@ -19,7 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from reconciler.agent.forkserver import ForkServer, ForkServerUnsure, wait_for_servers
+from reconciler.agent import forkserver
+from reconciler.agent.forkserver import ForkServer, ForkServerError, ForkServerUnsure, wait_for_servers
 from reconciler.agent.local import LocalAgent
 from reconciler.agent.process import ExitRecord, read_exit, signal_group
 from reconciler.api.job import JobSpec
@@ -209,8 +210,18 @@ def test_a_request_left_unanswered_is_not_a_start_failure_and_its_run_is_found(t
     assert server is not None and server._proc is not None
     first = server._proc.pid
 
+    run_dir = agent.run_dir("job", uid, 2)
+
+    def titled_copy() -> bool:  # run 2's copy: forked, in its own session, under its title
+        for proc in psutil.process_iter(["pid", "cmdline"]):
+            cmd = proc.info["cmdline"] or []
+            if len(cmd) > 4 and cmd[4] == str(run_dir):
+                with contextlib.suppress(ProcessLookupError):
+                    return os.getsid(proc.info["pid"]) == proc.info["pid"]
+        return False
+
     def no_answer(proc):  # type: ignore[no-untyped-def]
-        wait_until(lambda: any(c.ppid() == proc.pid for c in psutil.process_iter() if c.pid != proc.pid))
+        wait_until(titled_copy)  # the server forked it; its answer is lost
         raise EOFError("the server ended")
 
     monkeypatch.setattr(server, "_reply", no_answer)
@@ -218,7 +229,6 @@ def test_a_request_left_unanswered_is_not_a_start_failure_and_its_run_is_found(t
         with pytest.raises(ForkServerUnsure):
             agent.start("job", uid, 2, spec, 1)
         assert not psutil.pid_exists(first) or psutil.Process(first).status() == "zombie"  # ended
-        run_dir = agent.run_dir("job", uid, 2)
         found = agent.find(run_dir)
         assert found is not None, "a run the server forked before it failed to answer must be found"
         assert agent.existing_cgroup("job", uid, 2) is not None or agent.cgroup_version is None  # kept for it
@@ -266,7 +276,7 @@ def test_the_lock_is_held_by_the_server_even_when_descriptors_0_to_2_were_free(t
         f"""
         import os, pathlib, sys
         sys.path.insert(0, {str(REPO_ROOT)!r})
-        from reconciler.agent.forkserver import ForkServer, ForkServerUnsure, wait_for_servers
+        from reconciler.agent.forkserver import ForkServer
         out = os.fdopen(os.dup(1), "w")
         os.close(0)  # the lock file's descriptor would be 0: the server's stdin
         locks = pathlib.Path({str(tmp_path / "locks")!r}); locks.mkdir()
@@ -299,7 +309,7 @@ def test_a_live_peers_server_is_not_waited_for_and_a_gone_ones_is(tmp_path, c_wr
         f"""
         import pathlib, sys
         sys.path.insert(0, {str(REPO_ROOT)!r})
-        from reconciler.agent.forkserver import ForkServer, ForkServerUnsure, wait_for_servers
+        from reconciler.agent.forkserver import ForkServer
         server = ForkServer(pathlib.Path({str(c_wrapper)!r}), pathlib.Path({str(locks)!r}))
         run = pathlib.Path({str(tmp_path / "run")!r}); run.mkdir()
         how = dict(fsync=False, cgroups="", address_space_kib=None, cwd="/", env={{}})
@@ -312,16 +322,52 @@ def test_a_live_peers_server_is_not_waited_for_and_a_gone_ones_is(tmp_path, c_wr
     try:
         assert peer.stdout is not None
         server_pid = int(peer.stdout.readline())
-        assert wait_for_servers(locks, None, timeout=3) is True  # a live peer's: not waited for
+        assert wait_for_servers(locks, timeout=3) is True  # a live peer's: not waited for
         os.kill(server_pid, signal.SIGSTOP)  # its server, slow to end once its agent is gone
         peer.kill()
         peer.wait(10)
-        assert wait_for_servers(locks, None, timeout=1) is False  # the gone agent's server holds on
+        assert wait_for_servers(locks, timeout=1) is False  # the gone agent's server holds on
         os.kill(server_pid, signal.SIGCONT)  # it reads EOF and ends
-        assert wait_for_servers(locks, None, timeout=10) is True
+        assert wait_for_servers(locks, timeout=10) is True
         assert list(locks.iterdir()) == []  # its lock file removed once free
     finally:
         peer.kill()
         peer.wait(10)
         with contextlib.suppress(ProcessLookupError):
             os.kill(server_pid, signal.SIGCONT)
+
+
+def test_a_server_of_this_process_is_not_waited_for_by_another_agent_of_it(tmp_path, c_wrapper):
+    """Two agents in one process on one state folder: the other's live server is no ended one."""
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    server = ForkServer(c_wrapper, locks)
+    (tmp_path / "run").mkdir()
+    try:
+        how = dict(fsync=False, cgroups="", address_space_kib=None, cwd="/", env={})
+        server.start(run_dir=tmp_path / "run", command=["/bin/true"], **how)  # type: ignore[arg-type]
+        assert wait_for_servers(locks, timeout=1) is True
+    finally:
+        server.close()
+
+
+def test_a_request_the_server_does_not_take_fails_the_start_and_starts_nothing(tmp_path, c_wrapper, monkeypatch):
+    """A stopped server and a request bigger than the pipe holds: the write gives up, the
+    server is ended before it could read the whole request, and the start failed (nothing was
+    forked: a plain StartFailed is right)."""
+    monkeypatch.setattr(forkserver, "ANSWER_TIMEOUT", 0.5)
+    locks = tmp_path / "locks"
+    locks.mkdir()
+    server = ForkServer(c_wrapper, locks)
+    (tmp_path / "run").mkdir()
+    how = dict(fsync=False, cgroups="", address_space_kib=None, cwd="/")
+    try:
+        server.start(run_dir=tmp_path / "run", command=["/bin/true"], env={}, **how)  # type: ignore[arg-type]
+        assert server._proc is not None
+        stopped = server._proc.pid
+        os.kill(stopped, signal.SIGSTOP)
+        with pytest.raises(ForkServerError):
+            server.start(run_dir=tmp_path / "run", command=["/bin/true"], env={"BIG": "x" * 300_000}, **how)  # type: ignore[arg-type]
+        assert not psutil.pid_exists(stopped) or psutil.Process(stopped).status() == "zombie"
+    finally:
+        server.close()
