@@ -29,6 +29,10 @@ class Conflict(ReconcilerError):
     exit_code = 4
 
 
+class Unavailable(ReconcilerError):
+    """Not now: the same request may succeed later (503; an agent retries it with backoff)."""
+
+
 def first_line(exc: BaseException) -> str:
     """An error's first line, or its type's name when it says nothing: what one log or
     message line shows of it."""

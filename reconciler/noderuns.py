@@ -8,10 +8,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from .api import node as node_api
 from .api.annotations import HOSTNAME_LABEL
-from .api.meta import ObjectMeta
+from .api.meta import ObjectMeta, from_epoch
 from .api.node import Capacity, heartbeat_fresh, heartbeat_status
-from .errors import Conflict, InvalidInput
+from .errors import Conflict, InvalidInput, Unavailable
 from .store import Store, placements
 from .store import repository as repo
 from .store import scheduling as sched
@@ -30,12 +31,14 @@ class Beat:
     capacity: dict[str, Any] = field(default_factory=dict)
     cpu_count: int = 1
     log_port: int | None = None
+    withdraws: bool = False  # it answers a stop of a run it has not started (an older agent does not)
 
 
-def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
+def heartbeat(store: Store, node: str, beat: Beat, now: float, up_since: float = 0.0) -> bool:
     """Register the node if it is new (as its agent describes it), then record it Ready.
     True when it just became Ready. A node another live agent serves is refused (409): two
-    agents must not run one node's admissions."""
+    agents must not run one node's admissions. `up_since`: when this server began taking
+    heartbeats; silence before it is not held against the serving agent (503 until then)."""
     try:
         ObjectMeta(name=node, labels=beat.labels)
         capacity = Capacity.model_validate(beat.capacity).model_dump(by_alias=True, exclude_none=True)
@@ -56,13 +59,23 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
             repo.record_events(tx, repo.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
         previous = obj.status or {}
         serving = previous.get("agent")
+        other_host = str(serving).partition(":")[0] != beat.agent.partition(":")[0]
         if serving not in (None, beat.agent) and heartbeat_fresh(previous, now):
             if not previous.get("remote"):
                 raise Conflict(f"node {node} is served by the controller {serving}; give this agent another --node")
-            if str(serving).partition(":")[0] != beat.agent.partition(":")[0]:
+            if other_host:
                 # an agent on another machine posts heartbeats for it: two machines must not
                 # run one node's admissions (the same host's is a restarted agent taking over)
                 raise Conflict(f"node {node} is served by the agent {serving}; give this agent another --node")
+        elif serving not in (None, beat.agent) and (other_host or not previous.get("remote")):
+            # stale, but maybe only while this server was down: its agent may be alive, and
+            # gets the window from the server's start to be heard again before another takes over
+            window = node_api.READY_WINDOW
+            if now - up_since < window:
+                raise Unavailable(
+                    f"node {node} was served by {serving}, silent only while this server was down: "
+                    f"another agent may take it over at {from_epoch(up_since + window)} if it stays silent"
+                )
         if obj.annotations.get(MANAGED_BY) == REMOTE_AGENT:
             spec = {**obj.spec, "capacity": capacity}
             if spec != obj.spec or labels != obj.labels:
@@ -74,6 +87,8 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float) -> bool:
             previous, now, allocated=allocated, cpu_count=beat.cpu_count, agent=beat.agent, address=beat.address
         )
         status["remote"] = True
+        if beat.withdraws:  # the controller waits for its word on a stopped Starting run
+            status["withdraws"] = True
         if beat.log_port is not None:
             status["logPort"] = beat.log_port
         repo.update_object(tx, obj, status=status)

@@ -13,7 +13,7 @@ from pydantic.alias_generators import to_camel
 
 from .api.kinds import KINDS
 from .api.meta import API_VERSION, from_epoch, to_epoch
-from .errors import Conflict, InvalidInput, NotFound, ReconcilerError
+from .errors import Conflict, InvalidInput, NotFound, ReconcilerError, Unavailable
 from .jsontext import canonical
 from .store import StoredObject
 
@@ -69,6 +69,8 @@ def code_of(exc: ReconcilerError) -> int:
         return 404
     if isinstance(exc, Conflict):
         return 409
+    if isinstance(exc, Unavailable):
+        return 503
     return 400
 
 
@@ -392,6 +394,10 @@ class HeartbeatRequest(Body):
     cpu_count: int = Field(default=1, ge=1)
     address: str = Field(description="Where this node's services and log port are reached.")
     log_port: int | None = Field(default=None, ge=1, le=65535)
+    withdraws: bool = Field(
+        default=False,
+        description="The agent answers a stop of a run it has not started (Withdrawn); an older one does not.",
+    )
 
 
 class RunReport(Body):

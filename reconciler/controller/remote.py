@@ -47,6 +47,7 @@ class Node:
         self.exists = obj is not None
         status: dict[str, Any] = (obj.status or {}) if obj is not None else {}
         self.remote = bool(status.get("remote"))
+        self.withdraws = bool(status.get("withdraws"))  # its agent answers a stop of a run it has not started
         beat = status.get("heartbeatAt")
         self.heartbeat = to_epoch(beat) if beat else None
         self.counted = None if self.heartbeat is None else max(self.heartbeat, since)  # silent since
@@ -132,7 +133,10 @@ class RemoteSteps:
         if (stop := self.runs.stop_reason(ctx)) is not None:
             # not known to have started, which is not known not to have: its agent may have
             # started it (its report delayed, the node partitioned). The slots wait for its
-            # word (withdrawn), as a stop of a Running run's do
+            # word (withdrawn), as a stop of a Running run's do. An older agent never gives
+            # it (it skips such a stop): its slots go back now, as they always did
+            if not node.withdraws:
+                return self.runs.ends.after_stop(ctx, stop, run=None)
             return self._withdraw(ctx, held.run_number, stop)
         lost = self._lost(ctx, node, held.run_number)
         if lost is not None:
@@ -181,6 +185,8 @@ class RemoteSteps:
             return requeue_after(UNREACHABLE_POLL)
         if report.get("startFailed") or drained(ctx, number, node.name) is not None:
             return self.runs.ends.after_stop(ctx, why, run=None)  # it never ran (or is proven gone)
+        if node.exists and not node.withdraws:  # an older agent serves it now: it will never say
+            return self.runs.ends.after_stop(ctx, why, run=None)
         if self._lost(ctx, node, number) is not None:
             return self.runs.ends.after_stop(ctx, why, run=None)
         self._reachability(ctx, node)

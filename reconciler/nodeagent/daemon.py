@@ -39,6 +39,7 @@ REPORT_BATCH = 200  # reports sent in one request at most
 # A start is reported this long after it, unless the run ends before: a short run's start
 # and end then go in one report, which the server writes in one step. An end goes at once.
 START_REPORT_DELAY = float(os.environ.get("RECONCILER_START_REPORT_DELAY", "0.05"))
+READY_WINDOW = 40.0  # the server's Ready window (README), when its heartbeat answer does not say it
 
 
 @dataclass
@@ -79,6 +80,10 @@ class NodeAgent:
         # set once a heartbeat is accepted: until then this agent may be a duplicate of the one
         # serving its node, and it learns of no run, starts none and reports none
         self._accepted = threading.Event()
+        # a lease: runs start only until the last accepted heartbeat, as sent, is older than the
+        # server's Ready window; past it another host's agent may have taken the node over
+        self._lease_until = 0.0  # time.monotonic()
+        self._replaced = False  # another agent serves the node: this one starts nothing more
         self._reconciling = threading.Lock()  # one look at the placed runs at a time
         self._last_items: list[dict[str, Any]] | None = None  # the long poll's last answer
         self._skipped: set[str] = set()  # jobs whose admission waits for an older run's record to settle
@@ -161,9 +166,14 @@ class NodeAgent:
         delay = BACKOFF_FIRST
         while not self._stop.is_set():
             try:
-                self.api.heartbeat(self._beat_body())
+                sent = time.monotonic()
+                answer = self.api.heartbeat(self._beat_body())
+                window = float(answer.get("readyWindowSeconds") or READY_WINDOW)
+                with self._lock:
+                    self._lease_until = sent + window
                 delay = BACKOFF_FIRST
                 self._accepted.set()
+                self._relook.set()  # a start that waited for an accepted heartbeat is taken now
                 self._pending.set()  # back after an outage: what waited is sent now
                 self._stop.wait(HEARTBEAT_INTERVAL)
             except Stale as exc:  # refused: another agent serves this node
@@ -189,6 +199,7 @@ class NodeAgent:
         this one holds would go on unrecorded, so each is stopped as any run is (SIGTERM,
         SIGKILL after its grace period, by the stops thread) before the agent exits."""
         with self._lock:
+            self._replaced = True  # checked under this lock before any start: none comes after this list
             live = [r for r in self._records.values() if not r.finished and r.identity is not None]
         for record in live:
             self._begin_stop(record, "Replaced")
@@ -216,6 +227,7 @@ class NodeAgent:
             "capacity": capacity,
             "cpuCount": os.cpu_count() or 1,
             "address": self.address,
+            "withdraws": True,  # a stop of a run not started here is answered (Withdrawn)
         }
         if self.logs is not None:
             body["logPort"] = self.logs.port
@@ -310,20 +322,38 @@ class NodeAgent:
         reason = str((item.get("stop") or {}).get("reason") or "a stop")
         grace = JobSpec.model_validate(item["spec"]).stop_grace_period
         record = Record(job, uid, number, epoch, str(run_dir), grace=grace)
-        identity = self.local.find(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
+        earlier = load(run_dir)
+        # under the lock from the look to the record kept: an artifact-ready start waits, then finds it
+        with self._lock:
+            if self._replaced:
+                return  # another agent serves the node now (_stop_runs)
+            current = self._records.get(job)
+            if current is not None and (current.uid, current.run, current.epoch) == (uid, number, epoch):
+                record = current  # an artifact-ready start took it first: stopped as a started run
+                identity, ended_before = current.identity, False
+            else:
+                identity = self.local.find(run_dir)
+                ours = earlier is None or earlier.epoch == epoch  # else an exit left by an earlier admission's run
+                ended_before = identity is None and ours and self.local.exit_of(run_dir) is not None
+                run_dir.mkdir(parents=True, exist_ok=True)
+                if identity is not None:
+                    record.pid, record.process_start_time = identity.pid, identity.start_time
+                    record.started_at = from_epoch(self.local.started_at(identity))
+                    record.cgroup = self.local.existing_cgroup(job, uid, number)  # found by name, as _start does
+                elif ended_before:  # it ran and ended while this agent was down: its start and end are reported
+                    record.started_at = from_epoch(time.time())
+                else:
+                    record.start_failed = f"stopped ({reason}) before it started on node {self.options.node}"
+                    record.start_reason, record.finished_at = "Withdrawn", from_epoch(time.time())
+                record.save()
+                self._records[job] = record
+                self._by_folder[run_dir.name] = record
+                if identity is not None:
+                    self.local.watch(job, identity)
         if identity is not None:
-            record.pid, record.process_start_time = identity.pid, identity.start_time
-            record.started_at = from_epoch(self.local.started_at(identity))
-            record.save()
-            self._keep(record)
-            self.local.watch(job, identity)
             self._begin_stop(record, reason)
-        else:
-            record.start_failed = f"stopped ({reason}) before it started on node {self.options.node}"
-            record.start_reason, record.finished_at = "Withdrawn", from_epoch(time.time())
-            record.save()
-            self._keep(record)
+        elif ended_before:
+            self._record_end(record)
         self._pending.set()
 
     def _start(self, item: dict[str, Any]) -> None:
@@ -368,11 +398,19 @@ class NodeAgent:
             current = self._records.get(job)
             if current is not None and (current.uid, current.run, current.epoch) == (uid, number, epoch):
                 return  # this admission has a record already: withdrawn while its artifact was fetched
+            if self._replaced:
+                return  # another agent serves the node now (_stop_runs): this one starts nothing
             identity = self.local.find(run_dir)  # started before a crash, its record not yet written
             if identity is not None:  # its cgroup, if one was made, is found by name
                 record.cgroup = self.local.existing_cgroup(job, uid, number)
             ended_before = identity is None and self.local.exit_of(run_dir) is not None
             if identity is None and not ended_before:
+                if time.monotonic() >= self._lease_until:
+                    # no heartbeat accepted within the server's Ready window: another host's agent
+                    # may serve the node now. It waits for the next accepted one (_relook)
+                    log.warning("run %d of job %s waits for an accepted heartbeat to start", number, job)
+                    self._skipped.add(job)
+                    return
                 try:
                     started = self.local.start(job, uid, number, spec, int(item.get("revision") or 1))
                     identity = started.identity

@@ -16,6 +16,7 @@ import httpx
 from fastapi import FastAPI, Header, Query
 
 from .. import noderuns, reads, runlogs
+from ..api import node as node_api
 from ..errors import NotFound, ReconcilerError
 from ..store import Store
 from ..wire import AGENT_HEADER, PREFIX, HeartbeatRequest, RunReport, RunReports, status
@@ -141,6 +142,9 @@ def _digest(items: list[dict[str, Any]]) -> str:
 def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
     placements = Placements(store)
     app.state.on_exit.append(placements.stop)
+    # when this server began taking heartbeats: a node silent only since then keeps its agent
+    # (no other host takes it over) until the Ready window has passed
+    up_since = time.time()
 
     @app.post(PREFIX + "/nodes/{name}/heartbeat", tags=["agents"])
     def heartbeat(name: str, request: HeartbeatRequest) -> dict[str, Any]:
@@ -152,9 +156,12 @@ def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
             capacity=request.capacity.model_dump(exclude_none=True),
             cpu_count=request.cpu_count,
             log_port=request.log_port,
+            withdraws=request.withdraws,
         )
-        became_ready = noderuns.heartbeat(store, name, beat, time.time())
-        return {**status(200, f"node {name} is Ready"), "becameReady": became_ready}
+        became_ready = noderuns.heartbeat(store, name, beat, time.time(), up_since)
+        # readyWindowSeconds: the agent starts runs only while this heartbeat is younger (its lease)
+        window = node_api.READY_WINDOW  # read now: serve --node-lost-after sets it
+        return {**status(200, f"node {name} is Ready"), "becameReady": became_ready, "readyWindowSeconds": window}
 
     @app.get(PREFIX + "/nodes/{name}/runs", tags=["agents"])
     async def placed(

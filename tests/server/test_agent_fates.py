@@ -11,9 +11,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import psutil
@@ -280,3 +283,255 @@ def test_an_agent_whose_token_the_server_refuses_exits_2_naming_the_token(serve,
     )
     assert refused.returncode == 2, refused.stderr
     assert "refused this agent's token for node far (HTTP 401" in refused.stderr, refused.stderr
+
+
+def _held(server: Server, job: str) -> bool:
+    return job in str(server.http().get(f"{PREFIX}/nodes/far/held").json())
+
+
+def _serve_again(server: Server, tmp_path: Path, env: dict) -> Server:
+    """The server, killed before, started again on its port and store; stopped by the caller."""
+    port = int(server.url.rsplit(":", 1)[1])
+    log = (tmp_path / "serve-again.log").open("w")
+    again = subprocess.Popen(
+        [sys.executable, "-m", "reconciler", "--store", server.store, "serve", "--port", str(port), "--no-local-node"],
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        cwd=tmp_path,
+        env={**os.environ, **env},
+    )
+    back = Server(server.url, server.store, again, Path(log.name))
+
+    def healthy() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{back.url}/healthz", timeout=2).text == "ok"
+        return False
+
+    wait_until(healthy, timeout=30, interval=0.05, message="the server answers again")
+    return back
+
+
+def _beat(server: Server, agent: str, **extra) -> httpx.Response:
+    """A heartbeat for node far as an agent would post it (an older one: no `withdraws`)."""
+    body = {"agent": agent, "address": "127.0.0.1", "capacity": {"slots": 2}, **extra}
+    return server.http().post(f"{PREFIX}/nodes/far/heartbeat", json=body)
+
+
+def test_a_stopped_starting_run_on_an_older_agents_node_frees_its_slots_at_once(serve, sqlite_url, tmp_path):
+    """An agent of the previous version skips a stop of a run it never started, so it never
+    says Withdrawn: its node (no `withdraws` in its heartbeat) frees the slots at the stop, as
+    before, instead of holding them Stopping for ever."""
+    server = serve(sqlite_url, "--no-local-node")
+    assert _beat(server, "oldhost:1:1.0").status_code == 200  # it never polls: the run stays Starting
+    _apply(server, job_manifest("c1", ["true"]))
+    wait_until(lambda: _phase(server, "c1") == "Starting", timeout=30)
+    assert server.cli("cancel", "job/c1").code == 0
+    status = settled(server, "c1")["c1"]["status"]
+    assert status["outcome"] == "Cancelled" and not status.get("runs")
+    assert not _held(server, "c1")
+
+
+class _Proxy:
+    """Between an agent and the server: holds the long poll's answers that place a run while
+    `hold` is set (until `release`), and refuses its heartbeats (503) while `refuse` is set: a
+    late answer, and a link that lets the heartbeats through no more."""
+
+    def __init__(self, target: str):
+        proxy = self
+        self.hold, self.holding, self.release = threading.Event(), threading.Event(), threading.Event()
+        self.refuse = threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def _forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.path.endswith("/heartbeat") and proxy.refuse.is_set():
+                    self._answer(503, b'{"message": "refused by the test"}')
+                    return
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
+                answer = httpx.request(self.command, target + self.path, content=body, headers=headers, timeout=120)
+                if "/runs?" in self.path and proxy.hold.is_set() and answer.json().get("items"):
+                    proxy.holding.set()
+                    proxy.release.wait(60)
+                self._answer(answer.status_code, answer.content)
+
+            def _answer(self, code: int, content: bytes) -> None:
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+            def do_GET(self) -> None:
+                self._forward()
+
+            def do_POST(self) -> None:
+                self._forward()
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.release.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_an_agent_starts_nothing_once_its_last_accepted_heartbeat_is_older_than_the_window(
+    serve, sqlite_url, agents, tmp_path
+):
+    """A long poll's answer that places a run reaches the agent late, after its heartbeats
+    went unaccepted for longer than the server's Ready window (another host's agent may serve
+    the node by then): it starts the run only once a heartbeat is accepted again."""
+    server = serve(sqlite_url, "--no-local-node", env={"RECONCILER_NODE_LOST_AFTER": "3s"})
+    proxy = _Proxy(server.url)
+    try:
+        agents(SimpleNamespace(url=proxy.url), "agent")
+        _node_up(server)
+        wait_until(lambda: server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("heartbeatAt"))
+        proxy.hold.set()
+        pidfile = tmp_path / "late.pid"
+        _apply(server, job_manifest("late", _recording(pidfile), stopGracePeriod="1s"))
+        wait_until(proxy.holding.is_set, timeout=30, message="the answer placing the run is held")
+        proxy.refuse.set()
+
+        def not_ready() -> bool:
+            conditions = server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("conditions", [])
+            return any(c["type"] == "Ready" and c["status"] != "True" for c in conditions)
+
+        wait_until(not_ready, timeout=30, interval=0.1, message="far is NotReady: the agent's lease is over")
+        proxy.hold.clear()
+        proxy.release.set()
+        log = tmp_path / "agent.log"
+        waits = "waits for an accepted heartbeat"
+        wait_until(lambda: pidfile.exists() or waits in log.read_text(), timeout=30, message="the answer acted on")
+        assert not pidfile.exists(), "the agent started a run with no heartbeat accepted within the window"
+        proxy.refuse.clear()
+        wait_until(lambda: _phase(server, "late") == "Running", timeout=30, message="started once a beat is accepted")
+        assert server.cli("cancel", "job/late").code == 0
+        assert settled(server, "late")["late"]["status"]["outcome"] == "Cancelled"
+    finally:
+        proxy.close()
+
+
+def test_a_replaced_agent_starts_nothing_after_it_stopped_its_runs(serve, sqlite_url, tmp_path):
+    """_stop_runs (the node taken over) lists the runs to stop once: a start racing it would
+    outlive the agent. After it, no look starts a run, whatever its lease says."""
+    from reconciler.nodeagent.daemon import NodeAgent, Options
+
+    server = serve(sqlite_url, "--no-local-node")
+    agent = NodeAgent(Options(server=server.url, node="far", state_dir=tmp_path / "agent"))
+    try:
+        agent._lease_until = float("inf")  # as if a heartbeat had just been accepted
+        assert agent._stop_runs() == 0
+        pidfile = tmp_path / "raced.pid"
+        spec = job_manifest("raced", _recording(pidfile))["spec"]
+        agent.reconcile([{"job": "raced", "uid": "u1", "run": 1, "epoch": 1, "spec": spec, "started": False}])
+        assert not list((tmp_path / "agent" / "runs").glob("*/agent.json")), "a run started after the takeover"
+    finally:
+        agent.stop()
+        pid = _pid_of(pidfile)
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_a_run_that_ended_while_its_agent_was_down_is_reported_with_its_exit_not_withdrawn(
+    serve, sqlite_url, agents, tmp_path
+):
+    """The agent started the run and died before its record was written (agent.json removed
+    here); the job is cancelled and the run ends (exit 3) while the agent is down. The agent
+    back sees the stop of a run it has no record of: its exit record says it ran, so it is
+    reported started and finished with its exit code, not Withdrawn."""
+    server = serve(sqlite_url, "--no-local-node")
+    agent = agents(server, "agent", env={"RECONCILER_START_REPORT_DELAY": "120"})
+    _node_up(server)
+    pidfile, go = tmp_path / "ended.pid", tmp_path / "go"
+    script = f"echo $$ > {pidfile}; while [ ! -e {go} ]; do sleep 0.1; done; exit 3"
+    _apply(server, {**job_manifest("ended"), "spec": {"shell": script, "stopGracePeriod": "1s"}})
+    records = tmp_path / "agent" / "runs"
+    record = wait_until(lambda: next(records.glob("ended.*/agent.json"), None), timeout=30, message="started")
+    pid = wait_until(lambda: _pid_of(pidfile), timeout=30)
+    os.killpg(agent.pid, signal.SIGKILL)
+    agent.wait()
+    record.unlink()  # as a crash between the start and its record leaves it
+    assert _phase(server, "ended") == "Starting"
+    assert server.cli("cancel", "job/ended").code == 0
+    wait_until(lambda: _phase(server, "ended") == "Stopping", timeout=30)
+    go.touch()
+    wait_until(lambda: not _alive(pid) and (record.parent / "exit").exists(), timeout=30, message="the run ended")
+    agents(server, "agent")
+    status = settled(server, "ended")["ended"]["status"]
+    (run,) = status["runs"]
+    assert run.get("exitCode") == 3, status
+    assert not _held(server, "ended")
+
+
+def test_a_takeover_right_after_a_server_restart_waits_for_the_window(serve, sqlite_url, tmp_path):
+    """The node's last heartbeat is stale only because the server was down: another host's
+    agent is answered 503 (retried) until the server has been up for the Ready window, so the
+    node's own agent, alive, is heard first; after it, the usual rule."""
+    env = {"RECONCILER_NODE_LOST_AFTER": "4s"}
+    server = serve(sqlite_url, "--no-local-node", env=env)
+    assert _beat(server, "first-host:1:1.0").status_code == 200
+    os.killpg(server.proc.pid, signal.SIGKILL)
+    server.proc.wait()
+    down_at = time.time()
+    wait_until(lambda: time.time() - down_at > 5, timeout=20, interval=0.2, message="down past the window")
+    back = _serve_again(server, tmp_path, env)
+    try:
+        early = _beat(back, "other-host:1:1.0")
+        assert early.status_code == 503, early.text
+        assert "may take it over at" in early.json()["message"]
+        wait_until(lambda: _beat(back, "other-host:1:1.0").status_code == 200, timeout=30, interval=0.2)
+        assert back.http().get(f"{PREFIX}/nodes/far").json()["status"]["agent"] == "other-host:1:1.0"
+    finally:
+        os.killpg(back.proc.pid, signal.SIGTERM)
+        back.proc.wait(timeout=20)
+
+
+def test_a_run_stopped_while_its_agent_was_down_is_withdrawn_and_never_starts(serve, sqlite_url, agents, tmp_path):
+    """The agent is down (killed) when the run is placed and cancelled: the job holds its
+    slots, Stopping. The agent back gets the stop in its first answer: it reports the run
+    never started (Withdrawn) and never starts it; the job is Cancelled, its slots freed."""
+    server = serve(sqlite_url, "--no-local-node")
+    agent = agents(server, "agent")
+    _node_up(server)
+    os.killpg(agent.pid, signal.SIGKILL)
+    agent.wait()
+    marker = tmp_path / "marker"
+    _apply(server, job_manifest("w", ["sh", "-c", f"touch {marker}; exec sleep 600"]))
+    wait_until(lambda: _phase(server, "w") == "Starting", timeout=30)
+    assert server.cli("cancel", "job/w").code == 0
+    wait_until(lambda: _phase(server, "w") == "Stopping", timeout=30)
+    assert _held(server, "w")
+    agents(server, "agent")
+    status = settled(server, "w")["w"]["status"]
+    assert status["outcome"] == "Cancelled" and not status.get("runs"), status
+    assert not marker.exists(), "the withdrawn run started"
+    (record,) = (tmp_path / "agent" / "runs").glob("w.*/agent.json")
+    assert '"Withdrawn"' in record.read_text()
+    assert not _held(server, "w")
+
+
+def test_drain_force_frees_a_withdrawn_run_whose_agent_is_silent(serve, sqlite_url, agents, tmp_path):
+    """A stopped Starting run waits for its agent's word; drain --force is the operator's word
+    that nothing runs there: the job is Cancelled and its slots freed without the agent."""
+    server = serve(sqlite_url, "--no-local-node")
+    agent = agents(server, "agent")
+    _node_up(server)
+    os.killpg(agent.pid, signal.SIGKILL)
+    agent.wait()
+    _apply(server, job_manifest("d", ["sleep", "600"]))
+    wait_until(lambda: _phase(server, "d") == "Starting", timeout=30)
+    assert server.cli("cancel", "job/d").code == 0
+    wait_until(lambda: _phase(server, "d") == "Stopping", timeout=30)
+    assert server.cli("drain", "--force", "node/far").code == 0
+    assert settled(server, "d")["d"]["status"]["outcome"] == "Cancelled"
+    assert not _held(server, "d")
