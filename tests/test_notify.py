@@ -232,3 +232,32 @@ def test_a_password_holding_an_at_stays_out_of_the_error(store, tmp_path):
     notify.Lane(store, "hook", clock=clock, owner="test:1:1").step()
     error = counts(store, "hook").last_error
     assert error.startswith("POST http://***@127.0.0.1:9/jobs: ") and "er2" not in error, error
+
+
+def test_a_deadline_cuts_only_its_own_attempt_never_the_next():
+    """A watchdog whose timer runs late (its attempt already over) must not shut the
+    connection the lane's next attempt is using; an attempt still in flight is cut."""
+    import socket
+
+    conns = notify.Connections()
+    ours, theirs = socket.socketpair()
+
+    class Stream:  # what httpcore's trace hands over: a stream that names its socket
+        def get_extra_info(self, name: str) -> object:
+            return ours if name == "socket" else None
+
+    stream = Stream()
+    conns.trace("connection.connect_tcp.complete", {"return_value": stream})
+    try:
+        late = conns.begin()
+        conns.end()  # the attempt answered at its deadline
+        conns.begin()  # the next attempt, on the same connection
+        conns.cut(late)
+        theirs.sendall(b"x")
+        assert ours.recv(1) == b"x"  # not shut down
+        conns.cut(conns._attempt)  # the attempt in flight at its own deadline
+        assert ours.recv(1) == b""  # shut down: a blocked read returns
+    finally:
+        ours.close()
+        theirs.close()
+        conns.close()

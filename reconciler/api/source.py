@@ -17,10 +17,10 @@ TEMPLATE_METADATA = ("labels", "annotations")
 # the message gives the command; a default one would make a job of any message
 TEMPLATE_REFUSED = ("command", "shell")
 
-# up to the last @ before the path, query or fragment, as URL parsers split user info from the
-# host: a password may hold an @ of its own (`amqp://guest:top@secret@host/`); an @ in a query
-# (`http://host?mail=a@b`) is not user info
-_USERINFO = re.compile(r"//[^/?#\s]*@")
+# up to the last @ before the path: a password may hold an @ of its own
+# (`amqp://guest:top@secret@host/`), or a ? or # a user did not escape; an @ in a query with
+# no path before it (`http://host?mail=a@b`) is masked too: more hidden, never less
+_USERINFO = re.compile(r"//[^/\s]*@")
 
 
 def shown_url(url: str) -> str:

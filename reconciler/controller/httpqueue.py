@@ -70,8 +70,10 @@ class HttpConsumer:
         items = document.get("messages") if isinstance(document, dict) else document
         if not isinstance(items, list):
             raise ValueError("expected a JSON list, or an object with messages")
-        found = []
-        for item in items[:MAX_MESSAGES]:
+        found: list[Message] = []
+        for item in items:  # entries without an id said before count for nothing: no stall behind them
+            if len(found) >= MAX_MESSAGES:
+                break
             key = item.get("id") if isinstance(item, dict) else None
             if not isinstance(key, str | int | float) or isinstance(key, bool) or key == "":
                 # nothing to DELETE it by: the queue answers it again on every GET, so it is said once

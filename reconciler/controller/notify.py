@@ -81,28 +81,45 @@ class Connections:
     and the sockets of those connections, so that an attempt can be ended at its deadline:
     httpx bounds each read, not the whole request (encode/httpx#1450), and a receiver that
     trickles its header lines would hold the lane as long as it likes. The sockets are learned
-    from httpcore's trace as each connection is made (a reused one was made by an earlier
-    attempt of this lane, which traced it too)."""
+    from httpcore's trace as each connection is made, and again once TLS wraps it (a reused
+    one was made by an earlier attempt of this lane, which traced it too). A deadline cuts
+    only while its own attempt is the lane's current one: a late timer never cuts the next."""
 
     def __init__(self) -> None:
         import httpx  # imported once a notifier has a URL (a tenth of a second at start-up otherwise)
 
         self.client = httpx.Client(timeout=TIMEOUT, headers={"User-Agent": "reconciler"})
         self._streams: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._guard = threading.Lock()
+        self._attempt = 0  # the attempt a deadline may cut; another number: none
 
     def trace(self, event: str, info: dict[str, Any]) -> None:
-        if event == "connection.connect_tcp.complete" and info.get("return_value") is not None:
-            self._streams.add(info["return_value"])
+        # the TCP stream, and the TLS one that replaces it (the plain one is then dropped)
+        stream = info.get("return_value")
+        if event in ("connection.connect_tcp.complete", "connection.start_tls.complete") and stream is not None:
+            self._streams.add(stream)
 
-    def cut(self) -> None:
-        """Shut every connection down: a read blocked on one returns at once (closing the
-        socket would not wake it). The lane's only request in flight is among them; idle
-        ones are found closed and made anew."""
-        for stream in list(self._streams):
-            sock = stream.get_extra_info("socket")
-            if sock is not None:
-                with contextlib.suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+    def begin(self) -> int:
+        with self._guard:
+            self._attempt += 1
+            return self._attempt
+
+    def end(self) -> None:
+        with self._guard:
+            self._attempt += 1  # its deadline, should its timer run late, cuts nothing
+
+    def cut(self, attempt: int) -> None:
+        """Shut every connection down if `attempt` is still in flight: a read blocked on one
+        returns at once (closing the socket would not wake it). The lane's only request in
+        flight is among them; idle ones are found closed and made anew."""
+        with self._guard:
+            if attempt != self._attempt:
+                return
+            for stream in list(self._streams):
+                sock = stream.get_extra_info("socket")
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        sock.shutdown(socket.SHUT_RDWR)
 
     def close(self) -> None:
         self.client.close()
@@ -119,10 +136,11 @@ def post(conns: Connections, spec: NotifierSpec, body: str, event_id: str) -> No
         headers["X-Reconciler-Signature"] = signature(_secret(spec.secret_ref.file), content)
     # the whole attempt ends by TIMEOUT (API.md), whatever the receiver sends meanwhile
     expired = threading.Event()
+    attempt = conns.begin()
 
     def at_deadline() -> None:
         expired.set()
-        conns.cut()
+        conns.cut(attempt)
 
     watchdog = threading.Timer(TIMEOUT, at_deadline)
     watchdog.daemon = True
@@ -144,6 +162,7 @@ def post(conns: Connections, spec: NotifierSpec, body: str, event_id: str) -> No
         raise DeliveryFailed(f"POST {shown}: {shown_url(str(exc)) or type(exc).__name__}") from None
     finally:
         watchdog.cancel()
+        conns.end()
     if not response.is_success:
         raise DeliveryFailed(f"POST {shown}: HTTP {response.status_code} {response.reason_phrase}".rstrip())
 

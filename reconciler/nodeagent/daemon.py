@@ -84,6 +84,9 @@ class NodeAgent:
         # server's Ready window; past it another host's agent may have taken the node over
         self._lease_until = 0.0  # time.monotonic()
         self._replaced = False  # another agent serves the node: this one starts nothing more
+        self._fresh_after = 0.0  # time.monotonic(): runs start only from answers received after it
+        self._received = 0.0  # when the long poll's last answer came
+        self._says_withdraws = True  # off for a server of the version before (it refuses the field)
         self._reconciling = threading.Lock()  # one look at the placed runs at a time
         self._last_items: list[dict[str, Any]] | None = None  # the long poll's last answer
         self._skipped: set[str] = set()  # jobs whose admission waits for an older run's record to settle
@@ -168,14 +171,20 @@ class NodeAgent:
             try:
                 sent = time.monotonic()
                 answer = self.api.heartbeat(self._beat_body())
-                window = float(answer.get("readyWindowSeconds") or READY_WINDOW)
+                said = answer.get("readyWindowSeconds")
+                window = float(said) if isinstance(said, int | float) and said > 0 else READY_WINDOW
                 with self._lock:
+                    if self._accepted.is_set() and sent > self._lease_until:
+                        # the lease ran out meanwhile: an answer the long poll gave before may
+                        # place runs the server has since given elsewhere; only a newer one starts
+                        self._fresh_after = sent
                     self._lease_until = sent + window
                 delay = BACKOFF_FIRST
                 self._accepted.set()
                 self._relook.set()  # a start that waited for an accepted heartbeat is taken now
                 self._pending.set()  # back after an outage: what waited is sent now
-                self._stop.wait(HEARTBEAT_INTERVAL)
+                # a quarter of the window at most: a lease renewed well before it runs out
+                self._stop.wait(min(HEARTBEAT_INTERVAL, window / 4))
             except Stale as exc:  # refused: another agent serves this node
                 stopped = self._stop_runs()
                 self.failed = str(exc) + (f"; stopped the {stopped} run(s) this agent held" if stopped else "")
@@ -190,6 +199,12 @@ class NodeAgent:
                 self._stop.set()
                 return
             except Unreachable as exc:
+                if exc.status == 422 and "withdraws" in str(exc) and self._says_withdraws:
+                    # a server of the version before takes no such field: its nodes free a
+                    # stopped run at once, so this agent need not say it answers such stops
+                    log.warning("the server takes no `withdraws` in a heartbeat (an older version): left out")
+                    self._says_withdraws = False
+                    continue
                 log.warning("heartbeat failed: %s (again in %.1fs)", exc, delay)
                 self._stop.wait(_jitter(delay))
                 delay = min(delay * 2, BACKOFF_MAX)
@@ -227,7 +242,7 @@ class NodeAgent:
             "capacity": capacity,
             "cpuCount": os.cpu_count() or 1,
             "address": self.address,
-            "withdraws": True,  # a stop of a run not started here is answered (Withdrawn)
+            **({"withdraws": True} if self._says_withdraws else {}),  # a stop of a run never started is answered
         }
         if self.logs is not None:
             body["logPort"] = self.logs.port
@@ -255,7 +270,7 @@ class NodeAgent:
 
     def reconcile(self, items: list[dict[str, Any]]) -> None:
         with self._reconciling:
-            self._last_items = items
+            self._last_items, self._received = items, time.monotonic()
             self._reconcile(items)
 
     def _look_again(self) -> None:
@@ -263,6 +278,12 @@ class NodeAgent:
         now, not at the long poll's next answer (which may be 30 s away)."""
         with self._reconciling:
             if self._skipped and self._last_items is not None:
+                if self._received < self._fresh_after:  # from before the lease ran out: asked anew
+                    try:
+                        answer = self.api.runs("", 0)
+                    except (Unreachable, Stale):
+                        return  # the long poll brings it
+                    self._last_items, self._received = answer.get("items", []), time.monotonic()
                 self._reconcile(self._last_items)
 
     def _reconcile(self, items: list[dict[str, Any]]) -> None:
@@ -289,7 +310,11 @@ class NodeAgent:
                     self._withdraw(item)  # stopped before it started here: it never will
                 continue  # else a stop of a run this node has no record of: nothing runs to stop
             if not item.get("started"):
-                self._start(item)
+                if self._received >= self._fresh_after:
+                    self._start(item)
+                else:  # an answer from before the lease ran out: looked at again, asked anew
+                    self._skipped.add(item["job"])
+                    self._relook.set()
             elif not item.get("finished"):
                 self._forgotten(item)
         with self._lock:

@@ -109,3 +109,19 @@ def test_the_controller_logs_no_queue_password_and_no_line_per_poll(env: Env):
         wait_until(lambda: server.gets >= gets + 4, 30, message="empty polls")
         log = controller.log()
         assert "s3cr3t-pw" not in log and "HTTP Request" not in log, log
+
+
+def test_entries_without_an_id_said_before_do_not_hold_back_the_messages_behind_them():
+    """A queue keeps answering the entries it cannot delete: once said, they count for
+    nothing, so a message behind a full answer's worth of them is ingested."""
+    import threading
+
+    from reconciler.api.source import HttpQueue
+    from reconciler.controller.httpqueue import MAX_MESSAGES, NO_ID, HttpConsumer
+
+    consumer = HttpConsumer(HttpQueue.model_validate({"url": "http://127.0.0.1:9", "queue": "q"}), threading.Event())
+    answer = [{"body": {"command": ["echo", str(n)]}} for n in range(MAX_MESSAGES)]
+    answer.append({"id": "good", "body": {"command": ["true"]}})
+    first = consumer._messages(answer)
+    assert len(first) == MAX_MESSAGES and {m.id for m in first} == {NO_ID}  # each said once
+    assert [m.id for m in consumer._messages(answer)] == ["good"]
