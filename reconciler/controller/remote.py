@@ -147,16 +147,7 @@ class RemoteSteps:
     def _withdraw(self, ctx: Ctx, number: int, stop: Stop) -> Result:
         """Stopping with no run known: the agent sees the stop in its node's runs and either
         reports the run never started (and never starts it) or stops it as a Running one."""
-        reason, message = stop
-        ctx.status["stop"] = {
-            "reason": reason,
-            "message": message,
-            "requestedAt": ctx.now_text,
-            "killAt": ctx.now + ctx.spec.stop_grace_period,
-            "unstarted": number,
-        }
-        ctx.move(Phase.STOPPING, reason, message, event="Stopping")
-        self.runs.endings.write(ctx)
+        self._begin_stop(ctx, stop, unstarted=number)
         return AGAIN
 
     def withdrawn(self, ctx: Ctx, stop: StopDict) -> Result:
@@ -237,9 +228,10 @@ class RemoteSteps:
             ctx, run, RunEnd(outcome, code), exit_code=code, signal=signal, finished_at=finished
         )
 
-    def _begin_stop(self, ctx: Ctx, stop: Stop) -> Result:
+    def _begin_stop(self, ctx: Ctx, stop: Stop, unstarted: int | None = None) -> Result:
         """The agent sees the job Stopping in its node's admissions and stops the process
-        (SIGTERM, SIGKILL after the grace period, by its own clock), then reports the end."""
+        (SIGTERM, SIGKILL after the grace period, by its own clock), then reports the end.
+        `unstarted`: the run number of a run not known to have started (`withdrawn`)."""
         reason, message = stop
         ctx.status["stop"] = {
             "reason": reason,
@@ -247,6 +239,8 @@ class RemoteSteps:
             "requestedAt": ctx.now_text,
             "killAt": ctx.now + ctx.spec.stop_grace_period,
         }
+        if unstarted is not None:
+            ctx.status["stop"]["unstarted"] = unstarted
         ctx.move(Phase.STOPPING, reason, message, event="Stopping" if reason != "RunTimeout" else "RunTimeout")
         self.runs.endings.write(ctx)
         return requeue_after(UNREACHABLE_POLL)

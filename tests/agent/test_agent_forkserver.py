@@ -285,7 +285,7 @@ def test_the_lock_is_held_by_the_server_even_when_descriptors_0_to_2_were_free(t
         how = dict(fsync=False, cgroups="", address_space_kib=None, cwd="/", env={{}})
         server.start(run_dir=run, command=["/bin/true"], **how)
         print(server._proc.pid, server._proc.args[2], flush=True, file=out)
-        import time; time.sleep(30)  # until the test kills it
+        import signal; signal.pause()  # until the test kills it (its stdin is closed)
         """
     )
     proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
