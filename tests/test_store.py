@@ -740,7 +740,15 @@ def test_sqlite_runs_in_wal_mode_with_a_busy_timeout(sqlite_url):
 
 # --------------------------------------------------------------------------- SQL text and connections
 
-PG_ONLY = {"_LOCK_SEQ", "_LOCK_SEQ_TERM", "_NOTIFY", "_ONE_MIGRATOR", "_HAS_META[postgresql]", "_NOW[postgresql]"}
+PG_ONLY = {
+    "_LOCK_SEQ",
+    "_LOCK_SEQ_TERM",
+    "_NOTIFY",
+    "_ONE_MIGRATOR",
+    "_HAS_META[postgresql]",
+    "_NOW[postgresql]",
+    "_update_certain(every column)",  # sent only on a pipelined connection
+}
 SQLITE_ONLY = {"_HAS_META[sqlite]", "_NOW[sqlite]"}
 
 
@@ -769,14 +777,21 @@ def _runtime_statements() -> dict[str, Statement]:
                 found.update({f"{name}[{key}]": v for key, v in value.items()})
     builders = {name for m in modules for name, v in vars(m).items() if hasattr(v, "cache_info")}
     builders.discard("_pipeline_supported")  # dbapi's probe of libpq, not a statement
-    assert builders == {"_list_named", "_statuses_named", "_update", "_events", "_line", "_find_many"}, (
-        "cover the new builder below"
-    )
+    assert builders == {
+        "_list_named",
+        "_statuses_named",
+        "_update",
+        "_update_certain",
+        "_events",
+        "_line",
+        "_find_many",
+    }, "cover the new builder below"
     found["_list_named(4)"] = repo._list_named(4)
     found["_find_many(4)"] = ingested._find_many(4)
     found["_statuses_named(4)"] = repo._statuses_named(4)
     every_column = ("resource_version", "spec", "generation", "labels", "annotations", "status", "phase")
     found["_update(every column)"] = repo._update((*every_column, "observed_generation", "deleted_at"))
+    found["_update_certain(every column)"] = repo._update_certain((*every_column, "observed_generation", "deleted_at"))
     for by_kind in (False, True):
         for by_name in (False, True):
             found[f"_events({by_kind}, {by_name})"] = repo._events(by_kind, by_name)

@@ -52,6 +52,25 @@ def _set_phase(store: Store, obj, phase: str):
         return repo.update_object(tx, obj, status={"phase": phase})
 
 
+def _set_phase_elsewhere(store: Store, name: str, phase: str) -> None:
+    """Another thread of the process writes the job, as a verb or an agent's report would."""
+
+    def write() -> None:
+        with store.write() as tx:
+            obj = repo.get(tx.session, kind="Job", name=name)
+            repo.update_object(tx, obj, status={"phase": phase})
+
+    thread = threading.Thread(target=write)
+    thread.start()
+    thread.join(10)
+    assert _phase_elsewhere(store, name) == phase
+
+
+def _read(store: Store, name: str):
+    with store.read() as conn:
+        return repo.get(conn, kind="Job", name=name)
+
+
 def test_the_writes_of_a_batch_commit_together_and_its_thread_reads_them_first(store):
     a, b = _create(store, "a"), _create(store, "b")
     seq = store.change_seq()
@@ -189,28 +208,40 @@ def test_a_commit_that_fails_marks_the_batch_lost_and_gives_the_lock_back(pg_url
         store.dispose()
 
 
-def test_a_batch_names_its_open_transaction_until_it_commits(store):
-    """`Store.transaction` is what the controller compares to know that a job it read is
-    still as stored: the same while the batch's transaction is open, another after a commit,
-    none outside a batch."""
+def test_a_batch_epoch_lasts_until_another_writer_commits(store):
+    """`Store.epoch` is what the controller compares to know that a job it read or wrote is
+    still as stored: the same while the batch's transaction is open and across this thread's
+    next ones while no other writer commits between them; another once one has, or once a
+    batch's writes were rolled back; none outside a batch."""
     a = _create(store, "a")
-    assert store.transaction() is None
+    assert store.epoch() is None
     with store.batch():
-        assert store.transaction() is None  # nothing opened yet
+        assert store.epoch(open=False) is None  # nothing opened, nothing committed yet
+        first = store.epoch()  # opens the batch's transaction
+        assert first is not None and store.in_batch()
         with store.read() as conn:
             repo.get(conn, kind="Job", name="a")
-        first = store.transaction()
-        assert first is not None
-        _set_phase(store, a, "Queued")
-        assert store.transaction() is first  # reads and writes of the batch share it
+        a = _set_phase(store, a, "Queued")
+        assert store.epoch() is first  # reads and writes of the batch share it
         store.flush()
-        assert store.transaction() is None
-        with store.read() as conn:
-            repo.get(conn, kind="Job", name="a")
-        assert store.transaction() not in (None, first)
-    assert store.transaction() is None
+        assert store.epoch(open=False) is first  # committed: the next transaction may continue it
+        assert store.epoch() is first  # nobody else wrote: it does
+        a = _set_phase(store, a, "Starting")
+    with store.batch():
+        assert store.epoch() is first  # a batch after the last one, with nothing between
+    _set_phase_elsewhere(store, "a", "Running")  # another writer commits (its own connection)
+    with store.batch():
+        second = store.epoch()
+        assert second not in (None, first)
+        a = _read(store, "a")
+    with pytest.raises(BoomError), store.batch():
+        assert store.epoch() is second
+        _set_phase(store, a, "Stopping")
+        raise BoomError  # rolled back: what the batch wrote is not stored
+    with store.batch():
+        assert store.epoch() not in (None, second)
     with store.write() as tx:
-        assert tx is not None and store.transaction() is None  # a write outside a batch is not one
+        assert tx is not None and store.epoch() is None  # a write outside a batch is not one
 
 
 def test_a_batch_on_postgresql_pipelines_and_still_answers_row_counts(pg_url):

@@ -41,12 +41,12 @@ class Ctx:
     annotations: dict[str, str] | None = None  # new annotations, written with the status (a request spent)
     notices: list[notices.Notice] = field(default_factory=list)  # notifier events of the moves since the last write
     notified: bool = False  # a commit wrote outbox rows: the deliverer is woken after the step
-    seen_in: object | None = None  # the store's batch transaction `obj` was read or written in, if any
+    seen_in: object | None = None  # the store's batch epoch `obj` was read or written in, if any
 
     def current(self, store: Store) -> bool:
-        """Whether `obj` is certainly the stored state: it was read or written in the batch
-        transaction still open, whose write lock no other writer has had since."""
-        return self.seen_in is not None and store.transaction() is self.seen_in
+        """Whether `obj` is certainly the stored state: it was read or written in this
+        thread's batch epoch (`Store.epoch`), in which no other writer has committed."""
+        return self.seen_in is not None and store.epoch() is self.seen_in
 
     def __post_init__(self) -> None:
         if not self.status:  # a private copy: decoding the stored text is cheaper than deepcopy
@@ -175,7 +175,7 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     repo.record_events(tx, *(repo.ObjectEvent(obj, e.reason, e.message, e.warning) for e in ctx.events))
     if ctx.notices:
         ctx.notified |= notices.record(tx, obj, ctx.notices)
-    ctx.obj, ctx.written, ctx.annotations, ctx.seen_in = obj, True, None, tx.store.transaction()
+    ctx.obj, ctx.written, ctx.annotations, ctx.seen_in = obj, True, None, tx.store.epoch()
     ctx.ops.clear()
     ctx.events.clear()
     ctx.notices.clear()

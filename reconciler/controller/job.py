@@ -27,6 +27,7 @@ from ..store import repository as repo
 from . import deadlines, dependencies, specs, waits
 from .context import Ctx
 from .endings import Endings
+from .known import Known
 from .pathwatch import PathWatch
 from .queued import SAFETY_POLL, QueuedSteps
 from .runs import RunSteps
@@ -66,12 +67,14 @@ class JobReconciler:
         self._waiting_on: dict[str, list[str]] = {}  # job -> its dependencies, while last seen waiting for them
         self._priority: dict[str, int] = {}  # job -> spec.priority, as last seen (by_priority)
         self._uids: dict[str, str] = {}  # job -> its uid, as last seen: a deleted job's folders are found by it
+        self.known = Known()  # jobs as this thread last read or wrote them, while no other writer commits
         self.runs = RunSteps(store, agent, self.endings, self.probes, owner=owner, rand=self.rand)
         self.admit = QueuedSteps(store, agent, self.endings, wake=wake, owner=owner, rand=self.rand)
 
     def forget(self) -> None:
         """A batch's writes were lost (its commit failed): drop what was remembered of them."""
         self.endings.forget()
+        self.known.clear()
 
     @property
     def dependents(self) -> defaultdict[str, set[str]]:
@@ -80,11 +83,22 @@ class JobReconciler:
 
     # -- the entry point -------------------------------------------------------------
     def __call__(self, name: str) -> Result:
+        try:
+            return self._reconcile(name)
+        except BaseException:
+            self.known.drop(name)  # a step that failed may have written it
+            raise
+
+    def _reconcile(self, name: str) -> Result:
         obj: StoredObject | None = None
         seen_in: object | None = None
         for _ in range(MAX_STEPS):
             deps: DepStates | None = None
-            if obj is None:
+            spec: JobSpec | None
+            kept = False
+            if obj is None and (obj := self.known.get(name, epoch := self.store.epoch())) is not None:
+                seen_in, spec, kept = epoch, self.spec_of(obj), True
+            elif obj is None:
                 with self.store.read() as session:
                     # a job last seen waiting for dependencies is most likely woken by one of
                     # them: their states are asked for with the job (one round trip on
@@ -102,7 +116,7 @@ class JobReconciler:
                             deps = _dep_states(found, names)
                         else:
                             deps = _read_dep_states(session, names)
-                seen_in = self.store.transaction()
+                seen_in = self.store.epoch()
                 if obj is None or spec is None:
                     if obj is None and (uid := self._uids.pop(name, None)) is not None:
                         self.agent.remove_job_runs(name, uid)  # deleted: its runs' folders go too
@@ -115,11 +129,18 @@ class JobReconciler:
                 spec = self.spec_of(obj)
             self._uids[name] = obj.uid
             ctx = Ctx(obj, spec, self.clock.now(), dep_states=deps, seen_in=seen_in)
+            if kept and ctx.phase == Phase.WAITING:  # what the Waiting step reads next, if kept too
+                ctx.dep_states = self.known.dep_states([d.job for d in spec.depends_on], seen_in)
             try:
                 result = self.step(ctx)
             except Conflict:
+                self.known.drop(name)
                 obj = None
                 continue  # someone wrote the job meanwhile: observe again
+            if ctx.seen_in is not None and ctx.seen_in is self.store.epoch(open=False):
+                self.known.put(ctx.obj, ctx.seen_in)
+            else:
+                self.known.drop(name)
             if ctx.phase == Phase.WAITING and spec.depends_on:
                 self._waiting_on[name] = [d.job for d in spec.depends_on]
             else:
@@ -136,12 +157,15 @@ class JobReconciler:
         else as taken. Of jobs made eligible together (one apply, a controller's start), the
         most urgent is then admitted first (API.md 2: priority, then eligibleAt, then uid),
         not the one that happened to be looked at first. Priorities are those last seen; a job
-        never seen is read (one statement for them all)."""
+        never seen is read (one statement for them all), and in a batch kept for its steps."""
         unseen = [n for n in names if n not in self._priority]
         if unseen:
             with self.store.read() as session:
-                for obj in repo.list_objects(session, kind="Job", names=unseen):
-                    self._priority[obj.name] = specs.spec_of(obj.name, obj.spec_text).priority
+                found = repo.list_objects(session, kind="Job", names=unseen)
+            epoch = self.store.epoch(open=False)
+            for obj in found:
+                self._priority[obj.name] = specs.spec_of(obj.name, obj.spec_text).priority
+                self.known.put(obj, epoch)
         priority = self._priority
         if len({priority.get(n, 0) for n in names}) == 1:
             return names

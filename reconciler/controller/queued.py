@@ -61,7 +61,7 @@ class QueuedSteps:
             # lock; a release of slots wakes the first in line
             return self._wait_in_line(ctx)
         with self.store.write(known=True) as tx:
-            current = ctx.current(self.store)  # then so is what the look read, in the same transaction
+            current = ctx.current(self.store)  # then so is what the look read, in this transaction
             if not current and repo.version(tx.session, kind="Job", name=ctx.name) != ctx.obj.resource_version:
                 raise Conflict(f"job {ctx.name} changed since it was read")  # e.g. another controller admitted it
             seen = look if current else None

@@ -288,12 +288,12 @@ class Runner:
         keys = [key]
         while len(keys) < share and (ready := self.queue.get_nowait()) is not None:
             keys.append(ready)
-        if self._order is not None and len(keys) > 1:
-            keys = self._ordered(keys, self._order)
         outcomes: list[tuple[Key, Outcome]] = []
         lost: Exception | None = None
         try:
             with batching.batch() as batch:
+                if self._order is not None and len(keys) > 1:
+                    keys = self._ordered(keys, self._order)  # what it reads, it reads in the batch
                 while True:
                     key = keys[len(outcomes)]
                     outcomes.append((key, self._run(key)))

@@ -136,13 +136,6 @@ class Connection:
         except self.errors as exc:
             raise self.failed(exc) from exc
 
-    def settle(self) -> None:
-        """Leave pipeline mode once every statement sent is answered (a failure is raised)."""
-        try:
-            self._unpipeline()
-        except self.errors as exc:
-            raise self.failed(exc) from exc
-
     def _unpipeline(self) -> None:
         """Leave pipeline mode, once every statement is answered; a statement that failed
         raises the driver's error."""
@@ -209,10 +202,18 @@ class Connection:
 
     def end(self, *, commit: bool, before: str | None = None) -> None:
         """Commit or roll back. `before`: a statement without parameters sent with the COMMIT
-        in one round trip (an explicit PostgreSQL transaction only)."""
+        in one round trip (an explicit PostgreSQL transaction only). Pipelined, the COMMIT
+        follows the statements not answered yet in that round trip: if one of them failed, the
+        server skips the rest, the failure is raised, and nothing is committed."""
         if self.lost:
             return  # its transaction went with it
         try:
+            if commit and self._pipeline is not None and self.explicit:
+                for statement in (before, "COMMIT"):
+                    if statement is not None:
+                        self.dbapi.execute(statement, prepare=False)
+                self._unpipeline()
+                return
             self._unpipeline()  # a pipelined statement that failed fails the commit
             if self.is_postgresql and self.explicit:
                 end = "COMMIT" if commit else "ROLLBACK"

@@ -28,7 +28,7 @@ from .connect import (
 )
 from .dbapi import Connection, Statement, StoreError
 from .listen import Listener, Wakeups, listening
-from .transactions import Batch, Fence, Fenced, Tx, transaction
+from .transactions import Batch, Epoch, Fence, Fenced, Tx, transaction
 
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
 SCHEMA_VERSION = 9  # 1 + the number of migrations.UPGRADES: what a current store records in meta
@@ -252,11 +252,10 @@ class Store:
 
     def _commit(self, conn: Connection, tx: Tx, *, known: bool) -> None:
         """Commit; on PostgreSQL a change is announced (NOTIFY, which listen.py hears) in the
-        same round trip. The payload is the resourceVersion and, for the controller's own
-        writes, this store's origin: digits and hex, safe in the statement's text. First every
-        pipelined statement is answered and the updates left to `Tx.verify` are checked."""
-        conn.settle()
-        tx.verify()
+        same round trip, with the pipelined statements not answered yet (a failure of any one
+        is raised and nothing is committed). The payload is the resourceVersion and, for the
+        controller's own writes, this store's origin: digits and hex, safe in the statement's
+        text."""
         if self.is_sqlite or not tx.changed:
             conn.end(commit=True)
             return
@@ -296,13 +295,26 @@ class Store:
         batch: Batch | None = getattr(self._local, "batch", None)
         return batch is not None and batch.conn is not None
 
-    def transaction(self) -> object | None:
-        """This thread's open batch transaction, if any. What was read or written through it
-        stays as it is until this thread writes it again: the batch holds the write lock
-        (SQLite's, or PostgreSQL's row lock on the change sequence, which every writer takes),
-        so no other writer commits in between."""
+    def epoch(self, *, open: bool = True) -> object | None:
+        """This thread's batch epoch: what was read or written through its batch transactions
+        in one epoch stays as stored until this thread writes it again. A batch holds the
+        write lock (SQLite's, or PostgreSQL's row lock on the change sequence, which every
+        writer takes), so no other writer commits while its transaction is open; and the
+        epoch outlives the transaction's commit when the next one, of this thread's batches,
+        finds the change sequence where that commit left it (every write of an object
+        advances it), so no other writer committed in between. In a batch with no transaction
+        open, `open` opens one (an epoch is certain only under the write lock); else the
+        epoch of its last commit, which the next transaction continues or ends. None outside a
+        batch."""
         batch: Batch | None = getattr(self._local, "batch", None)
-        return None if batch is None else batch.tx
+        if batch is None:
+            return None
+        if batch.tx is None:
+            if not open:
+                return getattr(self._local, "epoch", None)
+            self._open(batch)
+        assert batch.tx is not None
+        return batch.tx.epoch
 
     def batch_age(self) -> float:
         """Seconds since this thread's batch opened its transaction (0 when none is open):
@@ -355,6 +367,8 @@ class Store:
         try:
             self._commit(conn, tx, known=True)
             committed = True
+            tx.epoch.seq = tx.rv() if tx.changed else tx.epoch.seq  # where this commit left the sequence
+            self._local.epoch = tx.epoch
         except BaseException:
             batch.lost = True
             with suppress(StoreError):
@@ -401,13 +415,17 @@ class Store:
         try:
             conn = self._writer_connection()
             seq = self._begin(conn, self.fence)
+            found = seq_in(conn) if seq is None else seq  # SQLite: one point query
         except BaseException:
             self._writer.release()
             raise
         # the batch's statements are pipelined (PostgreSQL): a write whose answer no step reads
         # travels with the next statement that is read, instead of a round trip of its own
         conn.pipeline()
-        batch.conn, batch.tx, batch.opened = conn, Tx(conn, self, seq), time.monotonic()
+        last: Epoch | None = getattr(self._local, "epoch", None)
+        epoch = last if last is not None and last.seq == found else Epoch(found)
+        self._local.epoch = None  # until this transaction commits
+        batch.conn, batch.tx, batch.opened = conn, Tx(conn, self, seq, epoch), time.monotonic()
 
     def _abandon(self, batch: Batch) -> None:
         """Roll back the batch's open transaction (its writes are lost) and free the lock."""

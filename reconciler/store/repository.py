@@ -321,6 +321,21 @@ def _update(columns: tuple[str, ...]) -> Statement:
     return Statement(f"UPDATE objects SET {assignments} WHERE kind = :k AND name = :n AND resource_version = :old")
 
 
+@functools.cache
+def _update_certain(columns: tuple[str, ...]) -> Statement:
+    """The same swap as a statement that fails when it changes no row (PostgreSQL), for a
+    swap that cannot fail unless the write lock did not hold (a bug): on a pipelined
+    connection nobody waits for its answer, and its failure aborts the transaction, so the
+    commit that follows in the same round trip commits nothing. The CASE depends on the
+    count, so PostgreSQL evaluates the cast only when it is reached."""
+    update = _update(columns).sqlite
+    return Statement(
+        f"WITH changed AS ({update} RETURNING 1) SELECT CAST(CASE count(*) WHEN 1 THEN '1' ELSE"
+        " 'the update of an object under the write lock changed ' || count(*) || ' rows, not 1' END AS integer)"
+        " FROM changed"
+    )
+
+
 def update_object(
     tx: Tx,
     current: StoredObject,
@@ -334,8 +349,9 @@ def update_object(
 ) -> StoredObject:
     """Compare-and-swap: succeeds only if the row still has `current.resource_version`.
     A spec change bumps `generation`; anything else does not. `certain`: `current` was read
-    in this transaction, under the write lock every writer takes, so the swap cannot fail:
-    on a pipelined connection its row count is checked at commit, not waited for now."""
+    or written in this thread's batch epoch (`Store.epoch`), so the swap cannot fail: on a
+    pipelined connection it is not waited for, and the server fails the transaction if it
+    did."""
     values: dict[str, Any] = {"resource_version": tx.rv()}
     generation = current.generation
     if spec is not None and (text := canonical(spec)) != current.spec_text:
@@ -352,11 +368,10 @@ def update_object(
         values.update(zip(_STATUS_COLUMNS, _status_copies(status), strict=True))
     if deleted_at is not None:
         values["deleted_at"] = deleted_at
-    result = _update(tuple(values)).execute(
-        tx.session, {**values, "k": current.kind, "n": current.name, "old": current.resource_version}
-    )
-    checked_at_commit = certain and tx.check_later(result, current.kind, current.name)
-    if not checked_at_commit and result.rowcount != 1:
+    params = {**values, "k": current.kind, "n": current.name, "old": current.resource_version}
+    if certain and tx.session.pipelined:
+        _update_certain(tuple(values)).execute(tx.session, params)  # not waited for; checked by the server
+    elif _update(tuple(values)).execute(tx.session, params).rowcount != 1:
         raise Conflict(
             f'Operation cannot be fulfilled on {current.kind.lower()} "{current.name}": '
             "the object has been modified; please apply your changes to the latest version and try again"

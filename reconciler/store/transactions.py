@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any
 
-from .dbapi import Connection, Result, Statement, StoreError
+from .dbapi import Connection, Statement, StoreError
 
 if TYPE_CHECKING:
     from .engine import Store
@@ -47,39 +47,20 @@ class Tx:
     """One write transaction; `rv()` allocates its resourceVersion once, on first use.
     `session` is the writer's connection: run `Statement`s on it."""
 
-    def __init__(self, session: Connection, store: Store, seq: int | None = None):
+    def __init__(self, session: Connection, store: Store, seq: int | None = None, epoch: Epoch | None = None):
         self.session = session
         self.store = store
         self._rv: int | None = None
         self._seq = seq  # the change sequence as the lock read it (PostgreSQL), else None
         self.discarded = False
-        self._unchecked: list[tuple[Result, str, str]] = []  # (an object's update, its kind, its name)
-        # what is read once per transaction: it holds the store-wide write lock, so what only
-        # other writers change (the notifiers) stays as read until it ends
-        self.memo: dict[str, Any] = {}
+        self.epoch = epoch if epoch is not None else Epoch(seq)
+        # what is read once per epoch (`Store.epoch`): what only other writers change (the
+        # notifiers) stays as read while it lasts
+        self.memo: dict[str, Any] = self.epoch.memo
 
     def discard(self) -> None:
         """Roll back instead of committing (dry runs)."""
         self.discarded = True
-
-    def check_later(self, result: Result, kind: str, name: str) -> bool:
-        """Whether the caller may leave the row count of `result`, an update of one object
-        that must change its row, to be checked at commit: so on a pipelined connection,
-        where asking now would wait a round trip."""
-        if not self.session.pipelined:
-            return False
-        self._unchecked.append((result, kind, name))
-        return True
-
-    def verify(self) -> None:
-        """Before commit: every write left to `check_later` changed its one row. One that did
-        not means the store-wide write lock did not hold (a bug): nothing is committed."""
-        checks, self._unchecked = self._unchecked, []
-        for result, kind, name in checks:
-            if result.rowcount != 1:
-                raise StoreError(
-                    f"the update of {kind} {name} changed {result.rowcount} rows under the write lock, not 1"
-                )
 
     def rv(self) -> int:
         if self._rv is None:
@@ -95,6 +76,17 @@ class Tx:
     @property
     def changed(self) -> bool:
         return self._rv is not None
+
+
+class Epoch:
+    """A span of one thread's batch transactions with no other writer's commit between them
+    (`Store.epoch`): `seq` is the change sequence as its last commit left it."""
+
+    __slots__ = ("memo", "seq")
+
+    def __init__(self, seq: int | None):
+        self.seq = seq
+        self.memo: dict[str, Any] = {}
 
 
 class Batch:
