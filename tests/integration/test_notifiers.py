@@ -11,7 +11,7 @@ import hmac
 import json
 import re
 
-from tests.data.receiver import Receiver
+from tests.data.receiver import Receiver, self_signed
 from tests.helpers import wait_until
 
 from .conftest import docs, job_yaml
@@ -217,4 +217,39 @@ def test_a_receiver_that_trickles_its_header_lines_fails_the_attempt_at_10s(env)
         assert status["lastError"] == f"POST {receiver.url}/slow-headers: no answer within 10s"
         assert 9.5 <= took <= 12.0, took
         assert status["delivered"] == 0
+        wait_until(lambda: len(receiver.at("/slow-headers")) >= 2, timeout=30, message="retried")
+
+
+def test_an_https_receiver_that_trickles_its_header_lines_fails_the_attempt_at_10s(env, monkeypatch):
+    """The HTTPS twin of the test above: TLS replaces the connection's TCP stream, and the
+    attempt's deadline must cut that one (Connections traces both). The receiver is a real
+    TLS server on loopback with a certificate made here, which the controller trusts through
+    SSL_CERT_FILE (httpx's client reads it): each header line comes well within a read's
+    timeout, so only the whole-attempt bound ends the attempt. Left alone, the receiver
+    would answer 200 after 45 s: the first outcome is a failure, never that delivery."""
+    from reconciler.controller.notify import TIMEOUT
+    from reconciler.reads import objects
+
+    cert, key = self_signed(env.root)
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))  # the controller's environment: it trusts the receiver
+    monkeypatch.setenv("NO_PROXY", "127.0.0.1")
+    monkeypatch.setenv("no_proxy", "127.0.0.1")
+    with Receiver(tls=(cert, key)) as receiver:
+        assert receiver.url.startswith("https://")
+        start(
+            env,
+            notifier_yaml("hook", f"  url: {receiver.url}/slow-headers\n"),
+            job_yaml("build", "command: [/bin/true]"),
+        )
+
+        def outcome():
+            [found] = objects(env.store, "Notifier", ["hook"], None).objects
+            status = found.status or {}
+            return (status.get("lastError") or status.get("delivered")) and status
+
+        # a deadline past the receiver's 45 s: without the cut, the delivery would come first
+        status = wait_until(outcome, timeout=60, message="the first attempt's outcome")
+        assert status.get("lastError") == f"POST {receiver.url}/slow-headers: no answer within {TIMEOUT:g}s", status
+        assert status["delivered"] == 0
+        assert receiver.at("/slow-headers"), "the request never came over TLS"
         wait_until(lambda: len(receiver.at("/slow-headers")) >= 2, timeout=30, message="retried")
