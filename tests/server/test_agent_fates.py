@@ -1,12 +1,14 @@
 """A node agent on loopback, where the server must not lose track of a run's fate: a stop of a
 run its agent may have started (its start report delayed, the agent silent), a server
 restart longer than `retry.lostAfter`, a duplicate or replaced agent, the next run of a job
-whose stale run is still ending, and a token the server refuses. A silent agent is a stopped
-process (SIGSTOP): its connections stay open, as a partition's do."""
+whose stale run is still ending, a token the server refuses, an answer that comes after the
+agent's lease ran out, and an older server. A silent agent is a stopped process (SIGSTOP):
+its connections stay open, as a partition's do."""
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -17,6 +19,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import psutil
@@ -332,15 +335,22 @@ def test_a_stopped_starting_run_on_an_older_agents_node_frees_its_slots_at_once(
     assert not _held(server, "c1")
 
 
+def _long_poll(path: str) -> bool:
+    """A runs request the server may hold (the agent's long poll), not a look at once (timeoutSeconds=0)."""
+    return "/runs?" in path and parse_qs(urlsplit(path).query).get("timeoutSeconds") != ["0"]
+
+
 class _Proxy:
     """Between an agent and the server: holds the long poll's answers that place a run while
-    `hold` is set (until `release`), and refuses its heartbeats (503) while `refuse` is set: a
-    late answer, and a link that lets the heartbeats through no more."""
+    `hold` is set (all of them once `release` is set, one more at each `let_one`), and refuses
+    its heartbeats (503) while `refuse` is set: a late answer, and a link that lets the
+    heartbeats through no more. A runs request answered at once is never held."""
 
     def __init__(self, target: str):
         proxy = self
         self.hold, self.holding, self.release = threading.Event(), threading.Event(), threading.Event()
         self.refuse = threading.Event()
+        self._passes = threading.Semaphore(0)
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
@@ -355,9 +365,9 @@ class _Proxy:
                     return
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("host", "content-length")}
                 answer = httpx.request(self.command, target + self.path, content=body, headers=headers, timeout=120)
-                if "/runs?" in self.path and proxy.hold.is_set() and answer.json().get("items"):
+                if _long_poll(self.path) and proxy.hold.is_set() and answer.json().get("items"):
                     proxy.holding.set()
-                    proxy.release.wait(60)
+                    proxy._held()
                 self._answer(answer.status_code, answer.content)
 
             def _answer(self, code: int, content: bytes) -> None:
@@ -377,6 +387,17 @@ class _Proxy:
         self.httpd.daemon_threads = True
         self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
         threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def _held(self) -> None:
+        """An answer held until it may go on (60 s at most)."""
+        deadline = time.monotonic() + 60
+        while not self.release.is_set() and time.monotonic() < deadline:
+            if self._passes.acquire(timeout=0.05):
+                return
+
+    def let_one(self) -> None:
+        """One held answer (the one held now, or the next) goes on."""
+        self._passes.release()
 
     def close(self) -> None:
         self.release.set()
@@ -419,6 +440,121 @@ def test_an_agent_starts_nothing_once_its_last_accepted_heartbeat_is_older_than_
         assert settled(server, "late")["late"]["status"]["outcome"] == "Cancelled"
     finally:
         proxy.close()
+
+
+def _not_ready(server: Server) -> bool:
+    conditions = server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] != "True" for c in conditions)
+
+
+def test_an_answer_received_before_the_lease_is_renewed_is_asked_anew_before_it_is_acted_on(
+    serve, sqlite_url, agents, tmp_path
+):
+    """The long poll's answer placing a run reaches the agent after its lease ran out; the job
+    is cancelled before a heartbeat is accepted again. Once one is, the agent asks for its
+    node's runs anew (runs("", 0)) instead of acting on the answer it holds: it withdraws the
+    run and never starts it. The long poll's later answers are all held here, so only that
+    fresh answer can tell the agent of the cancel."""
+    server = serve(sqlite_url, "--no-local-node", env={"RECONCILER_NODE_LOST_AFTER": "3s"})
+    proxy = _Proxy(server.url)
+    try:
+        agents(SimpleNamespace(url=proxy.url), "agent")
+        _node_up(server)
+        wait_until(lambda: server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("heartbeatAt"))
+        proxy.hold.set()
+        marker = tmp_path / "marker"
+        _apply(server, job_manifest("stale", ["sh", "-c", f"touch {marker}; exec sleep 600"]))
+        wait_until(proxy.holding.is_set, timeout=30, message="the answer placing the run is held")
+        proxy.refuse.set()
+        wait_until(lambda: _not_ready(server), timeout=30, interval=0.1, message="far is NotReady: the lease is over")
+        proxy.let_one()  # the held answer, which places the run, reaches the agent
+        log = tmp_path / "agent.log"
+        waits = "run 1 of job stale waits for an accepted heartbeat"
+        wait_until(lambda: waits in log.read_text(), timeout=30, message="the late answer acted on")
+        assert server.cli("cancel", "job/stale").code == 0
+        wait_until(lambda: _phase(server, "stale") == "Stopping", timeout=30, message="held until the agent says")
+        proxy.refuse.clear()  # a heartbeat is accepted again: the answer the agent holds is older
+        wait_until(
+            lambda: marker.exists() or _phase(server, "stale") == "Completed",
+            timeout=20,
+            message="the run withdrawn (or started)",
+        )
+        assert not marker.exists(), "the agent started the run from the answer it had before its lease ran out"
+        status = server.job("stale")["status"]
+        assert status["outcome"] == "Cancelled" and not status.get("runs"), status
+    finally:
+        proxy.close()
+
+
+class _OlderServer:
+    """A server of the version before, as far as an agent's heartbeat goes: it refuses the
+    field `withdraws` (422, as its validation words it) and accepts a heartbeat without it.
+    Its runs request is held (nothing placed) until `close`."""
+
+    def __init__(self) -> None:
+        older = self
+        self.beats: list[dict] = []
+        self.polled, self.closing = threading.Event(), threading.Event()
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_POST(self) -> None:
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+                if not self.path.endswith("/nodes/far/heartbeat"):
+                    self._answer(404, {"code": 404, "message": "no such route"})
+                    return
+                older.beats.append(body)
+                if "withdraws" in body:
+                    self._answer(422, {"code": 422, "message": "withdraws: Extra inputs are not permitted"})
+                else:
+                    self._answer(200, {"code": 200, "message": "node far is Ready", "readyWindowSeconds": 40})
+
+            def do_GET(self) -> None:
+                if "/nodes/far/runs?" not in self.path:
+                    self._answer(404, {"code": 404, "message": "no such route"})
+                    return
+                older.polled.set()
+                older.closing.wait(30)
+                self._answer(200, {"items": [], "digest": "none"})
+
+            def _answer(self, code: int, document: dict) -> None:
+                content = json.dumps(document).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(content)))
+                self.end_headers()
+                self.wfile.write(content)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.closing.set()
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_an_agent_leaves_withdraws_out_of_its_heartbeat_for_a_server_that_refuses_it(agents, tmp_path):
+    """A server of the version before answers 422 to a heartbeat with `withdraws`: the agent
+    sends its next heartbeat without the field, is accepted, and goes on to follow its runs
+    (which it asks for only once a heartbeat is accepted)."""
+    older = _OlderServer()
+    try:
+        agents(SimpleNamespace(url=older.url), "agent")
+        wait_until(older.polled.is_set, timeout=20, message="the agent, accepted, asks for its runs")
+        first, *after = list(older.beats)
+        assert first.get("withdraws") is True, first
+        assert after, "no heartbeat after the refused one"
+        assert all("withdraws" not in beat for beat in after), after
+        assert "takes no `withdraws`" in (tmp_path / "agent.log").read_text()
+    finally:
+        older.close()
 
 
 def test_a_replaced_agent_starts_nothing_after_it_stopped_its_runs(serve, sqlite_url, tmp_path):
