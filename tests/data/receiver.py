@@ -9,14 +9,12 @@ answers as the path says:
 - `/slow-headers`: the status line at once, then a header line every 3 s for 45 s (until
   `release()`), then the end of the headers: no read waits long, the answer takes 45 s.
 
-With `tls` (a certificate file and its key: `self_signed`), it serves HTTPS instead; the
+With `tls` (a certificate file and its key: `tests.helpers.self_signed`), it serves HTTPS instead; the
 handshake is made in the request's own thread, at its first read.
 """
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 import threading
 import time
@@ -31,38 +29,6 @@ class Request:
     headers: dict[str, str]
     body: bytes
     at: float  # time.time() when the body was read
-
-
-def self_signed(folder: Path) -> tuple[Path, Path]:
-    """A certificate for 127.0.0.1 (its own issuer: trusted by naming it, as SSL_CERT_FILE
-    does) and its key, made with the cryptography package."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = folder / "receiver-cert.pem", folder / "receiver-key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    key_path.chmod(0o600)
-    return cert_path, key_path
 
 
 class Receiver:

@@ -11,8 +11,8 @@ import hmac
 import json
 import re
 
-from tests.data.receiver import Receiver, self_signed
-from tests.helpers import wait_until
+from tests.data.receiver import Receiver
+from tests.helpers import self_signed, wait_until
 
 from .conftest import docs, job_yaml
 

@@ -405,29 +405,40 @@ class _Proxy:
         self.httpd.server_close()
 
 
-def test_an_agent_starts_nothing_once_its_last_accepted_heartbeat_is_older_than_the_window(
-    serve, sqlite_url, agents, tmp_path
-):
-    """A long poll's answer that places a run reaches the agent late, after its heartbeats
-    went unaccepted for longer than the server's Ready window (another host's agent may serve
-    the node by then): it starts the run only once a heartbeat is accepted again."""
+def _behind_a_proxy(serve, sqlite_url, agents) -> tuple[Server, _Proxy]:
+    """A server whose node goes NotReady 3 s after its last heartbeat, and agent `far`
+    talking to it through a proxy, registered."""
     server = serve(sqlite_url, "--no-local-node", env={"RECONCILER_NODE_LOST_AFTER": "3s"})
     proxy = _Proxy(server.url)
     try:
         agents(SimpleNamespace(url=proxy.url), "agent")
         _node_up(server)
         wait_until(lambda: server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("heartbeatAt"))
+    except BaseException:
+        proxy.close()
+        raise
+    return server, proxy
+
+
+def _not_ready(server: Server) -> bool:
+    conditions = server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("conditions", [])
+    return any(c["type"] == "Ready" and c["status"] != "True" for c in conditions)
+
+
+def test_an_agent_starts_nothing_once_its_last_accepted_heartbeat_is_older_than_the_window(
+    serve, sqlite_url, agents, tmp_path
+):
+    """A long poll's answer that places a run reaches the agent late, after its heartbeats
+    went unaccepted for longer than the server's Ready window (another host's agent may serve
+    the node by then): it starts the run only once a heartbeat is accepted again."""
+    server, proxy = _behind_a_proxy(serve, sqlite_url, agents)
+    try:
         proxy.hold.set()
         pidfile = tmp_path / "late.pid"
         _apply(server, job_manifest("late", _recording(pidfile), stopGracePeriod="1s"))
         wait_until(proxy.holding.is_set, timeout=30, message="the answer placing the run is held")
         proxy.refuse.set()
-
-        def not_ready() -> bool:
-            conditions = server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("conditions", [])
-            return any(c["type"] == "Ready" and c["status"] != "True" for c in conditions)
-
-        wait_until(not_ready, timeout=30, interval=0.1, message="far is NotReady: the agent's lease is over")
+        wait_until(lambda: _not_ready(server), timeout=30, interval=0.1, message="far is NotReady: the lease is over")
         proxy.hold.clear()
         proxy.release.set()
         log = tmp_path / "agent.log"
@@ -442,11 +453,6 @@ def test_an_agent_starts_nothing_once_its_last_accepted_heartbeat_is_older_than_
         proxy.close()
 
 
-def _not_ready(server: Server) -> bool:
-    conditions = server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("conditions", [])
-    return any(c["type"] == "Ready" and c["status"] != "True" for c in conditions)
-
-
 def test_an_answer_received_before_the_lease_is_renewed_is_asked_anew_before_it_is_acted_on(
     serve, sqlite_url, agents, tmp_path
 ):
@@ -455,12 +461,8 @@ def test_an_answer_received_before_the_lease_is_renewed_is_asked_anew_before_it_
     node's runs anew (runs("", 0)) instead of acting on the answer it holds: it withdraws the
     run and never starts it. The long poll's later answers are all held here, so only that
     fresh answer can tell the agent of the cancel."""
-    server = serve(sqlite_url, "--no-local-node", env={"RECONCILER_NODE_LOST_AFTER": "3s"})
-    proxy = _Proxy(server.url)
+    server, proxy = _behind_a_proxy(serve, sqlite_url, agents)
     try:
-        agents(SimpleNamespace(url=proxy.url), "agent")
-        _node_up(server)
-        wait_until(lambda: server.http().get(f"{PREFIX}/nodes/far").json().get("status", {}).get("heartbeatAt"))
         proxy.hold.set()
         marker = tmp_path / "marker"
         _apply(server, job_manifest("stale", ["sh", "-c", f"touch {marker}; exec sleep 600"]))

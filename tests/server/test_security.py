@@ -3,8 +3,6 @@ tokens kept out of logs; and what the CLI makes of 401 and 403 (exit codes)."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import ssl
 import subprocess
 import sys
@@ -12,7 +10,7 @@ import sys
 import httpx
 import pytest
 
-from tests.helpers import run_cli
+from tests.helpers import run_cli, self_signed
 from tests.server.conftest import PREFIX, job_manifest, settled
 
 ADMIN = "admin-token-0123456789abcdef"
@@ -144,34 +142,8 @@ def test_a_bad_tokens_file_is_refused_naming_file_and_line(sqlite_url, tmp_path)
 
 
 def _self_signed(tmp_path, stem: str = "") -> tuple[str, str]:
-    """A certificate for 127.0.0.1 and its key, made here with the cryptography package."""
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")])
-    now = datetime.datetime.now(datetime.UTC)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / f"{stem}cert.pem", tmp_path / f"{stem}key.pem"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(
-        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    )
-    key_path.chmod(0o600)
-    return str(cert_path), str(key_path)
+    cert, key = self_signed(tmp_path, stem)
+    return str(cert), str(key)
 
 
 def test_tls(serve, sqlite_url, tmp_path, tokens_file):
