@@ -45,7 +45,8 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float, up_since: float =
     except ValueError as exc:
         raise InvalidInput(f"heartbeat of node {node}: {exc}") from None
     labels = {**beat.labels, HOSTNAME_LABEL: beat.agent.partition(":")[0][:63]}
-    with store.write() as tx:  # not `known`: the controller's change feed wakes the jobs that wait for a node
+    # not `known`: the controller's change feed wakes the jobs that wait for a node
+    with store.write(epoch_safe=True) as tx:
         obj = repo.get(tx.session, kind="Node", name=node)
         if obj is None:
             obj = repo.create(
@@ -153,14 +154,14 @@ def report_many(store: Store, node: str, reports: list[Report]) -> list[bool]:
     A stale report refuses only itself, not the others."""
     if not reports:
         return []
-    with store.write() as tx:
+    with store.write(epoch_safe=True) as tx:
         return placements.record_reports(tx, node, reports)
 
 
 def report(store: Store, node: str, job: str, *, uid: str, run: int, epoch: int, facts: dict[str, Any]) -> None:
     """Keep the agent's report on the admission it names; Conflict (409) when that admission
     is no longer current: the run was declared lost, retried elsewhere, or stopped."""
-    with store.write() as tx:
+    with store.write(epoch_safe=True) as tx:
         if not placements.record_report(tx, uid=uid, node=node, run=run, epoch=epoch, report=facts):
             raise Conflict(stale_message(job, node, run, epoch))
 

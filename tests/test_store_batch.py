@@ -244,6 +244,37 @@ def test_a_batch_epoch_lasts_until_another_writer_commits(store):
         assert tx is not None and store.epoch() is None  # a write outside a batch is not one
 
 
+def test_an_epoch_outlives_this_process_s_epoch_safe_commits_and_they_write_no_job(store):
+    """A node's heartbeat or an agent's report (`write(epoch_safe=True)`) changes no job and
+    no notifier: a batch epoch outlives it, as it does not another writer's commit. Such a
+    transaction refuses to write a Job."""
+
+    def elsewhere(action) -> None:
+        thread = threading.Thread(target=action)
+        thread.start()
+        thread.join(10)
+
+    def beat() -> None:
+        with store.write(epoch_safe=True) as tx:
+            repo.create(tx, kind="Node", name=f"n{store.change_seq()}", spec={}, labels={}, annotations={})
+
+    a = _create(store, "a")
+    with store.batch():
+        first = store.epoch()
+        _set_phase(store, a, "Queued")
+    elsewhere(beat)
+    elsewhere(beat)
+    with store.batch():
+        assert store.epoch() is first  # two epoch-safe commits came between: it goes on
+    _set_phase_elsewhere(store, "a", "Running")
+    with store.batch():
+        assert store.epoch() not in (None, first)
+    seq = store.change_seq()
+    with pytest.raises(StoreError, match="epoch-safe"), store.write(epoch_safe=True) as tx:
+        repo.update_object(tx, _read(store, "a"), status={"phase": "Stopping"})
+    assert store.change_seq() == seq and _phase_elsewhere(store, "a") == "Running"
+
+
 def test_a_batch_on_postgresql_pipelines_and_still_answers_row_counts(pg_url):
     """A batch's statements are pipelined on PostgreSQL: a write's row count, when asked, is
     the statement's own; a statement that failed is raised by the next one whose answer is

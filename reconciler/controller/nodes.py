@@ -57,7 +57,7 @@ def note_not_ready(store: Store, now: float, since: float = 0.0) -> list[str]:
     if not stale:
         return []
     marked = []
-    with store.write() as tx:
+    with store.write(epoch_safe=True) as tx:  # nodes only
         for obj in repo.list_objects(tx.session, kind="Node", names=stale):
             status = dict(obj.status or {})
             if not silent(status) or status.get("notReadySince"):
@@ -84,7 +84,7 @@ def heartbeat(
     """Register the node if it is new, then record it Ready with its allocation. True when
     the node just became Ready (new, or its last heartbeat had gone stale): jobs queued as
     Unschedulable may fit now."""
-    with store.write(known=True) as tx:  # the controller wakes whom a return of its node concerns
+    with store.write(known=True, epoch_safe=True) as tx:  # the controller wakes whom a return of its node concerns
         obj = repo.get(tx.session, kind="Node", name=node)
         if obj is None:
             obj = repo.create(

@@ -12,6 +12,7 @@ import random
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
@@ -30,6 +31,7 @@ from .dbapi import Connection, Statement, StoreError
 from .listen import Listener, Wakeups, listening
 from .transactions import Batch, Epoch, Fence, Fenced, Tx, transaction
 
+EPOCH_GAP = 64  # epoch-safe commits an epoch outlives between two of its transactions, at most
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
 SCHEMA_VERSION = 9  # 1 + the number of migrations.UPGRADES: what a current store records in meta
 META = Statement("SELECT value FROM meta WHERE key = :key")
@@ -63,6 +65,9 @@ class Store:
         # Writers of this process queue here rather than in SQLite's busy handler, which
         # sleeps in steps of up to 25 ms and turns contention between threads into latency.
         self._writer = threading.Lock()
+        # resourceVersions of this process's epoch-safe commits (`write(epoch_safe=True)`), the
+        # latest ones: written and read under `_writer`
+        self._epoch_safe: deque[int] = deque(maxlen=EPOCH_GAP * 4)
         # Connections are kept, one per reading thread and one for the writer: opening one
         # per transaction would cost more than the reconcile loop's queries.
         self._local = threading.local()
@@ -189,12 +194,15 @@ class Store:
         return conn
 
     @contextmanager
-    def write(self, *, known: bool = False) -> Iterator[Tx]:
+    def write(self, *, known: bool = False, epoch_safe: bool = False) -> Iterator[Tx]:
         """A write transaction. `known`: the writer acts on what it writes itself (the
         controller's reconcile steps), so this process's change feed need not tell it: its
         resourceVersion goes into `known_writes`. Every other write, by whatever part of
         this process (a verb, a folder's applies), is seen by the change feed. While a
         `fence` is set, the controller's writes (`known`) check its term first (`Fenced`).
+        `epoch_safe`: the writer changes no Job and no Notifier (a node's heartbeat, an
+        agent's report; `Tx.writes` holds it to that), so the batch epochs of this process's
+        threads outlive its commit (`epoch`).
         In a batch (`batch`), a `known` write joins the batch's transaction. A `Conflict`
         raised inside leaves the batch as it was: the controller's writes make their
         compare-and-swap before they write anything else. Any other exception rolls back the
@@ -211,7 +219,7 @@ class Store:
             seq = self._begin(conn, self.fence if known else None)
             commit = False
             try:
-                tx = Tx(conn, self, seq)
+                tx = Tx(conn, self, seq, epoch_safe=epoch_safe)
                 yield tx
                 commit = not tx.discarded
             finally:
@@ -221,6 +229,8 @@ class Store:
                     conn.end(commit=False)
             if commit and tx.changed and known:
                 self.known_writes.add(tx.rv())
+            if commit and tx.changed and epoch_safe:
+                self._epoch_safe.append(tx.rv())  # before the write lock is let go: an epoch's next look sees it
         if commit and tx.changed:
             self._announce(known=known)
 
@@ -423,9 +433,21 @@ class Store:
         # travels with the next statement that is read, instead of a round trip of its own
         conn.pipeline()
         last: Epoch | None = getattr(self._local, "epoch", None)
-        epoch = last if last is not None and last.seq == found else Epoch(found)
+        epoch = last if last is not None and self._continues(last.seq, found) else Epoch(found)
+        epoch.seq = found
         self._local.epoch = None  # until this transaction commits
         batch.conn, batch.tx, batch.opened = conn, Tx(conn, self, seq, epoch), time.monotonic()
+
+    def _continues(self, seq: int | None, found: int) -> bool:
+        """Whether an epoch that `seq` ended is still one with the change sequence at
+        `found`: no commit came between, or only this process's epoch-safe ones (a few: an
+        epoch that missed many is ended rather than searched)."""
+        if seq == found:
+            return True
+        if seq is None or not 0 < found - seq <= EPOCH_GAP:
+            return False
+        safe = set(self._epoch_safe)
+        return all(rv in safe for rv in range(seq + 1, found + 1))
 
     def _abandon(self, batch: Batch) -> None:
         """Roll back the batch's open transaction (its writes are lost) and free the lock."""

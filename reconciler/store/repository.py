@@ -282,6 +282,7 @@ def create_many(tx: Tx, objects: Iterable[dict[str, Any]]) -> list[StoredObject]
     spelled: tuple[Any, str | None, tuple[Any, ...]] = (None, None, _status_copies(None))
     for o in objects:
         kind, name, spec, status = o["kind"], o["name"], o["spec"], o.get("status")
+        tx.writes(kind)
         if status is not spelled[0]:
             spelled = (status, canonical(status) if status is not None else None, _status_copies(status))
         uid, rv, now, spec_text = new_uid(), tx.rv(), time.time(), canonical(spec)
@@ -352,6 +353,7 @@ def update_object(
     or written in this thread's batch epoch (`Store.epoch`), so the swap cannot fail: on a
     pipelined connection it is not waited for, and the server fails the transaction if it
     did."""
+    tx.writes(current.kind)
     values: dict[str, Any] = {"resource_version": tx.rv()}
     generation = current.generation
     if spec is not None and (text := canonical(spec)) != current.spec_text:
@@ -398,6 +400,7 @@ _REMOVE = Statement("DELETE FROM objects WHERE kind = :kind AND name = :name AND
 
 def remove(tx: Tx, current: StoredObject) -> None:
     """Compare-and-swap delete."""
+    tx.writes(current.kind)
     tx.rv()
     result = _REMOVE.execute(tx.session, {"kind": current.kind, "name": current.name, "old": current.resource_version})
     if result.rowcount != 1:

@@ -47,8 +47,17 @@ class Tx:
     """One write transaction; `rv()` allocates its resourceVersion once, on first use.
     `session` is the writer's connection: run `Statement`s on it."""
 
-    def __init__(self, session: Connection, store: Store, seq: int | None = None, epoch: Epoch | None = None):
+    def __init__(
+        self,
+        session: Connection,
+        store: Store,
+        seq: int | None = None,
+        epoch: Epoch | None = None,
+        *,
+        epoch_safe: bool = False,
+    ):
         self.session = session
+        self.epoch_safe = epoch_safe  # it may change no Job and no Notifier (Store.write)
         self.store = store
         self._rv: int | None = None
         self._seq = seq  # the change sequence as the lock read it (PostgreSQL), else None
@@ -61,6 +70,12 @@ class Tx:
     def discard(self) -> None:
         """Roll back instead of committing (dry runs)."""
         self.discarded = True
+
+    def writes(self, kind: str) -> None:
+        """Called by every write of an object: an epoch-safe transaction refuses a Job or a
+        Notifier, which the threads whose epochs outlive it keep as they last saw them."""
+        if self.epoch_safe and kind in KEPT_KINDS:
+            raise StoreError(f"a {kind} written by an epoch-safe transaction (a bug): nothing is committed")
 
     def rv(self) -> int:
         if self._rv is None:
@@ -76,6 +91,9 @@ class Tx:
     @property
     def changed(self) -> bool:
         return self._rv is not None
+
+
+KEPT_KINDS = frozenset({"Job", "Notifier"})  # what a batch epoch keeps as last seen (controller/known.py, Tx.memo)
 
 
 class Epoch:
