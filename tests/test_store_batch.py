@@ -308,28 +308,36 @@ def test_a_batch_on_postgresql_pipelines_and_still_answers_row_counts(pg_url):
         store.dispose()
 
 
-def test_a_certain_swap_is_checked_at_commit_and_a_stale_one_loses_the_batch(store):
-    """`update_object(certain=True)` is for a job read in the open transaction, under the
-    write lock: on a pipelined connection its row count is checked at commit instead of
-    waited for. Told wrongly (the object is stale), nothing of the batch is committed: on
-    PostgreSQL the commit fails; on SQLite (no pipeline) the swap raises Conflict at once."""
+def test_a_certain_swap_that_changes_no_row_loses_the_batch(store):
+    """`update_object(certain=True)` is for a job read or written in the thread's batch epoch,
+    which no other writer has come between. Told wrongly (the object is stale), nothing of the
+    batch is committed, not even what it wrote before the swap: on PostgreSQL the server fails
+    the pipelined swap and the commit after it; on SQLite the swap raises at once."""
     a = _create(store, "a")
     fresh = _set_phase(store, a, "Queued")  # `a` is stale from here
     b = _create(store, "b")
-    with store.batch() as batch:
+    with pytest.raises(StoreError, match="under the write lock changed 0 rows"), store.batch() as batch:
         with store.write(known=True) as tx:
             repo.update_object(tx, b, status={"phase": "Queued"}, certain=True)
-        if store.is_sqlite:
-            with pytest.raises(Conflict), store.write(known=True) as tx:
-                repo.update_object(tx, a, status={"phase": "Running"}, certain=True)
-        else:
-            with store.write(known=True) as tx:
-                repo.update_object(tx, a, status={"phase": "Running"}, certain=True)  # not waited for
-            with pytest.raises(StoreError, match="under the write lock"):
-                store.flush()
-    assert batch.lost is (not store.is_sqlite)
+        with store.write(known=True) as tx:
+            repo.update_object(tx, a, status={"phase": "Running"}, certain=True)  # PostgreSQL: not waited for
+        store.flush()
+    assert batch.lost
     assert _phase_elsewhere(store, "a") == fresh.status["phase"] == "Queued"
-    assert _phase_elsewhere(store, "b") == ("Queued" if store.is_sqlite else "Waiting")
+    assert _phase_elsewhere(store, "b") == "Waiting"
+
+
+def test_a_batch_whose_transaction_only_read_loses_nothing_when_a_read_fails(store):
+    """A read that fails rolls the batch's transaction back; if nothing was written in it,
+    nothing is lost (the runner then retries only the step that read, not the whole batch)."""
+    _create(store, "a")
+    with store.batch() as batch:
+        with pytest.raises(StoreError), store.read() as conn:
+            Statement("SELECT no_such_column FROM objects").execute(conn).all()
+        assert not batch.lost and not store.in_batch()
+        with store.read() as conn:  # a new transaction opens for what follows
+            assert repo.get(conn, kind="Job", name="a") is not None
+    assert not batch.lost
 
 
 def test_each_transaction_of_a_batch_takes_the_next_resource_version_and_the_sequence_follows(store):
@@ -346,3 +354,26 @@ def test_each_transaction_of_a_batch_takes_the_next_resource_version_and_the_seq
     assert store.change_seq() == seq + 2
     with store.read() as conn:
         assert repo.get(conn, kind="Job", name="a").resource_version == seq + 2
+
+
+def test_a_batch_transaction_that_fails_to_open_leaves_no_lock_held(sqlite_url, monkeypatch):
+    """On SQLite a batch's transaction begins (BEGIN IMMEDIATE: the file's write lock), then
+    reads the change sequence; a failure there rolls the transaction back, so the next
+    writer, in this process or another, is not locked out."""
+    from reconciler.store import engine
+
+    store = Store(sqlite_url)
+    try:
+        _create(store, "a")
+        reads = engine.seq_in
+
+        def fails_once(conn):
+            monkeypatch.setattr(engine, "seq_in", reads)
+            raise StoreError("the sequence could not be read")
+
+        monkeypatch.setattr(engine, "seq_in", fails_once)
+        with pytest.raises(StoreError, match="could not be read"), store.batch():
+            store.epoch()
+        _set_phase_elsewhere(store, "a", "Queued")  # another thread writes at once
+    finally:
+        store.dispose()

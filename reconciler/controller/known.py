@@ -7,6 +7,7 @@ with it everything kept."""
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,18 +30,22 @@ class _AsStored:
     status: Any
 
 
+class _Kept(threading.local):
+    def __init__(self) -> None:
+        self.jobs: dict[str, StoredObject] = {}
+        self.epoch: object | None = None  # the epoch every job kept was read or written in
+
+
 class Known:
-    """Each job with the epoch it was kept in: a worker thread's epochs are its own, so with
-    several workers one never takes what another kept."""
+    """What each worker thread keeps, apart: an epoch is one thread's (`Store.epoch`)."""
 
     def __init__(self) -> None:
-        self._jobs: dict[str, tuple[StoredObject, object]] = {}
-        self._epoch: object | None = None  # the epoch of the last job kept
+        self._kept = _Kept()
 
     def get(self, name: str, epoch: object | None) -> StoredObject | None:
         """The job as stored, if it was kept in `epoch` (None: not kept, or no longer known)."""
-        kept = self._jobs.get(name)
-        return kept[0] if kept is not None and epoch is not None and kept[1] is epoch else None
+        kept = self._kept
+        return kept.jobs.get(name) if epoch is not None and epoch is kept.epoch else None
 
     def put(self, obj: StoredObject, epoch: object | None) -> None:
         """Keep `obj`, read or written in `epoch`, the latest. A job marked for deletion is not
@@ -48,21 +53,23 @@ class Known:
         if epoch is None or obj.deleted_at is not None:
             self.drop(obj.name)
             return
-        jobs = self._jobs
-        if epoch is not self._epoch:  # another writer committed: what was kept is of no use now
-            jobs.clear()
-            self._epoch = epoch
+        kept = self._kept
+        if epoch is not kept.epoch:  # another writer committed: what was kept is of no use now
+            kept.jobs.clear()
+            kept.epoch = epoch
+        jobs = kept.jobs
         jobs.pop(obj.name, None)  # to the end: the oldest is dropped first
         if len(jobs) >= MAX_KNOWN:
             del jobs[next(iter(jobs))]
-        jobs[obj.name] = (obj, epoch)
+        jobs[obj.name] = obj
 
     def drop(self, name: str) -> None:
-        self._jobs.pop(name, None)
+        self._kept.jobs.pop(name, None)
 
     def clear(self) -> None:
-        self._jobs.clear()
-        self._epoch = None
+        """Forget what this thread kept (its batch's writes were lost)."""
+        self._kept.jobs.clear()
+        self._kept.epoch = None
 
     def dep_states(self, names: list[str], epoch: object | None) -> dict[str, revisions.DepState | None] | None:
         """The named jobs' states as their dependents see them, if every one of them is kept

@@ -408,6 +408,7 @@ class Store:
             self._open(batch)
         tx = batch.tx
         assert tx is not None
+        batch.wrote = batch.wrote or not reading
         try:
             yield tx
         except Conflict:
@@ -425,18 +426,24 @@ class Store:
         try:
             conn = self._writer_connection()
             seq = self._begin(conn, self.fence)
-            found = seq_in(conn) if seq is None else seq  # SQLite: one point query
+            try:
+                found = seq_in(conn) if seq is None else seq  # SQLite: one point query
+                # the batch's statements are pipelined (PostgreSQL): a write whose answer no
+                # step reads travels with the next statement that is read, not on its own
+                conn.pipeline()
+            except BaseException:
+                with suppress(StoreError):
+                    conn.end(commit=False)
+                raise
         except BaseException:
             self._writer.release()
             raise
-        # the batch's statements are pipelined (PostgreSQL): a write whose answer no step reads
-        # travels with the next statement that is read, instead of a round trip of its own
-        conn.pipeline()
         last: Epoch | None = getattr(self._local, "epoch", None)
         epoch = last if last is not None and self._continues(last.seq, found) else Epoch(found)
         epoch.seq = found
         self._local.epoch = None  # until this transaction commits
         batch.conn, batch.tx, batch.opened = conn, Tx(conn, self, seq, epoch), time.monotonic()
+        batch.wrote = False
 
     def _continues(self, seq: int | None, found: int) -> bool:
         """Whether an epoch that `seq` ended is still one with the change sequence at
@@ -457,7 +464,7 @@ class Store:
         batch.conn = batch.tx = None
         batch.pending.clear()
         batch.committed.clear()  # rolled back: what waited for its commit never happens
-        batch.lost = True
+        batch.lost = batch.lost or batch.wrote  # a transaction that only read loses nothing
         try:
             with suppress(StoreError):
                 conn.end(commit=False)

@@ -16,7 +16,7 @@ from ..api.meta import API_VERSION, format_time
 from ..api.status import shown_job_status
 from ..errors import Conflict
 from ..jsontext import canonical
-from .dbapi import Connection, Row, Statement
+from .dbapi import Connection, Row, Statement, StoreError
 from .transactions import Tx
 
 
@@ -352,7 +352,7 @@ def update_object(
     A spec change bumps `generation`; anything else does not. `certain`: `current` was read
     or written in this thread's batch epoch (`Store.epoch`), so the swap cannot fail: on a
     pipelined connection it is not waited for, and the server fails the transaction if it
-    did."""
+    did; elsewhere it raises StoreError, which rolls a batch back, not Conflict."""
     tx.writes(current.kind)
     values: dict[str, Any] = {"resource_version": tx.rv()}
     generation = current.generation
@@ -373,7 +373,12 @@ def update_object(
     params = {**values, "k": current.kind, "n": current.name, "old": current.resource_version}
     if certain and tx.session.pipelined:
         _update_certain(tuple(values)).execute(tx.session, params)  # not waited for; checked by the server
-    elif _update(tuple(values)).execute(tx.session, params).rowcount != 1:
+    elif (changed := _update(tuple(values)).execute(tx.session, params).rowcount) != 1:
+        if certain:  # as the server fails a pipelined one: what the transaction wrote before goes too
+            raise StoreError(
+                f"the update of an object under the write lock changed {changed} rows, not 1: "
+                f"{current.kind} {current.name} (a bug): nothing is committed"
+            )
         raise Conflict(
             f'Operation cannot be fulfilled on {current.kind.lower()} "{current.name}": '
             "the object has been modified; please apply your changes to the latest version and try again"

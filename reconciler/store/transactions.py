@@ -1,6 +1,7 @@
-"""A write transaction (`Tx`: its resourceVersion, allocated once, and the swaps it checks at
-commit), a thread's batch of them (`Batch`, the controller's group commit, which `Store.batch`
-drives) and the fence a leader's writes carry (`Fence`). The `Store` (engine.py) opens,
+"""A write transaction (`Tx`: its resourceVersion, allocated once, and what it may write), a
+thread's batch of them (`Batch`, the controller's group commit, which `Store.batch` drives),
+the span of a thread's batches no other writer came between (`Epoch`) and the fence a
+leader's writes carry (`Fence`). The `Store` (engine.py) opens,
 commits and rolls them back."""
 
 from __future__ import annotations
@@ -111,10 +112,10 @@ class Batch:
     """A thread's batch (`Store.batch`): its reads and controller writes share one write
     transaction, opened by the first of them and committed by `flush` (at the batch's end, or
     before something outside the store must see them: a spawn). `lost` is set when a
-    transaction of the batch was rolled back or could not be committed: the writes since the
-    previous flush are gone."""
+    transaction of the batch that wrote was rolled back or could not be committed: the
+    writes since the previous flush are gone."""
 
-    __slots__ = ("after", "committed", "conn", "lost", "opened", "pending", "tx")
+    __slots__ = ("after", "committed", "conn", "lost", "opened", "pending", "tx", "wrote")
 
     def __init__(self) -> None:
         self.conn: Connection | None = None  # the writer's connection, while a transaction is open
@@ -124,6 +125,7 @@ class Batch:
         self.committed: list[Callable[[], None]] = []  # what only a commit may lead to (on_commit)
         self.pending: set[str] = set()  # what the open transaction wrote, as its writers named it (`mark`)
         self.lost = False
+        self.wrote = False  # a write joined the open transaction (reads alone lose nothing when it rolls back)
 
 
 @contextmanager
