@@ -66,6 +66,12 @@ def _set_phase_elsewhere(store: Store, name: str, phase: str) -> None:
     assert _phase_elsewhere(store, name) == phase
 
 
+def _beat(store: Store) -> None:
+    """A node's heartbeat, as its writers mark it: epoch-safe."""
+    with store.write(epoch_safe=True) as tx:
+        repo.create(tx, kind="Node", name=f"n{store.change_seq()}", spec={}, labels={}, annotations={})
+
+
 def _read(store: Store, name: str):
     with store.read() as conn:
         return repo.get(conn, kind="Job", name=name)
@@ -249,21 +255,17 @@ def test_an_epoch_outlives_this_process_s_epoch_safe_commits_and_they_write_no_j
     no notifier: a batch epoch outlives it, as it does not another writer's commit. Such a
     transaction refuses to write a Job."""
 
-    def elsewhere(action) -> None:
-        thread = threading.Thread(target=action)
+    def elsewhere() -> None:
+        thread = threading.Thread(target=_beat, args=(store,))
         thread.start()
         thread.join(10)
-
-    def beat() -> None:
-        with store.write(epoch_safe=True) as tx:
-            repo.create(tx, kind="Node", name=f"n{store.change_seq()}", spec={}, labels={}, annotations={})
 
     a = _create(store, "a")
     with store.batch():
         first = store.epoch()
         _set_phase(store, a, "Queued")
-    elsewhere(beat)
-    elsewhere(beat)
+    elsewhere()
+    elsewhere()
     with store.batch():
         assert store.epoch() is first  # two epoch-safe commits came between: it goes on
     _set_phase_elsewhere(store, "a", "Running")
@@ -376,4 +378,23 @@ def test_a_batch_transaction_that_fails_to_open_leaves_no_lock_held(sqlite_url, 
             store.epoch()
         _set_phase_elsewhere(store, "a", "Queued")  # another thread writes at once
     finally:
+        store.dispose()
+
+
+def test_another_process_s_commit_between_epoch_safe_ones_ends_the_epoch(pg_url):
+    """Only this process's epoch-safe commits are passed over: another process's (a second
+    store, as another process has), epoch-safe for itself or not, ends the epoch."""
+    store, other = Store(pg_url), Store(pg_url)
+    try:
+        a = _create(store, "a")
+        with store.batch():
+            first = store.epoch()
+            _set_phase(store, a, "Queued")
+        _beat(store)
+        _beat(other)  # epoch-safe where it was written, unknown here
+        _beat(store)
+        with store.batch():
+            assert store.epoch() not in (None, first)
+    finally:
+        other.dispose()
         store.dispose()

@@ -1,8 +1,8 @@
 """Jobs as the reconcile thread last read or wrote them, kept for as long as the store's batch
-epoch lasts (`Store.epoch`: no other writer has committed since), so that they are as
-stored and the next step of a job, or of a job that depends on it, reads none of them again
-(on PostgreSQL each read is a round trip). Any other writer's commit ends the epoch, and
-with it everything kept."""
+epoch lasts (`Store.epoch`: no other writer has committed since, but for this process's
+epoch-safe commits, which change no job), so that they are as stored and the next step of a
+job, or of a job that depends on it, reads none of them again (on PostgreSQL each read is a
+round trip). Any other writer's commit ends the epoch, and with it everything kept."""
 
 from __future__ import annotations
 

@@ -56,6 +56,7 @@ class Notice:
 def record(tx: Tx, job: StoredObject, events: list[Notice]) -> bool:
     """Write an outbox row for every notifier that hears of one of `events` about `job`, in
     the caller's transaction; True when there is one."""
+    # kept for the epoch: an epoch-safe write may not change a Notifier (KEPT_KINDS)
     specs: list[tuple[str, NotifierSpec]] | None = tx.memo.get("notifiers")
     if specs is None:  # once per transaction: a batch of steps shares it, and no step writes a notifier
         found = outbox.notifiers(tx.session)

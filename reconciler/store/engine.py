@@ -312,7 +312,9 @@ class Store:
         writer takes), so no other writer commits while its transaction is open; and the
         epoch outlives the transaction's commit when the next one, of this thread's batches,
         finds the change sequence where that commit left it (every write of an object
-        advances it), so no other writer committed in between. In a batch with no transaction
+        advances it), so no other writer committed in between, or moved only by this
+        process's epoch-safe commits (`write(epoch_safe=True)`), which change no Job and no
+        Notifier, all that an epoch keeps (`KEPT_KINDS`). In a batch with no transaction
         open, `open` opens one (an epoch is certain only under the write lock); else the
         epoch of its last commit, which the next transaction continues or ends. None outside a
         batch."""

@@ -94,7 +94,10 @@ class Tx:
         return self._rv is not None
 
 
-KEPT_KINDS = frozenset({"Job", "Notifier"})  # what a batch epoch keeps as last seen (controller/known.py, Tx.memo)
+# What a batch epoch keeps as last seen (controller/known.py; `Tx.memo`: the notifiers), so
+# what an epoch-safe transaction may not write: whatever a new memo entry or kept object
+# stands for must be named here.
+KEPT_KINDS = frozenset({"Job", "Notifier"})
 
 
 class Epoch:

@@ -92,3 +92,28 @@ def test_the_jobs_read_to_order_a_batch_are_not_read_again_by_its_steps(store_ur
             "high": "Waiting",
             "low": "Waiting",
         }
+
+
+def test_each_worker_thread_keeps_its_own_jobs(store_url, tmp_path, reads):
+    """An epoch is one thread's: with several workers, a job one kept is read by another, and
+    one worker's new epoch does not drop what another kept."""
+    import threading
+
+    with wired_controller(store_url, tmp_path, docs(job_yaml("held", held_by(tmp_path / "never")))) as wired:
+
+        def look() -> None:
+            with wired.store.batch():
+                wired.jobs("held")
+
+        def elsewhere() -> list[str]:
+            reads.clear()
+            thread = threading.Thread(target=look)
+            thread.start()
+            thread.join(30)
+            return list(reads)
+
+        look()  # this thread keeps it
+        assert elsewhere() == ["held"]  # another thread reads it: it kept nothing
+        reads.clear()
+        look()
+        assert reads == []  # this thread's copy stands: the other's epoch did not clear it
