@@ -362,18 +362,18 @@ def test_a_batch_transaction_that_fails_to_open_leaves_no_lock_held(sqlite_url, 
     """On SQLite a batch's transaction begins (BEGIN IMMEDIATE: the file's write lock), then
     reads the change sequence; a failure there rolls the transaction back, so the next
     writer, in this process or another, is not locked out."""
-    from reconciler.store import engine
+    from reconciler.store import batches
 
     store = Store(sqlite_url)
     try:
         _create(store, "a")
-        reads = engine.seq_in
+        reads = batches.seq_in
 
         def fails_once(conn):
-            monkeypatch.setattr(engine, "seq_in", reads)
+            monkeypatch.setattr(batches, "seq_in", reads)
             raise StoreError("the sequence could not be read")
 
-        monkeypatch.setattr(engine, "seq_in", fails_once)
+        monkeypatch.setattr(batches, "seq_in", fails_once)
         with pytest.raises(StoreError, match="could not be read"), store.batch():
             store.epoch()
         _set_phase_elsewhere(store, "a", "Queued")  # another thread writes at once

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from ..errors import Conflict
+from .batches import EPOCH_GAP, Batches
 from .connect import (
     default_store_url,
     owner_only_file,
@@ -29,19 +29,10 @@ from .connect import (
 )
 from .dbapi import Connection, Statement, StoreError
 from .listen import Listener, Wakeups, listening
-from .transactions import Batch, Epoch, Fence, Fenced, Tx, transaction
+from .transactions import META, Batch, Fence, Fenced, Tx, seq_in, transaction
 
-EPOCH_GAP = 64  # epoch-safe commits an epoch outlives between two of its transactions, at most
 CREATE_ATTEMPTS = 20  # opening a new store while another process creates it: ~8 s at most
 SCHEMA_VERSION = 9  # 1 + the number of migrations.UPGRADES: what a current store records in meta
-META = Statement("SELECT value FROM meta WHERE key = :key")
-
-
-def seq_in(conn: Connection) -> int:
-    """The store's change sequence as the transaction `conn` sees it."""
-    return int(META.execute(conn, {"key": "seq"}).scalar())
-
-
 _LOCK_SEQ = Statement("SELECT value FROM meta WHERE key = 'seq' FOR UPDATE")
 # a leader's write: the same lock, and the term of the controller lease in the same round trip
 _LOCK_SEQ_TERM = Statement(
@@ -50,7 +41,7 @@ _LOCK_SEQ_TERM = Statement(
 _TERM = Statement("SELECT term FROM leases WHERE name = 'controller'")  # SQLite: BEGIN IMMEDIATE is the lock
 
 
-class Store:
+class Store(Batches):
     def __init__(self, url: str | None = None):
         self.url = default_store_url() if url is None else url
         self.is_sqlite = self.url.startswith("sqlite")
@@ -279,199 +270,6 @@ class Store:
         self._wakeups.announce(foreign=not known)
         for listener in self.committed:
             listener()
-
-    # -- batches: group commit of the controller's steps -----------------------------------
-    @contextmanager
-    def batch(self) -> Iterator[Batch]:
-        """Group commit for this thread: its reads and the controller's writes
-        (`write(known=True)`) share one write transaction, opened by the first of them and
-        committed when the block ends or at `flush`. Whatever acts on a write outside the
-        store waits for its commit: `after_commit` (wake-ups), `flush` (a spawn). An exception
-        out of the block rolls back what is not committed."""
-        if getattr(self._local, "batch", None) is not None:
-            raise RuntimeError("a batch inside a batch")
-        batch = self._local.batch = Batch()
-        try:
-            yield batch
-            self.flush()
-        except BaseException:
-            self._abandon(batch)
-            raise
-        finally:
-            self._local.batch = None
-
-    def in_batch(self) -> bool:
-        """Whether this thread has writes not yet committed (a batch's open transaction)."""
-        batch: Batch | None = getattr(self._local, "batch", None)
-        return batch is not None and batch.conn is not None
-
-    def epoch(self, *, open: bool = True) -> object | None:
-        """This thread's batch epoch: what was read or written through its batch transactions
-        in one epoch stays as stored until this thread writes it again. A batch holds the
-        write lock (SQLite's, or PostgreSQL's row lock on the change sequence, which every
-        writer takes), so no other writer commits while its transaction is open; and the
-        epoch outlives the transaction's commit when the next one, of this thread's batches,
-        finds the change sequence where that commit left it (every write of an object
-        advances it), so no other writer committed in between, or moved only by this
-        process's epoch-safe commits (`write(epoch_safe=True)`), which change no Job and no
-        Notifier, all that an epoch keeps (`KEPT_KINDS`). In a batch with no transaction
-        open, `open` opens one (an epoch is certain only under the write lock); else the
-        epoch of its last commit, which the next transaction continues or ends. None outside a
-        batch."""
-        batch: Batch | None = getattr(self._local, "batch", None)
-        if batch is None:
-            return None
-        if batch.tx is None:
-            if not open:
-                return getattr(self._local, "epoch", None)
-            self._open(batch)
-        assert batch.tx is not None
-        return batch.tx.epoch
-
-    def batch_age(self) -> float:
-        """Seconds since this thread's batch opened its transaction (0 when none is open):
-        the write lock has been held that long."""
-        batch: Batch | None = getattr(self._local, "batch", None)
-        return 0.0 if batch is None or batch.conn is None else time.monotonic() - batch.opened
-
-    def after_commit(self, action: Callable[[], None]) -> None:
-        """Run `action` once this thread's uncommitted writes are committed: at once when
-        there are none (outside a batch, or between its transactions)."""
-        batch: Batch | None = getattr(self._local, "batch", None)
-        if batch is not None and batch.conn is not None:
-            batch.after.append(action)
-        else:
-            action()
-
-    def on_commit(self, action: Callable[[], None]) -> None:
-        """Run `action` once this thread's uncommitted writes are committed, and never if
-        they are not (after_commit's wake-ups run either way: a look too many costs little;
-        this is for what cannot be undone, such as removing files): at once when there are
-        none."""
-        batch: Batch | None = getattr(self._local, "batch", None)
-        if batch is not None and batch.conn is not None:
-            batch.committed.append(action)
-        else:
-            action()
-
-    def mark(self, name: str) -> None:
-        """Name what this thread's open batch transaction just wrote (a job's uid), so that
-        `uncommitted(name)` can tell until it commits. Outside a batch, a no-op."""
-        batch: Batch | None = getattr(self._local, "batch", None)
-        if batch is not None and batch.conn is not None:
-            batch.pending.add(name)
-
-    def uncommitted(self, name: str) -> bool:
-        """Whether this thread wrote something named `name` that is not committed yet."""
-        batch: Batch | None = getattr(self._local, "batch", None)
-        return batch is not None and batch.conn is not None and name in batch.pending
-
-    def flush(self) -> None:
-        """Commit this thread's batch transaction, if one is open, and run what waited for it.
-        A failure marks the batch `lost` and raises."""
-        batch: Batch | None = getattr(self._local, "batch", None)
-        if batch is None or batch.conn is None or batch.tx is None:
-            return
-        conn, tx = batch.conn, batch.tx
-        batch.conn = batch.tx = None
-        batch.pending.clear()
-        committed = False
-        try:
-            self._commit(conn, tx, known=True)
-            committed = True
-            tx.epoch.seq = tx.rv() if tx.changed else tx.epoch.seq  # where this commit left the sequence
-            self._local.epoch = tx.epoch
-        except BaseException:
-            batch.lost = True
-            with suppress(StoreError):
-                conn.end(commit=False)
-            raise
-        finally:
-            if committed and tx.changed:
-                self.known_writes.add(tx.rv())
-            self._writer.release()
-            after, batch.after = batch.after, []
-            done, batch.committed = batch.committed, []
-            if committed and tx.changed:
-                self._announce(known=True)
-            for action in after:  # also after a failure: a wake-up too many costs a look
-                action()
-            for action in done if committed else []:
-                action()
-
-    @contextmanager
-    def _batched(self, batch: Batch, *, reading: bool = False) -> Iterator[Tx]:
-        """The batch's transaction, opened if need be. No savepoint per block (two round trips
-        each on PostgreSQL): a `Conflict` comes before the block wrote anything (a
-        compare-and-swap is a block's first write, or a version check comes first), and any
-        other exception rolls the whole batch back (in a read, only a database error: on
-        PostgreSQL it ends the transaction)."""
-        if batch.conn is None:
-            self._open(batch)
-        tx = batch.tx
-        assert tx is not None
-        batch.wrote = batch.wrote or not reading
-        try:
-            yield tx
-        except Conflict:
-            raise
-        except StoreError:
-            self._abandon(batch)
-            raise
-        except BaseException:
-            if not reading:
-                self._abandon(batch)
-            raise
-
-    def _open(self, batch: Batch) -> None:
-        self._writer.acquire()
-        try:
-            conn = self._writer_connection()
-            seq = self._begin(conn, self.fence)
-            try:
-                found = seq_in(conn) if seq is None else seq  # SQLite: one point query
-                # the batch's statements are pipelined (PostgreSQL): a write whose answer no
-                # step reads travels with the next statement that is read, not on its own
-                conn.pipeline()
-            except BaseException:
-                with suppress(StoreError):
-                    conn.end(commit=False)
-                raise
-        except BaseException:
-            self._writer.release()
-            raise
-        last: Epoch | None = getattr(self._local, "epoch", None)
-        epoch = last if last is not None and self._continues(last.seq, found) else Epoch(found)
-        epoch.seq = found
-        self._local.epoch = None  # until this transaction commits
-        batch.conn, batch.tx, batch.opened = conn, Tx(conn, self, seq, epoch), time.monotonic()
-        batch.wrote = False
-
-    def _continues(self, seq: int | None, found: int) -> bool:
-        """Whether an epoch that `seq` ended is still one with the change sequence at
-        `found`: no commit came between, or only this process's epoch-safe ones (a few: an
-        epoch that missed many is ended rather than searched)."""
-        if seq == found:
-            return True
-        if seq is None or not 0 < found - seq <= EPOCH_GAP:
-            return False
-        safe = set(self._epoch_safe)
-        return all(rv in safe for rv in range(seq + 1, found + 1))
-
-    def _abandon(self, batch: Batch) -> None:
-        """Roll back the batch's open transaction (its writes are lost) and free the lock."""
-        conn = batch.conn
-        if conn is None:
-            return
-        batch.conn = batch.tx = None
-        batch.pending.clear()
-        batch.committed.clear()  # rolled back: what waited for its commit never happens
-        batch.lost = batch.lost or batch.wrote  # a transaction that only read loses nothing
-        try:
-            with suppress(StoreError):
-                conn.end(commit=False)
-        finally:
-            self._writer.release()
 
     def wakeups(self) -> Wakeups:
         """What the change feed's followers wait on between polls: on PostgreSQL announced by

@@ -12,7 +12,8 @@ from ..errors import InvalidInput
 from . import placements
 from . import scheduling as sched
 from .dbapi import Connection
-from .engine import Store, seq_in
+from .engine import Store
+from .transactions import seq_in
 
 POLL_INTERVAL = 0.05  # seconds between looks when nothing announces a change (RECONCILER_POLL_INTERVAL)
 

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from ..errors import ReconcilerError
 from .dbapi import Connection, Statement
 from .ddl import DDL
-from .engine import META, SCHEMA_VERSION
+from .engine import SCHEMA_VERSION
+from .transactions import META
 
 _HAS_META = {
     "sqlite": Statement("SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'meta'"),

@@ -14,8 +14,7 @@ from ..api.node import heartbeat_fresh
 from ..api.quantity import format_cpu, format_size, parse_cpu, parse_size
 from . import queuing
 from .dbapi import Connection, Result, Statement
-from .engine import META
-from .transactions import COUNT_UP, Tx
+from .transactions import COUNT_UP, META, Tx
 
 # Statements built once: on the reconcile loop's path, building a statement per call costs
 # more than SQLite's work.

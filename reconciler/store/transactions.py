@@ -17,6 +17,14 @@ from .dbapi import Connection, Statement, StoreError
 if TYPE_CHECKING:
     from .engine import Store
 
+META = Statement("SELECT value FROM meta WHERE key = :key")
+
+
+def seq_in(conn: Connection) -> int:
+    """The store's change sequence as the transaction `conn` sees it."""
+    return int(META.execute(conn, {"key": "seq"}).scalar())
+
+
 COUNT_UP = Statement("UPDATE meta SET value = value + 1 WHERE key = :key RETURNING value")  # a store-wide counter
 # the next resourceVersion, when the transaction read the change sequence under its lock
 _SET_SEQ = Statement("UPDATE meta SET value = :value WHERE key = 'seq'")
