@@ -170,6 +170,31 @@ def test_what_only_a_commit_may_lead_to_runs_after_it_and_never_after_a_rollback
     assert _phase_elsewhere(store, "b") == "Waiting"
 
 
+def test_what_a_commit_would_have_led_to_is_undone_instead_when_the_writes_are_lost(store):
+    """on_commit's or_else (a spawn asked for, which will not happen): run in place of the
+    action when the writes are rolled back, or when the batch ends on an exception; not
+    when they commit."""
+    a, b, c = _create(store, "a"), _create(store, "b"), _create(store, "c")
+    seen: list[str] = []
+    with store.batch():
+        a = _set_phase(store, a, "Queued")
+        store.on_commit(lambda: seen.append("a spawned"), or_else=lambda: seen.append("a undone"))
+    assert seen == ["a spawned"]
+    with store.batch():
+        _set_phase(store, b, "Queued")
+        store.on_commit(lambda: seen.append("b spawned"), or_else=lambda: seen.append("b undone"))
+        with pytest.raises(BoomError), store.write(known=True) as tx:
+            repo.update_object(tx, c, status={"phase": "Running"})
+            raise BoomError
+        assert seen == ["a spawned", "b undone"]  # at the rollback, not later
+    with pytest.raises(BoomError), store.batch():
+        _set_phase(store, b, "Queued")
+        store.on_commit(lambda: seen.append("b spawned"), or_else=lambda: seen.append("b undone again"))
+        raise BoomError
+    assert seen == ["a spawned", "b undone", "b undone again"]
+    assert _phase_elsewhere(store, "b") == "Waiting"
+
+
 def test_an_exception_out_of_a_batch_rolls_back_what_it_had_not_committed(store):
     a, b = _create(store, "a"), _create(store, "b")
     with pytest.raises(BoomError), store.batch() as batch:
@@ -210,6 +235,27 @@ def test_a_commit_that_fails_marks_the_batch_lost_and_gives_the_lock_back(pg_url
         assert _phase_elsewhere(store, "a") == "Waiting"
         _set_phase(store, a, "Running")
         assert _phase_elsewhere(store, "a") == "Running"
+    finally:
+        store.dispose()
+
+
+def test_a_commit_that_fails_undoes_what_only_it_would_have_led_to(pg_url):
+    """PostgreSQL, a deferred constraint failing at COMMIT: on_commit's action never runs,
+    its or_else does."""
+    store = Store(pg_url)
+    seen: list[str] = []
+    try:
+        a = _create(store, "a")
+        with pytest.raises(StoreError), store.batch():
+            with store.write(known=True) as tx:
+                repo.update_object(tx, a, status={"phase": "Queued"})
+                Statement("CREATE TEMP TABLE t (x int UNIQUE DEFERRABLE INITIALLY DEFERRED) ON COMMIT DROP").execute(
+                    tx.session
+                )
+                Statement("INSERT INTO t VALUES (1), (1)").execute(tx.session)
+            store.on_commit(lambda: seen.append("spawned"), or_else=lambda: seen.append("undone"))
+            store.flush()
+        assert seen == ["undone"]
     finally:
         store.dispose()
 

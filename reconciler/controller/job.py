@@ -68,7 +68,9 @@ class JobReconciler:
         self._priority: dict[str, int] = {}  # job -> spec.priority, as last seen (by_priority)
         self._uids: dict[str, str] = {}  # job -> its uid, as last seen: a deleted job's folders are found by it
         self.known = Known()  # jobs as this thread last read or wrote them, while no other writer commits
-        self.runs = RunSteps(store, agent, self.endings, self.probes, owner=owner, rand=self.rand)
+        self.runs = RunSteps(
+            store, agent, self.endings, self.probes, owner=owner, rand=self.rand, clock=clock, wake=wake
+        )
         self.admit = QueuedSteps(store, agent, self.endings, wake=wake, owner=owner, rand=self.rand)
 
     def forget(self) -> None:

@@ -144,6 +144,7 @@ class Controller:
         if self.sources is not None:
             self.sources.stop()  # first: no job arrives while the rest stops
         self.runner.stop()
+        self.jobs.runs.spawns.close()  # no step asks for more; the spawn in progress ends first
         if drain:
             self.notifier.drain(DRAIN)
         self.notifier.stop()

@@ -8,7 +8,7 @@ start time). A job never completes while a process of its run is known alive."""
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ from ..api.meta import from_epoch, to_epoch
 from ..api.node import heartbeat_fresh
 from ..api.source import shown_url
 from ..api.status import Phase, RunDict, RunOutcome
+from ..clock import Clock
 from ..store import Store
 from ..store import repository as repo
 from ..store import scheduling as sched
@@ -37,6 +38,7 @@ from .retry import RunEnd
 from .runends import OTHER_AGENT_POLL, STOP_POLL, RunEnds, run_identity
 from .runtime import AGAIN, Result, requeue_after
 from .services import ServiceSteps, sooner
+from .spawns import PENDING, Spawned, SpawnFailed, Spawns
 from .stops import Stop, drained
 from .transitions import set_condition
 
@@ -50,19 +52,18 @@ ORPHAN_POLL = 1.0  # a run whose wrapper was killed while its group lives on: lo
 START_REPORT = 0.2
 
 
-@dataclass(frozen=True)
-class Spawned:
-    """A run this process spawned whose start is not written yet."""
-
-    number: int
-    started: Started
-    started_at: str  # when it was spawned: the run's startedAt
-    node: str
-
-
 class RunSteps:
     def __init__(
-        self, store: Store, agent: LocalAgent, endings: Endings, probes: Probes, *, owner: str, rand: random.Random
+        self,
+        store: Store,
+        agent: LocalAgent,
+        endings: Endings,
+        probes: Probes,
+        *,
+        owner: str,
+        rand: random.Random,
+        clock: Clock,
+        wake: Callable[..., None],
     ):
         self.store = store
         self.agent = agent
@@ -70,10 +71,11 @@ class RunSteps:
         self.probes = probes
         self.owner = owner
         self.rand = rand
+        self.clock = clock
         self.remote = RemoteSteps(self)
         self.services = ServiceSteps(self)
         self.ends = RunEnds(self)
-        self.spawned: dict[str, Spawned] = {}  # job uid -> its run spawned here, start not yet written
+        self.spawns = Spawns(store, wake)  # plain runs started off this thread, after their admission's commit
 
     def step(self, ctx: Ctx) -> Result:
         if ctx.phase == Phase.STARTING:
@@ -115,9 +117,17 @@ class RunSteps:
 
     # -- Starting ------------------------------------------------------------------------
     def starting(self, ctx: Ctx) -> Result:
-        spawned = self.spawned.pop(ctx.uid, None)
-        if spawned is not None and all(r["number"] != spawned.number for r in ctx.status.get("runs", [])):
-            return self._report_start(ctx, spawned)
+        spawned = self.spawns.take(ctx.uid)
+        if spawned is PENDING:
+            return requeue_after(START_REPORT)  # woken when it is done
+        if isinstance(spawned, Spawned | SpawnFailed) and all(
+            r["number"] != spawned.number for r in ctx.status.get("runs", [])
+        ):
+            if isinstance(spawned, Spawned):
+                return self._report_start(ctx, spawned)
+            if not isinstance(spawned.error, StartFailed):
+                raise spawned.error  # e.g. ForkServerUnsure: the next step looks for the run first
+            return self._start_failed(ctx, spawned.number, spawned.error)
         held = self.endings.admitted.pop(ctx.uid, None)
         if held is None:
             with self.store.read() as session:
@@ -156,11 +166,11 @@ class RunSteps:
                 return self.unstarted(ctx, lost)
             if ctx.spec.artifact is not None and (not_yet := self._artifact(ctx, number, run_dir)) is not None:
                 return not_yet
+            if ctx.spec.type != "service" and ctx.spec.readiness is None and not ctx.changed():
+                return self._spawn_aside(ctx, number, held.node)
             if self.store.uncommitted(ctx.uid):
                 # a process exists only under a committed admission (and claim): a crash after
-                # the spawn must find them. (Coming back after the batch's commit instead would
-                # share one commit among a burst of admissions, but costs a reconcile a job,
-                # more than a commit on SQLite.)
+                # the spawn must find them
                 self.store.flush()
             faults.point("after-admission")
             self.leading()
@@ -168,18 +178,8 @@ class RunSteps:
                 started = self.agent.start(ctx.name, ctx.uid, number, ctx.spec, ctx.revision)
                 identity = started.identity
                 faults.point("after-spawn")
-                if ctx.spec.type != "service" and ctx.spec.readiness is None and not ctx.changed():
-                    # watched: its exit wakes the job, which then writes start and end together
-                    self.spawned[ctx.uid] = Spawned(number, started, ctx.now_text, held.node)
-                    run_deadline = deadlines.run_deadline(ctx.spec, ctx.now)
-                    return requeue_after(
-                        deadlines.soonest(ctx.now, ctx.now + START_REPORT, run_deadline, ctx.job_deadline())
-                    )
             except StartFailed as exc:
-                run = self.new_run(ctx, number, None)
-                return self.ends.finish(
-                    ctx, run, RunEnd(RunOutcome.START_FAILED), exit_code=None, reason="StartFailed", message=str(exc)
-                )
+                return self._start_failed(ctx, number, exc)
         elif identity is not None:  # spawned before a crash: adopt it, with its real start (runTimeout counts from it)
             self.agent.watch(ctx.name, identity)
             started_at = from_epoch(min(self.agent.started_at(identity), ctx.now))
@@ -194,6 +194,31 @@ class RunSteps:
             run_deadline = deadlines.run_deadline(ctx.spec, to_epoch(run["startedAt"]))
             return requeue_after(deadlines.soonest(ctx.now, run_deadline, ctx.job_deadline()))
         return AGAIN
+
+    def _spawn_aside(self, ctx: Ctx, number: int, node: str) -> Result:
+        """A plain run (no service, no readiness probe) started by the spawns thread once
+        this batch commits (a process exists only under a committed admission and claim: a
+        crash after the spawn must find them). Its exit wakes the job, whose next step
+        writes start and end together; a run still going at START_REPORT is written Running
+        then."""
+        name, uid, spec, revision = ctx.name, ctx.uid, ctx.spec, ctx.revision
+
+        def spawn() -> Spawned:
+            faults.point("after-admission")
+            self.leading()
+            started_at = from_epoch(self.clock.now())
+            started = self.agent.start(name, uid, number, spec, revision)
+            faults.point("after-spawn")
+            return Spawned(number, started, started_at, node)
+
+        self.spawns.ask(uid, name, number, spawn)
+        run_deadline = deadlines.run_deadline(spec, ctx.now)
+        return requeue_after(deadlines.soonest(ctx.now, ctx.now + START_REPORT, run_deadline, ctx.job_deadline()))
+
+    def _start_failed(self, ctx: Ctx, number: int, exc: StartFailed) -> Result:
+        run = self.new_run(ctx, number, None)
+        end = RunEnd(RunOutcome.START_FAILED)
+        return self.ends.finish(ctx, run, end, exit_code=None, reason="StartFailed", message=str(exc))
 
     def _report_start(self, ctx: Ctx, spawned: Spawned) -> Result:
         """The start of a run spawned here, written now: alone while the run lives (the

@@ -103,14 +103,17 @@ class Batches(ABC):
         else:
             action()
 
-    def on_commit(self, action: Callable[[], None]) -> None:
+    def on_commit(self, action: Callable[[], None], *, or_else: Callable[[], None] | None = None) -> None:
         """Run `action` once this thread's uncommitted writes are committed, and never if
         they are not (after_commit's wake-ups run either way: a look too many costs little;
-        this is for what cannot be undone, such as removing files): at once when there are
-        none."""
+        this is for what cannot be undone, such as removing files or starting a process):
+        at once when there are none. `or_else` runs instead when they are lost (rolled back,
+        or their commit failed)."""
         batch: Batch | None = getattr(self._local, "batch", None)
         if batch is not None and batch.conn is not None:
             batch.committed.append(action)
+            if or_else is not None:
+                batch.undone.append(or_else)
         else:
             action()
 
@@ -152,11 +155,12 @@ class Batches(ABC):
             self._writer.release()
             after, batch.after = batch.after, []
             done, batch.committed = batch.committed, []
+            undone, batch.undone = batch.undone, []
             if committed and tx.changed:
                 self._announce(known=True)
             for action in after:  # also after a failure: a wake-up too many costs a look
                 action()
-            for action in done if committed else []:
+            for action in done if committed else undone:
                 action()
 
     @contextmanager
@@ -226,9 +230,12 @@ class Batches(ABC):
         batch.conn = batch.tx = None
         batch.pending.clear()
         batch.committed.clear()  # rolled back: what waited for its commit never happens
+        undone, batch.undone = batch.undone, []
         batch.lost = batch.lost or batch.wrote  # a transaction that only read loses nothing
         try:
             with suppress(StoreError):
                 conn.end(commit=False)
         finally:
             self._writer.release()
+        for action in undone:
+            action()

@@ -126,7 +126,7 @@ class Batch:
     transaction of the batch that wrote was rolled back or could not be committed: the
     writes since the previous flush are gone."""
 
-    __slots__ = ("after", "committed", "conn", "lost", "opened", "pending", "tx", "wrote")
+    __slots__ = ("after", "committed", "conn", "lost", "opened", "pending", "tx", "undone", "wrote")
 
     def __init__(self) -> None:
         self.conn: Connection | None = None  # the writer's connection, while a transaction is open
@@ -134,6 +134,7 @@ class Batch:
         self.opened = 0.0  # time.monotonic() when it was opened
         self.after: list[Callable[[], None]] = []  # what waits for the commit (wake-ups)
         self.committed: list[Callable[[], None]] = []  # what only a commit may lead to (on_commit)
+        self.undone: list[Callable[[], None]] = []  # what runs instead when the writes are lost (on_commit's or_else)
         self.pending: set[str] = set()  # what the open transaction wrote, as its writers named it (`mark`)
         self.lost = False
         self.wrote = False  # a write joined the open transaction (reads alone lose nothing when it rolls back)

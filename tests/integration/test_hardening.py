@@ -87,10 +87,14 @@ def test_an_orphaned_group_is_polled_on_a_timer_not_watched(sqlite_url, tmp_path
     heartbeat(store, wired.node, wired.owner, wired.clock.now())
     wrapper = None
     try:
-        for _ in range(10):
+
+        def running() -> bool:  # stepped by hand until its run, spawned aside, is written Running
             if job_statuses(store, ["orphan"])["orphan"].get("phase") == "Running":
-                break
+                return True
             wired.jobs("orphan")
+            return False
+
+        wait_until(running, message="the run written Running")
         run = job_statuses(store, ["orphan"])["orphan"]["runs"][0]
         wrapper = ProcessIdentity(run["pid"], run["processStartTime"])
         wait_until(lambda: len(psutil.Process(wrapper.pid).children()) == 1, message="the command started")
@@ -108,5 +112,6 @@ def test_an_orphaned_group_is_polled_on_a_timer_not_watched(sqlite_url, tmp_path
     finally:
         if wrapper is not None:
             os.killpg(wrapper.pid, signal.SIGKILL)
+        wired.jobs.runs.spawns.close()
         wired.agent.close()
         store.dispose()
