@@ -143,8 +143,8 @@ class Controller:
             telemetry.workqueue_depth = None
         if self.sources is not None:
             self.sources.stop()  # first: no job arrives while the rest stops
+        self.jobs.runs.spawns.close()  # first: no run starts while the rest stops (the spawn in progress ends)
         self.runner.stop()
-        self.jobs.runs.spawns.close()  # no step asks for more; the spawn in progress ends first
         if drain:
             self.notifier.drain(DRAIN)
         self.notifier.stop()

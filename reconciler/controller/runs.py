@@ -76,6 +76,9 @@ class RunSteps:
         self.services = ServiceSteps(self)
         self.ends = RunEnds(self)
         self.spawns = Spawns(store, wake)  # plain runs started off this thread, after their admission's commit
+        # jobs whose spawn aside raised (not StartFailed): spawned in the step until one
+        # succeeds, so that an error that persists is retried with the runner's growing backoff
+        self.spawn_inline: set[str] = set()
 
     def step(self, ctx: Ctx) -> Result:
         if ctx.phase == Phase.STARTING:
@@ -123,11 +126,17 @@ class RunSteps:
         if isinstance(spawned, Spawned | SpawnFailed) and all(
             r["number"] != spawned.number for r in ctx.status.get("runs", [])
         ):
-            if isinstance(spawned, Spawned):
-                return self._report_start(ctx, spawned)
-            if not isinstance(spawned.error, StartFailed):
-                raise spawned.error  # e.g. ForkServerUnsure: the next step looks for the run first
-            return self._start_failed(ctx, spawned.number, spawned.error)
+            if isinstance(spawned, SpawnFailed) and isinstance(spawned.error, StartFailed):
+                return self._start_failed(ctx, spawned.number, spawned.error)
+            if isinstance(spawned, SpawnFailed):
+                # e.g. ForkServerUnsure: the next step looks for the run first, and spawns
+                # in the step if it must, so that each failure counts towards the backoff
+                self.spawn_inline.add(ctx.uid)
+                raise spawned.error
+            if (wait := self._young(ctx, spawned)) > 0:
+                self.spawns.keep(ctx.uid, spawned)  # its start is written with its end, or at START_REPORT
+                return requeue_after(deadlines.soonest(ctx.now, ctx.now + wait, ctx.job_deadline()))
+            return self._report_start(ctx, spawned)
         held = self.endings.admitted.pop(ctx.uid, None)
         if held is None:
             with self.store.read() as session:
@@ -155,18 +164,21 @@ class RunSteps:
         started: Started | None = None
         if identity is None and exited is None:
             if (stop := self.stop_reason(ctx)) is not None:
+                self.spawn_inline.discard(ctx.uid)
                 if ctx.spec.artifact is not None:
                     self.agent.discard_work(run_dir)  # a fetch or an unpacked folder nobody will use
                 self._unused_cgroup(ctx, number, run_dir)
                 return self.ends.after_stop(ctx, stop, run=None)
             if (lost := drained(ctx, number, held.node)) is not None:
+                self.spawn_inline.discard(ctx.uid)
                 if ctx.spec.artifact is not None:
                     self.agent.discard_work(run_dir)  # its next admission may be on another node
                 self._unused_cgroup(ctx, number, run_dir)
                 return self.unstarted(ctx, lost)
             if ctx.spec.artifact is not None and (not_yet := self._artifact(ctx, number, run_dir)) is not None:
                 return not_yet
-            if ctx.spec.type != "service" and ctx.spec.readiness is None and not ctx.changed():
+            plain = ctx.spec.type != "service" and ctx.spec.readiness is None and not ctx.changed()
+            if plain and ctx.uid not in self.spawn_inline:
                 return self._spawn_aside(ctx, number, held.node)
             if self.store.uncommitted(ctx.uid):
                 # a process exists only under a committed admission (and claim): a crash after
@@ -179,7 +191,9 @@ class RunSteps:
                 identity = started.identity
                 faults.point("after-spawn")
             except StartFailed as exc:
+                self.spawn_inline.discard(ctx.uid)
                 return self._start_failed(ctx, number, exc)
+            self.spawn_inline.discard(ctx.uid)
         elif identity is not None:  # spawned before a crash: adopt it, with its real start (runTimeout counts from it)
             self.agent.watch(ctx.name, identity)
             started_at = from_epoch(min(self.agent.started_at(identity), ctx.now))
@@ -209,11 +223,21 @@ class RunSteps:
             started_at = from_epoch(self.clock.now())
             started = self.agent.start(name, uid, number, spec, revision)
             faults.point("after-spawn")
-            return Spawned(number, started, started_at, node)
+            return Spawned(number, started, started_at, node, self.clock.now())
 
         self.spawns.ask(uid, name, number, spawn)
         run_deadline = deadlines.run_deadline(spec, ctx.now)
         return requeue_after(deadlines.soonest(ctx.now, ctx.now + START_REPORT, run_deadline, ctx.job_deadline()))
+
+    def _young(self, ctx: Ctx, spawned: Spawned) -> float:
+        """Seconds until a run spawned aside has lived START_REPORT, when it still lives and
+        nothing asks it to stop: a step woken by its spawn's end (one that found it pending
+        asked for that) leaves its start to be written with its end, as for a spawn in the
+        step. 0 when its start is to be written now."""
+        left = spawned.spawned_at + START_REPORT - ctx.now
+        if left <= 0 or self.stop_reason(ctx) is not None:
+            return 0.0
+        return left if self.agent.wrapper_alive(spawned.started.identity) else 0.0
 
     def _start_failed(self, ctx: Ctx, number: int, exc: StartFailed) -> Result:
         run = self.new_run(ctx, number, None)

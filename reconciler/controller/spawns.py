@@ -1,7 +1,7 @@
 """Runs started off the reconcile thread. A Starting step that spawns a plain run asks for it
-here and moves on; one thread (`spawns`) starts the runs in the order asked, each once the
-batch transaction that admitted it (and claimed its spawn) has committed, and never if that
-batch is lost. The reconcile thread meanwhile steps other jobs: a spawn (the fork server's
+here and moves on; one thread (`spawns`) starts the runs as their asks are committed: each
+once the batch transaction that admitted it (and claimed its spawn) has committed, and
+never if that batch is lost. The reconcile thread meanwhile steps other jobs: a spawn (the fork server's
 answer, the cgroup, the exit watch) costs about a millisecond of wall time, most of it
 waiting on the kernel and the fork server, and on two cores that overlaps with the loop's
 own work instead of adding to it; and the admissions of one batch share one commit instead
@@ -12,8 +12,10 @@ process exists, so a controller killed at any point finds the run by its folder 
 finds no run and starts it; nothing here is durable, nothing needs to be. What the thread
 learns goes back to the job's next Starting step (`take`): a run started (its start is written
 then, with its end if it is over), one that could not start, or an error the step raises as
-its own. The job is woken for it when a step asked while the spawn was pending, or when it
-failed; else the run's exit wakes it, or the step's timer (START_REPORT)."""
+its own (and the job's next spawn is made in its step: an error that persists is retried
+with the loop's growing backoff). The job is woken for it when a step asked while the spawn
+was pending, or when it failed; else the run's exit wakes it, or the step's timer
+(START_REPORT)."""
 
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class Spawned:
     started: Started
     started_at: str  # when it was spawned: the run's startedAt
     node: str
+    spawned_at: float  # the clock when the spawn returned: its start is written START_REPORT after at the latest
 
 
 @dataclass(frozen=True)
@@ -77,8 +80,9 @@ class Spawns:
         self._closed = False
 
     def ask(self, uid: str, name: str, number: int, spawn: Callable[[], Spawned]) -> None:
-        """Run `spawn` (run `number` of the job) on the spawns thread once this thread's batch commits (at once outside
-        one); pending until then, and forgotten if the batch is lost."""
+        """Run `spawn` (run `number` of the job) on the spawns thread once this thread's
+        uncommitted writes are committed (at once when there are none); pending until then,
+        and forgotten if they are lost."""
         with self._lock:
             if self._closed:
                 return  # stopping: the next controller starts it (its admission is committed)
@@ -98,9 +102,15 @@ class Spawns:
                 return PENDING
             return self._done.pop(uid, None)
 
+    def keep(self, uid: str, outcome: Spawned) -> None:
+        """Put back an outcome the step took and did not act on yet."""
+        with self._lock:
+            self._done[uid] = outcome
+
     def close(self) -> None:
-        """Start nothing more; wait for the spawn in progress (a run asked for and not
-        started is the next controller's to start)."""
+        """Start nothing more, from now on; wait for the spawn in progress (at most
+        CLOSE_WAIT). A run asked for and not started is the next controller's to start: its
+        admission is committed, and it finds no process for it."""
         with self._lock:
             self._closed = True
             thread = self._thread

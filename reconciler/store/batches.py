@@ -108,7 +108,8 @@ class Batches(ABC):
         they are not (after_commit's wake-ups run either way: a look too many costs little;
         this is for what cannot be undone, such as removing files or starting a process):
         at once when there are none. `or_else` runs instead when they are lost (rolled back,
-        or their commit failed)."""
+        or their commit failed). Both run in order with the others registered; an action
+        that raises ends the run of those after it (none raises: they hand work on)."""
         batch: Batch | None = getattr(self._local, "batch", None)
         if batch is not None and batch.conn is not None:
             batch.committed.append(action)

@@ -47,7 +47,7 @@ def spawns(store_and_spawns):
 def _spawned(number: int, log: list[str], name: str):
     def spawn() -> Spawned:
         log.append(name)
-        return Spawned(number, None, "2026-12-06T00:00:00Z", "here")  # type: ignore[arg-type]
+        return Spawned(number, None, "2026-12-06T00:00:00Z", "here", 0.0)  # type: ignore[arg-type]
 
     return spawn
 
