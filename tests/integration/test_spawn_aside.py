@@ -27,6 +27,15 @@ spec: {command: [/bin/true]}
 """
 
 
+def _applied(url: str, folder: Path, text: str) -> Store:
+    """A store at `url` with the manifests of `text` applied."""
+    store = Store(url)
+    manifests, problems = parse_text(text, "jobs.yaml", folder)
+    assert not problems
+    apply_manifests(store, manifests)
+    return store
+
+
 def test_a_spawn_error_that_persists_is_retried_with_the_loops_growing_backoff(
     sqlite_url, tmp_path, monkeypatch, caplog
 ):
@@ -41,10 +50,7 @@ def test_a_spawn_error_that_persists_is_retried_with_the_loops_growing_backoff(
         raise ForkServerUnsure("no answer from the fork server")
 
     monkeypatch.setattr(LocalAgent, "start", unsure)
-    store = Store(sqlite_url)
-    manifests, problems = parse_text(JOB, "unsure.yaml", Path(tmp_path))
-    assert not problems
-    apply_manifests(store, manifests)
+    store = _applied(sqlite_url, tmp_path, JOB)
     caplog.set_level(logging.WARNING, logger="reconciler")
     controller = Controller(store).start()
     try:
@@ -83,10 +89,7 @@ def test_a_short_run_whose_spawn_was_slow_still_has_its_start_written_with_its_e
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(LocalAgent, "start", slow)
-    store = Store(sqlite_url)
-    manifests, problems = parse_text(QUICK, "quick.yaml", Path(tmp_path))
-    assert not problems
-    apply_manifests(store, manifests)
+    store = _applied(sqlite_url, tmp_path, QUICK)
     controller = holder["c"] = Controller(store)  # known to the wrapper before any spawn
     controller.start()
     try:
@@ -116,10 +119,7 @@ def test_a_burst_of_short_runs_each_starts_once(sqlite_url, tmp_path, workers):
         "spec: {command: [/bin/true], pool: p}\n"
         for name in names
     )
-    store = Store(sqlite_url)
-    manifests, problems = parse_text("---\n".join(docs), "burst.yaml", Path(tmp_path))
-    assert not problems
-    apply_manifests(store, manifests)
+    store = _applied(sqlite_url, tmp_path, "---\n".join(docs))
     controller = Controller(store, workers=workers).start()
     try:
 
@@ -163,10 +163,7 @@ def test_a_job_changed_while_its_spawn_is_pending_stops_its_run(sqlite_url, tmp_
         return s
 
     monkeypatch.setattr(LocalAgent, "start", gated)
-    store = Store(sqlite_url)
-    manifests, problems = parse_text(SLEEPER, "s.yaml", Path(tmp_path))
-    assert not problems
-    apply_manifests(store, manifests)
+    store = _applied(sqlite_url, tmp_path, SLEEPER)
     controller = Controller(store).start()
     try:
 
