@@ -1,11 +1,11 @@
 """Runs started off the reconcile thread. A Starting step that spawns a plain run asks for it
 here and moves on; one thread (`spawns`) starts the runs as their asks are committed: each
 once the batch transaction that admitted it (and claimed its spawn) has committed, and
-never if that batch is lost. The reconcile thread meanwhile steps other jobs: a spawn (the fork server's
-answer, the cgroup, the exit watch) costs about a millisecond of wall time, most of it
-waiting on the kernel and the fork server, and on two cores that overlaps with the loop's
-own work instead of adding to it; and the admissions of one batch share one commit instead
-of a commit before each spawn.
+never if that batch is lost. The reconcile thread meanwhile steps other jobs: a spawn (the
+fork server's answer, the cgroup, the exit watch) costs about a millisecond of wall time,
+most of it waiting on the kernel and the fork server, which overlaps with the loop's own
+work instead of adding to it; and the admissions of one batch share one commit instead of a
+commit before each spawn.
 
 Crash safety is the spawn's as before: the admission and the claim are committed before the
 process exists, so a controller killed at any point finds the run by its folder (adoption) or
@@ -19,7 +19,6 @@ was pending, or when it failed; else the run's exit wakes it, or the step's time
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
 from collections.abc import Callable
@@ -31,8 +30,6 @@ from ..threads import critical
 if TYPE_CHECKING:
     from ..agent.local import Started
     from ..store import Store
-
-log = logging.getLogger("reconciler")
 
 CLOSE_WAIT = 10.0  # seconds a stopping controller waits for the spawn in progress
 
