@@ -195,6 +195,32 @@ def test_what_a_commit_would_have_led_to_is_undone_instead_when_the_writes_are_l
     assert _phase_elsewhere(store, "b") == "Waiting"
 
 
+def test_an_action_that_raises_keeps_none_after_it_from_running(store):
+    """A wake-up or a spawn registered after an action that fails still happens (on commit,
+    and in place of it when the writes are lost); the first error is raised after them."""
+    a, b = _create(store, "a"), _create(store, "b")
+    seen: list[str] = []
+
+    def fails() -> None:
+        seen.append("failed")
+        raise BoomError
+
+    with pytest.raises(BoomError), store.batch():
+        _set_phase(store, a, "Queued")
+        store.after_commit(fails)
+        store.on_commit(lambda: seen.append("spawned"), or_else=lambda: seen.append("undone"))
+        store.after_commit(lambda: seen.append("woken"))
+    assert seen == ["failed", "woken", "spawned"]
+    assert _phase_elsewhere(store, "a") == "Queued"
+    seen.clear()
+    with pytest.raises(BoomError), store.batch():
+        _set_phase(store, b, "Queued")
+        store.on_commit(fails, or_else=fails)
+        store.on_commit(lambda: seen.append("spawned"), or_else=lambda: seen.append("undone"))
+        raise KeyError("the batch ends on an error")
+    assert seen == ["failed", "undone"]
+
+
 def test_an_exception_out_of_a_batch_rolls_back_what_it_had_not_committed(store):
     a, b = _create(store, "a"), _create(store, "b")
     with pytest.raises(BoomError), store.batch() as batch:

@@ -108,8 +108,8 @@ class Batches(ABC):
         they are not (after_commit's wake-ups run either way: a look too many costs little;
         this is for what cannot be undone, such as removing files or starting a process):
         at once when there are none. `or_else` runs instead when they are lost (rolled back,
-        or their commit failed). Both run in order with the others registered; an action
-        that raises ends the run of those after it (none raises: they hand work on)."""
+        or their commit failed). Each runs in its turn with the others registered, and one
+        that raises keeps none after it from running (its error is raised after them)."""
         batch: Batch | None = getattr(self._local, "batch", None)
         if batch is not None and batch.conn is not None:
             batch.committed.append(action)
@@ -159,10 +159,8 @@ class Batches(ABC):
             undone, batch.undone = batch.undone, []
             if committed and tx.changed:
                 self._announce(known=True)
-            for action in after:  # also after a failure: a wake-up too many costs a look
-                action()
-            for action in done if committed else undone:
-                action()
+            # `after` also after a failure: a wake-up too many costs a look
+            _run_all(after + (done if committed else undone))
 
     @contextmanager
     def _batched(self, batch: Batch, *, reading: bool = False) -> Iterator[Tx]:
@@ -238,5 +236,17 @@ class Batches(ABC):
                 conn.end(commit=False)
         finally:
             self._writer.release()
-        for action in undone:
+        _run_all(undone)
+
+
+def _run_all(actions: list[Callable[[], None]]) -> None:
+    """Run every action, even past one that raises, then raise the first error: an action
+    skipped would be a wake-up lost, or a spawn neither started nor forgotten."""
+    first: BaseException | None = None
+    for action in actions:
+        try:
             action()
+        except BaseException as exc:
+            first = first or exc
+    if first is not None:
+        raise first
