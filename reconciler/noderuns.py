@@ -16,6 +16,7 @@ from .errors import Conflict, InvalidInput, Unavailable
 from .store import Store, placements
 from .store import repository as repo
 from .store import scheduling as sched
+from .store.dbapi import Connection
 
 Report = placements.Report  # an agent's report of one run, named by its admission
 
@@ -105,18 +106,28 @@ def serving(store: Store, node: str, agent: str | None) -> None:
     if not agent:
         return  # an agent that names none (an older one): judged by its heartbeat alone
     with store.read() as session:
-        obj = repo.get(session, kind="Node", name=node)
+        serving_in(session, node, agent)
+
+
+def serving_in(session: Connection, node: str, agent: str | None) -> None:
+    """`serving`, judged in the caller's transaction (the one that reads or writes for the
+    agent: no transaction of its own)."""
+    if not agent:
+        return
+    obj = repo.get(session, kind="Node", name=node)
     current = (obj.status or {}).get("agent") if obj is not None else None
     if current is not None and current != agent:
         raise Conflict(f"node {node} is served by the agent {current}, not {agent}; give this agent another --node")
 
 
-def placed(store: Store, node: str) -> list[dict[str, Any]]:
+def placed(store: Store, node: str, agent: str | None = None) -> list[dict[str, Any]]:
     """The admissions on `node`, as its agent acts on them: start the run unless the server
     holds a report of it (`started`, `finished`), or stop it (`stop`: the job is Stopping
     that run), each with its epoch and the job's spec. Only what the agent acts on is in
-    an item, so its long poll is answered when that changes, not on every status write."""
+    an item, so its long poll is answered when that changes, not on every status write.
+    Conflict when `agent` does not serve the node (`serving`, in the same read)."""
     with store.read() as session:
+        serving_in(session, node, agent)
         rows = placements.placed_on(session, node)
     items = []
     for row in rows:
@@ -148,20 +159,35 @@ def placement_keys(store: Store) -> dict[str, list[tuple[Any, ...]]]:
         return placements.placement_keys(session)
 
 
-def report_many(store: Store, node: str, reports: list[Report]) -> list[bool]:
+def report_many(store: Store, node: str, reports: list[Report], agent: str | None = None) -> list[bool]:
     """Keep several reports of the node's agent in one transaction; per report, whether it
     was kept (False: its admission is no longer current, as `report` refuses it with 409).
-    A stale report refuses only itself, not the others."""
+    A stale report refuses only itself, not the others. Conflict, and nothing kept, when
+    `agent` does not serve the node (`serving`, judged in the same transaction)."""
     if not reports:
+        serving(store, node, agent)
         return []
     with store.write(epoch_safe=True) as tx:
+        serving_in(tx.session, node, agent)
         return placements.record_reports(tx, node, reports)
 
 
-def report(store: Store, node: str, job: str, *, uid: str, run: int, epoch: int, facts: dict[str, Any]) -> None:
+def report(
+    store: Store,
+    node: str,
+    job: str,
+    *,
+    uid: str,
+    run: int,
+    epoch: int,
+    facts: dict[str, Any],
+    agent: str | None = None,
+) -> None:
     """Keep the agent's report on the admission it names; Conflict (409) when that admission
-    is no longer current: the run was declared lost, retried elsewhere, or stopped."""
+    is no longer current: the run was declared lost, retried elsewhere, or stopped, or when
+    `agent` does not serve the node (`serving`, judged in the same transaction)."""
     with store.write(epoch_safe=True) as tx:
+        serving_in(tx.session, node, agent)
         if not placements.record_report(tx, uid=uid, node=node, run=run, epoch=epoch, report=facts):
             raise Conflict(stale_message(job, node, run, epoch))
 

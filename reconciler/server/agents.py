@@ -55,6 +55,7 @@ class Placements:
         # is that one, while the key holds, waits without reading the runs again
         self._last: dict[str, tuple[list[tuple[Any, ...]], str]] = {}
         self._stopping = False  # the server stops: every waiting poll is answered now
+        self._serving: dict[str, str] = {}  # node -> the agent last found serving it
         store.committed.append(self._committed)
         if not store.is_sqlite:  # another server's writes (the leader's admissions), announced by NOTIFY
             threading.Thread(target=self._announced, name="placements-listen", daemon=True).start()
@@ -97,26 +98,35 @@ class Placements:
             self._looked_generation, self._looked_at = taken, time.monotonic()
             return self._keys
 
-    def _fetch(self, node: str, key: list[tuple[Any, ...]]) -> dict[str, Any]:
-        """The node's runs with their specs, read now; remembered as what `key` answers."""
-        items = noderuns.placed(self.store, node)
+    def _fetch(self, node: str, key: list[tuple[Any, ...]], agent: str | None) -> dict[str, Any]:
+        """The node's runs with their specs, read now (Conflict when `agent` does not serve
+        the node, judged in the same read); remembered as what `key` answers."""
+        items = noderuns.placed(self.store, node, agent)
         digest = _digest(items)
         self._last[node] = (key, digest)
         return {"digest": digest, "items": items}
 
-    def wait(self, node: str, known: str, timeout: float) -> dict[str, Any]:
+    def wait(self, node: str, known: str, timeout: float, agent: str | None = None) -> dict[str, Any]:
+        """The node's runs once they differ from `known`, or after `timeout`. Every answer is
+        read with the check that `agent` serves the node (`noderuns.serving`); an agent
+        other than the one last found serving it is checked before it waits too, so that a
+        duplicate is refused at once, while the serving agent's polls cost no read of
+        their own."""
+        if agent and self._serving.get(node) != agent:
+            noderuns.serving(self.store, node, agent)
+            self._serving[node] = agent
         deadline = time.monotonic() + timeout
         with self._cond:
             generation = self._generation
         seen = self._look(generation).get(node, [])
         if self._last.get(node) != (seen, known):  # else nothing moved since the answer the agent holds
-            answer = self._fetch(node, seen)
+            answer = self._fetch(node, seen, agent)
             if answer["digest"] != known:
                 return answer
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or self._stopping:
-                return self._fetch(node, seen)  # what is reported may have moved: said as it is now
+                return self._fetch(node, seen, agent)  # what is reported may have moved: said as it is now
             with self._cond:
                 if self._generation == generation and not self._stopping:
                     self._cond.wait(min(left, OTHER_WRITERS_POLL))
@@ -124,7 +134,7 @@ class Placements:
             key = self._look(generation).get(node, [])
             if key != seen:
                 seen = key
-                answer = self._fetch(node, key)  # the specs only when the key moved
+                answer = self._fetch(node, key, agent)  # the specs only when the key moved
                 if answer["digest"] != known:
                     return answer
 
@@ -172,16 +182,14 @@ def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
     ) -> dict[str, Any]:
         """The runs placed on the node (each with its epoch, job spec, and a stop when the job
         is stopping it), answered when they differ from `known` or after timeoutSeconds."""
-        await anyio.to_thread.run_sync(noderuns.serving, store, name, agent)
-        return await anyio.to_thread.run_sync(placements.wait, name, known, timeout_seconds, limiter=POLLS)
+        return await anyio.to_thread.run_sync(placements.wait, name, known, timeout_seconds, agent, limiter=POLLS)
 
     @app.post(PREFIX + "/nodes/{name}/runs/reports", tags=["agents"])
     def reports(name: str, request: RunReports, agent: str | None = AGENT) -> dict[str, Any]:
         """Several runs' reports, kept in one transaction; each is judged alone: `items` says,
         in order, 200 (kept) or 409 (its admission is no longer current: stop the process)."""
-        noderuns.serving(store, name, agent)
         kept = noderuns.report_many(
-            store, name, [noderuns.Report(r.uid, r.run, r.epoch, r.facts()) for r in request.items]
+            store, name, [noderuns.Report(r.uid, r.run, r.epoch, r.facts()) for r in request.items], agent
         )
         items = []
         for r, ok in zip(request.items, kept, strict=True):
@@ -195,8 +203,10 @@ def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
     def report(name: str, job: str, request: RunReport, agent: str | None = AGENT) -> dict[str, Any]:
         """A run's start (pid, process start time) or end (exit code, times; or gone without
         a record). 409 when the admission it names is no longer current: stop the process."""
-        noderuns.serving(store, name, agent)
-        noderuns.report(store, name, job, uid=request.uid, run=request.run, epoch=request.epoch, facts=request.facts())
+        facts = request.facts()
+        noderuns.report(
+            store, name, job, uid=request.uid, run=request.run, epoch=request.epoch, facts=facts, agent=agent
+        )
         if wake is not None:
             wake(job)  # the controller in this process looks at once, not at its next feed poll
         return status(200, f"run {request.run} of job {job}: report kept")

@@ -184,6 +184,34 @@ def test_runs_and_reports_are_refused_to_an_agent_that_does_not_serve_the_node(s
     assert reports.status_code == 409, reports.text
 
 
+def test_an_agent_replaced_on_its_host_learns_no_run_from_polls_it_began_as_the_serving_one(serve, sqlite_url):
+    """The serving agent's polls read nothing before they wait (the server remembers it
+    serves): each answer is read with the check, so once a restarted agent on the same host
+    has taken the node over, the old one is refused (409) even on a poll that waited, and
+    its reports keep nothing."""
+    server = serve(sqlite_url, "--no-local-node")
+    http = server.http()
+    old, new = {"X-Reconciler-Agent": "hostx:1:1.0"}, {"X-Reconciler-Agent": "hostx:2:2.0"}
+
+    def beat(agent: dict[str, str]) -> None:
+        body = {"agent": agent["X-Reconciler-Agent"], "address": "127.0.0.1", "capacity": {"slots": 1}}
+        answer = http.post(f"{PREFIX}/nodes/far/heartbeat", json=body, headers=agent)
+        assert answer.status_code == 200, answer.text
+
+    beat(old)
+    first = http.get(f"{PREFIX}/nodes/far/runs", params={"timeoutSeconds": 0}, headers=old)
+    assert first.status_code == 200, first.text
+    beat(new)  # the same host: a restarted agent, which takes the node over at once
+    waited = http.get(
+        f"{PREFIX}/nodes/far/runs", params={"timeoutSeconds": 0.3, "known": first.json()["digest"]}, headers=old
+    )
+    assert waited.status_code == 409 and "is served by the agent hostx:2:2.0" in waited.json()["message"], waited.text
+    item = {"job": "j", "uid": "u", "run": 1, "epoch": 1, "startedAt": "2026-12-07T00:00:00Z", "pid": 5}
+    reports = http.post(f"{PREFIX}/nodes/far/runs/reports", json={"items": [item]}, headers=old)
+    assert reports.status_code == 409 and "is served by the agent" in reports.json()["message"], reports.text
+    assert http.get(f"{PREFIX}/nodes/far/runs", params={"timeoutSeconds": 0}, headers=new).status_code == 200
+
+
 def _other_host(name: str) -> list[str]:
     """Run under another host name (a UTS namespace): another machine, as the server tells them."""
     return ["unshare", "--uts", "sh", "-c", f'hostname {name} && exec "$@"', "sh"]
