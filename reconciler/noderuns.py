@@ -5,6 +5,7 @@ start and end, each fenced by the epoch of the admission it names (API.md sectio
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,8 +18,12 @@ from .store import Store, placements
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.dbapi import Connection
+from .store.transactions import Tx
 
 Report = placements.Report  # an agent's report of one run, named by its admission
+# the controller in this process, taking a write into its batch: hand(write, jobs to step
+# after it) gives write(tx)'s result once committed, or None when it did not take it
+Hand = Callable[[Callable[[Tx], Any], list[str]], Any]
 
 MANAGED_BY = "reconciler.dev/managed-by"
 REMOTE_AGENT = "remote-agent"  # a Node an agent registered: its labels and capacity follow the agent's flags
@@ -159,17 +164,28 @@ def placement_keys(store: Store) -> dict[str, list[tuple[Any, ...]]]:
         return placements.placement_keys(session)
 
 
-def report_many(store: Store, node: str, reports: list[Report], agent: str | None = None) -> list[bool]:
+def report_many(
+    store: Store, node: str, reports: list[Report], agent: str | None = None, *, hand: Hand | None = None
+) -> tuple[list[bool], bool]:
     """Keep several reports of the node's agent in one transaction; per report, whether it
     was kept (False: its admission is no longer current, as `report` refuses it with 409).
     A stale report refuses only itself, not the others. Conflict, and nothing kept, when
-    `agent` does not serve the node (`serving`, judged in the same transaction)."""
-    if not reports:
-        serving(store, node, agent)
-        return []
-    with store.write(epoch_safe=True) as tx:
+    `agent` does not serve the node (`serving`, judged in the same transaction).
+    `hand`: the controller in this process, which makes the write in its own batch when it
+    takes it (and steps the reported jobs after it); the second value says it did. Else
+    the write is a transaction of its own, and the caller wakes the jobs."""
+
+    def write(tx: Tx) -> list[bool]:
         serving_in(tx.session, node, agent)
         return placements.record_reports(tx, node, reports)
+
+    if not reports:
+        serving(store, node, agent)
+        return [], False
+    if hand is not None and (kept := hand(write, [r.job for r in reports if r.job])) is not None:
+        return kept, True
+    with store.write(epoch_safe=True) as tx:
+        return write(tx), False
 
 
 def report(

@@ -19,11 +19,12 @@ from ..store.feed import ChangeFeed, poll_interval
 from ..store.transactions import Fenced
 from ..threads import critical, fatal
 from . import faults
+from .handoff import Handoff
 from .job import JobReconciler
 from .nodes import DEFAULT_ADDRESS, heartbeat, heartbeat_interval, local_node_name, note_not_ready
 from .notify import Deliverer
 from .owners import controller_owner
-from .runtime import Runner, WorkQueue
+from .runtime import Result, Runner, WorkQueue
 from .settled import SettledHints
 
 if TYPE_CHECKING:
@@ -102,8 +103,15 @@ class Controller:
             wake=self._wake_step,
             notified=lambda: store.after_commit(self.notifier.wake),
         )
+        # writes the server's routes hand to the worker (an agent's reports): made in its batch
+        self.handoff = Handoff(store, wake=lambda jobs: self.queue.add_many(jobs, urgent=True))
         self.runner = Runner(
-            self.queue, self.jobs, workers=workers, batching=store, forget=self.jobs.forget, order=self.jobs.by_priority
+            self.queue,
+            self._step,
+            workers=workers,
+            batching=store,
+            forget=self.jobs.forget,
+            order=self.jobs.by_priority,
         )
         self._stop = threading.Event()
         self._watcher = critical("change-watcher", self._watch)
@@ -144,6 +152,7 @@ class Controller:
         if self.sources is not None:
             self.sources.stop()  # first: no job arrives while the rest stops
         self.jobs.runs.spawns.close()  # first: no run starts while the rest stops (the spawn in progress ends)
+        self.handoff.close()  # writes handed and not taken go back to their callers (the routes write them)
         self.runner.stop()
         if drain:
             self.notifier.drain(DRAIN)
@@ -152,6 +161,12 @@ class Controller:
         self.jobs.probes.close()
         self._watcher.join(2)
         self.agent.close()
+
+    def _step(self, job: str) -> Result:
+        """A job's step, after the writes handed to the worker (`Handoff`): a step a hand
+        woke reads what was handed for it."""
+        self.handoff.take()
+        return self.jobs(job)
 
     def _wake_step(self, job: str, urgent: bool = False) -> None:
         """A step's wake-up of a job: the woken job's step must read what this step wrote.

@@ -89,12 +89,12 @@ class WorkQueue:
         with self._cond:
             self._add_locked(key, urgent)
 
-    def add_many(self, keys: list[Key]) -> None:
+    def add_many(self, keys: list[Key], urgent: bool = False) -> None:
         """Keys that became ready together (one look at the change feed): a worker takes them
         all, or none of them, so it can order them (Runner's `order`)."""
         with self._cond:
             for key in keys:
-                self._add_locked(key)
+                self._add_locked(key, urgent)
 
     def _add_locked(self, key: Key, urgent: bool = False) -> None:
         if key in self._processing:

@@ -149,7 +149,7 @@ def _digest(items: list[dict[str, Any]]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
+def routes(app: FastAPI, store: Store, wake: Wake | None, hand: noderuns.Hand | None = None) -> None:
     placements = Placements(store)
     app.state.on_exit.append(placements.stop)
     # when this server began taking heartbeats: a node silent only since then keeps its agent
@@ -186,14 +186,14 @@ def routes(app: FastAPI, store: Store, wake: Wake | None) -> None:
 
     @app.post(PREFIX + "/nodes/{name}/runs/reports", tags=["agents"])
     def reports(name: str, request: RunReports, agent: str | None = AGENT) -> dict[str, Any]:
-        """Several runs' reports, kept in one transaction; each is judged alone: `items` says,
-        in order, 200 (kept) or 409 (its admission is no longer current: stop the process)."""
-        kept = noderuns.report_many(
-            store, name, [noderuns.Report(r.uid, r.run, r.epoch, r.facts()) for r in request.items], agent
-        )
+        """Several runs' reports, kept in one transaction (the controller's batch, when it
+        runs in this process); each is judged alone: `items` says, in order, 200 (kept) or
+        409 (its admission is no longer current: stop the process)."""
+        reports = [noderuns.Report(r.uid, r.run, r.epoch, r.facts(), r.job) for r in request.items]
+        kept, handed = noderuns.report_many(store, name, reports, agent, hand=hand)
         items = []
         for r, ok in zip(request.items, kept, strict=True):
-            if ok and wake is not None:
+            if ok and wake is not None and not handed:
                 wake(r.job)  # the controller in this process looks at once, not at its next feed poll
             message = "report kept" if ok else noderuns.stale_message(r.job, name, r.run, r.epoch)
             items.append({"job": r.job, "run": r.run, "code": 200 if ok else 409, "message": message})

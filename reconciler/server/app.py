@@ -23,6 +23,7 @@ from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
 from ..errors import InvalidInput, NotFound
 from ..manifests import Loaded, documents
+from ..noderuns import Hand
 from ..store import Store
 from ..wire import (
     LIST_KINDS,
@@ -63,10 +64,12 @@ def create_app(
     max_body: int = MAX_BODY,
     leader: Callable[[], dict[str, Any]] | None = None,
     wake: Wake | None = None,
+    hand: Hand | None = None,
 ) -> Guard:
     """The API over `store`, behind the token and body-size guard. `leader`: who holds the
     controller lease, as `GET /leader` shows it (serve's leader election). `wake(job)`: tell
-    the controller in this process at once of an agent's report on the job."""
+    the controller in this process at once of an agent's report on the job. `hand`: give
+    the controller in this process an agent's reports to write in its own batch."""
     broadcaster = Broadcaster(store)
 
     @asynccontextmanager
@@ -90,7 +93,7 @@ def create_app(
     # and watch streams end at once instead of holding the shutdown until it gives up
     app.state.on_exit = [broadcaster.stop]
     answer_errors(app)
-    agents.routes(app, store, wake)
+    agents.routes(app, store, wake, hand)
     _routes(app, store, broadcaster, tokens)
     if leader is not None:
 

@@ -8,6 +8,7 @@ import ipaddress
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,8 +93,14 @@ def serve(
             if hand is not None:
                 hand(job)
 
+        def hand(write: Callable[..., Any], jobs: list[str]) -> Any:
+            """An agent's reports: written in the batch of the controller in this process (while
+            it leads), or None: the route writes them itself."""
+            handoff = getattr(elected.leadership.running, "handoff", None)  # None while this server follows
+            return None if handoff is None else handoff.hand(write, jobs)
+
         config = uvicorn.Config(
-            create_app(store, tokens=tokens, leader=elected.leadership.describe, wake=wake),
+            create_app(store, tokens=tokens, leader=elected.leadership.describe, wake=wake, hand=hand),
             host=host,
             port=port,
             ssl_certfile=tls_cert,

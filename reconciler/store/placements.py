@@ -80,12 +80,14 @@ def record_report(tx: Tx, *, uid: str, node: str, run: int, epoch: int, report: 
 
 @dataclass(frozen=True)
 class Report:
-    """An agent's report of one run, named by its admission (uid, node, run, epoch)."""
+    """An agent's report of one run, named by its admission (uid, node, run, epoch); `job`
+    is the job's name as the agent gives it (whom to wake; nothing is judged by it)."""
 
     uid: str
     run: int
     epoch: int
     facts: dict[str, Any]
+    job: str = ""
 
 
 def record_reports(tx: Tx, node: str, reports: list[Report]) -> list[bool]:
