@@ -22,10 +22,11 @@ DASHBOARD = "/ui/"  # with "/": the dashboard's pages, fragments and assets
 _KNOWN = "_reconciler_query"  # a route's attribute: the names its query may use, found once
 
 
-def refuse_unknown_parameters(request: Request) -> None:
+async def refuse_unknown_parameters(request: Request) -> None:
     """400 for a query parameter the matched route does not take. The dashboard's pages are
     spared: a page's query names the filters of its view, and each of its fragments is given
-    the page's whole query."""
+    the page's whole query. `async`, though it awaits nothing: FastAPI runs a plain function
+    dependency in its thread pool, a hop of every request to another thread and back."""
     path = request.url.path
     if not request.query_params or path == "/" or path.startswith(DASHBOARD):
         return
