@@ -97,9 +97,9 @@ class RemoteSteps:
 
     # -- Starting --------------------------------------------------------------------------
     def starting(self, ctx: Ctx, held: sched.Admission, node: Node) -> Result:
-        # a report on the admission this step read is current; none there (or an admission
-        # known from its own transaction) is looked for again
-        report = held.report if held.report is not None else self._report(ctx, held.run_number)
+        # `held` was read in this step, or made in this batch's open transaction, which no
+        # agent can have seen: its report, if any, is the one there is
+        report = held.report
         if report is not None and report.get("startFailed"):
             run = self.runs.new_run(ctx, held.run_number, None, node=node.name)
             reason, retryable = str(report.get("startReason") or "StartFailed"), bool(report.get("retryable"))

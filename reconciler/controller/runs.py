@@ -138,6 +138,8 @@ class RunSteps:
                 return requeue_after(deadlines.soonest(ctx.now, ctx.now + wait, ctx.job_deadline()))
             return self._report_start(ctx, spawned)
         held = self.endings.admitted.pop(ctx.uid, None)
+        if held is not None and held.node != self.agent.node and not self.store.uncommitted(ctx.uid):
+            held = None  # committed: another node's agent may have reported on it since, read below
         if held is None:
             with self.store.read() as session:
                 held = sched.admission(session, ctx.uid)
