@@ -3,7 +3,9 @@ each, each agent in its own network namespace joined to the server's by a veth p
 machines on one), against the embedded controller (`serve` with this machine as a 6-slot
 node) running the same jobs; and the placement-to-start latency on a remote agent: from the
 admission (the Admitted event, written in the admission's transaction) to the process's start
-as the agent recorded it (the run's startedAt; one machine, one clock).
+as the agent recorded it (the run's startedAt; one machine, one clock); and a chain of
+/bin/true over the agents against the same chain on the embedded controller, per link:
+(the chain's time - a one-job graph's) / (links - 1), from outside.
 
 Both sides are `reconciler serve` over a fresh SQLite store, the jobs applied with one
 `reconciler apply` and timed from its return to the last completion. Without network
@@ -236,6 +238,38 @@ def _outcomes_and_latency(url: str) -> tuple[int, list[float]]:
     return ok, latencies
 
 
+def _chain(folder: Path, links: int, prefix: str) -> Path:
+    """A chain of `links` jobs of /bin/true, each depending on the one before."""
+    path = folder / f"{prefix}.yaml"
+    docs = []
+    for i in range(links):
+        spec: dict[str, object] = {"command": ["/bin/true"]}
+        if i:
+            spec["dependsOn"] = [f"{prefix}{i - 1:05d}"]
+        meta = {"name": f"{prefix}{i:05d}"}
+        docs.append(
+            json.dumps({"apiVersion": "reconciler.dev/v1alpha1", "kind": "Job", "metadata": meta, "spec": spec})
+        )
+    path.write_text("---\n".join(d + "\n" for d in docs))
+    return path
+
+
+def per_link(url: str, folder: Path, links: int, done: int) -> float:
+    """Seconds a link of a chain of /bin/true takes, from outside: (the chain's time to its
+    last completion - a one-job graph's, the best of three) / (links - 1), so that what a
+    graph costs once (the apply's return, the first placement) cancels. `done`: the jobs
+    already in the store, all Completed (the count polled for includes them)."""
+
+    def graph(n: int, prefix: str) -> float:
+        nonlocal done
+        _apply(url, _chain(folder, n, prefix))
+        done += n
+        return _completed(url, done, limit=600)
+
+    one = min(graph(1, f"one{k}-") for k in range(3))
+    return (graph(links, "link-") - one) / (links - 1)
+
+
 def _timed(url: str, folder: Path, jobs: int, side: str) -> tuple[float, list[float]]:
     """Apply the jobs; (seconds until all are Completed, placement-to-start of each run)."""
     _apply(url, _manifests(folder, jobs))
@@ -280,28 +314,31 @@ def local_serve(url: str, folder: Path, slots: int, env: dict[str, str] | None =
         proc.wait(timeout=30)
 
 
-def embedded(jobs: int) -> float:
-    """The reference: `serve` with this machine as a node of 6 slots."""
+def embedded(jobs: int, links: int) -> tuple[float, float]:
+    """The reference: `serve` with this machine as a node of 6 slots; (seconds for the jobs,
+    seconds a link of the chain)."""
     with scratch("sqlite", "reconciler-bench-agents-") as (url, folder), local_serve(url, folder, AGENTS * SLOTS):
-        return _timed(url, folder, jobs, "embedded")[0]
+        took = _timed(url, folder, jobs, "embedded")[0]
+        return took, per_link(url, folder, links, jobs)
 
 
-def remote(jobs: int) -> tuple[float, list[float], bool]:
+def remote(jobs: int, links: int) -> tuple[float, list[float], float, bool]:
     with scratch("sqlite", "reconciler-bench-agents-") as (url, folder):
         cluster = Cluster(url, folder)
         try:
             cluster.start()
             took, latencies = _timed(url, folder, jobs, "agents")
-            return took, latencies, cluster.isolated
+            return took, latencies, per_link(url, folder, links, jobs), cluster.isolated
         finally:
             cluster.close()
 
 
 def rows(jobs: int) -> list[Row]:
-    log(f"agents: {jobs} jobs of sleep 0.05 on the embedded controller (6 slots)")
-    base = embedded(jobs)
+    links = max(10, jobs // 5)
+    log(f"agents: {jobs} jobs of sleep 0.05, then a {links}-job chain, on the embedded controller (6 slots)")
+    base, base_link = embedded(jobs, links)
     log(f"agents: the same over {AGENTS} agents of {SLOTS} slots")
-    took, latencies, isolated = remote(jobs)
+    took, latencies, link, isolated = remote(jobs, links)
     where = "3 network namespaces" if isolated else "loopback (no network namespaces here)"
     latencies.sort()
     p50 = statistics.median(latencies) * 1000
@@ -323,6 +360,18 @@ def rows(jobs: int) -> list[Row]:
             p50,
             "ms",
             50.0,
+        ),
+        Row(
+            "18 remote agents, chain per link (sqlite)",
+            f"{link * 1000:.1f} ms a link of a {links}-job chain of /bin/true over {AGENTS} agents ({where})",
+            f"embedded controller: {base_link * 1000:.1f} ms a link",
+            link / base_link,
+            "x",
+            None,
+            [
+                "18: a link over the agents is a run's end reported, its job completed, the next job admitted "
+                "and placed, its agent's long poll answered and the run started; (chain - one job) / (links - 1)"
+            ],
         ),
     ]
 

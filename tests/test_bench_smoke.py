@@ -33,6 +33,7 @@ FIGURES = [
     "19 run start, C fork server against the exec'd C wrapper",
     "18 remote agents, throughput (sqlite)",
     "18 remote agents, placement to start (sqlite)",
+    "18 remote agents, chain per link (sqlite)",
 ]
 PG_FIGURES = [
     "7 DAG throughput (postgresql)",
