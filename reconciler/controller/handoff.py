@@ -31,10 +31,11 @@ Write = Callable[[Tx], Any]
 
 
 class _Handed:
-    __slots__ = ("done", "error", "result", "taken", "write")
+    __slots__ = ("done", "error", "jobs", "result", "taken", "write")
 
-    def __init__(self, write: Write):
+    def __init__(self, write: Write, jobs: list[str]):
         self.write = write
+        self.jobs = jobs
         self.taken = False
         self.done = threading.Event()
         self.result: Any = None
@@ -47,11 +48,15 @@ class _Handed:
 
 
 class Handoff:
-    def __init__(self, store: Store, wake: Callable[[list[str]], None]):
+    def __init__(self, store: Store, wake: Callable[[list[str]], None], *, workers: int = 1):
         """`wake(jobs)`: queue the jobs a handed write concerns (urgent keys), so that a
-        worker takes it, and the steps that act on it follow."""
+        worker takes it, and the steps that act on it follow. With several `workers`, the
+        jobs are woken again once the write commits: another worker's batch may have taken
+        a job's step before this one wrote (and the change feed does not tell the
+        controller of its own writes). One worker takes every write before every step."""
         self.store = store
         self._wake = wake
+        self._workers = workers
         self._lock = threading.Lock()
         self._pending: list[_Handed] = []
         self._closed = False
@@ -60,7 +65,7 @@ class Handoff:
         """Have the worker make `write(tx)` in its batch and wake `jobs`; its result once
         committed, or None when the worker did not make it: the caller makes it itself.
         The write's Conflict is raised here, with nothing of it kept."""
-        handed = _Handed(write)
+        handed = _Handed(write, jobs)
         with self._lock:
             if self._closed:
                 return None
@@ -98,6 +103,8 @@ class Handoff:
                     left.finish()  # not made: their callers make them
                 raise
             self.store.on_commit(partial(handed.finish, result), or_else=handed.finish)
+            if self._workers > 1:
+                self.store.after_commit(partial(self._wake, handed.jobs))
 
     def close(self) -> None:
         """No more hands: those not taken go back to their callers now."""

@@ -104,7 +104,7 @@ class Controller:
             notified=lambda: store.after_commit(self.notifier.wake),
         )
         # writes the server's routes hand to the worker (an agent's reports): made in its batch
-        self.handoff = Handoff(store, wake=lambda jobs: self.queue.add_many(jobs, urgent=True))
+        self.handoff = Handoff(store, wake=lambda jobs: self.queue.add_many(jobs, urgent=True), workers=workers)
         self.runner = Runner(
             self.queue,
             self._step,

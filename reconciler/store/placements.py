@@ -20,6 +20,11 @@ _REPORT = Statement(
     "UPDATE admissions SET report = :report, reported_rv = :rv"
     " WHERE job_uid = :uid AND node = :node AND run_number = :run AND epoch = :epoch"
 )
+# the same, where the report also names the job, which must be the admission's
+_NAMED_REPORT = Statement(
+    "UPDATE admissions SET report = :report, reported_rv = :rv"
+    " WHERE job_uid = :uid AND node = :node AND run_number = :run AND epoch = :epoch AND job_name = :job"
+)
 _PLACEMENT_KEYS = Statement(
     "SELECT a.node, a.job_uid, a.run_number, a.epoch,"
     " CASE WHEN o.phase = 'Stopping' THEN o.resource_version ELSE 0 END AS stopping"
@@ -80,8 +85,9 @@ def record_report(tx: Tx, *, uid: str, node: str, run: int, epoch: int, report: 
 
 @dataclass(frozen=True)
 class Report:
-    """An agent's report of one run, named by its admission (uid, node, run, epoch); `job`
-    is the job's name as the agent gives it (whom to wake; nothing is judged by it)."""
+    """An agent's report of one run, named by its admission (uid, node, run, epoch) and, when
+    given, its job's name (the admission's, as the agent's long poll said it): whom the
+    controller steps when the report is kept."""
 
     uid: str
     run: int
@@ -92,20 +98,28 @@ class Report:
 
 def record_reports(tx: Tx, node: str, reports: list[Report]) -> list[bool]:
     """`record_report` of each, in this one transaction (on PostgreSQL one round trip for
-    all): per report, whether it was kept (False: stale, as `record_report` says)."""
+    all): per report, whether it was kept (False: stale, as `record_report` says, or it
+    names another job than its admission's)."""
     rv = tx.rv()
-    rows = [
-        {
-            "uid": r.uid,
-            "node": node,
-            "run": r.run,
-            "epoch": r.epoch,
-            "rv": rv,
-            "report": json.dumps(r.facts, sort_keys=True),
-        }
-        for r in reports
-    ]
-    return [count == 1 for count in _REPORT.execute_each(tx.session, rows)]
+    kept = [False] * len(reports)
+    for named, statement in ((True, _NAMED_REPORT), (False, _REPORT)):
+        which = [i for i, r in enumerate(reports) if bool(r.job) == named]
+        rows = [
+            {
+                "uid": reports[i].uid,
+                "node": node,
+                "run": reports[i].run,
+                "epoch": reports[i].epoch,
+                "rv": rv,
+                "report": json.dumps(reports[i].facts, sort_keys=True),
+                **({"job": reports[i].job} if named else {}),
+            }
+            for i in which
+        ]
+        if rows:
+            for i, count in zip(which, statement.execute_each(tx.session, rows), strict=True):
+                kept[i] = count == 1
+    return kept
 
 
 def reported_since(session: Connection, rv: int) -> list[tuple[str, int, str]]:

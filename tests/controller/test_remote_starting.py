@@ -13,6 +13,7 @@ import pytest
 
 from reconciler import noderuns
 from reconciler.apply import apply_manifests
+from reconciler.controller import runs as runs_module
 from reconciler.controller.manager import Controller
 from reconciler.manifests import parse_text
 from reconciler.store import Store
@@ -44,6 +45,20 @@ def _phase(store: Store) -> str:
         return str(obj.status.get("phase"))
 
 
+@pytest.fixture
+def admission_reads(monkeypatch) -> list[str]:
+    """The uids whose admission the controller's steps read (the real read is made)."""
+    read: list[str] = []
+    real = sched.admission
+
+    def counted(session, uid):
+        read.append(uid)
+        return real(session, uid)
+
+    monkeypatch.setattr(runs_module.sched, "admission", counted)
+    return read
+
+
 def _admission(store: Store, uid: str) -> sched.Admission:
     with store.read() as conn:
         held = sched.admission(conn, uid)
@@ -51,7 +66,7 @@ def _admission(store: Store, uid: str) -> sched.Admission:
     return held
 
 
-def test_a_report_made_after_the_admission_committed_is_read_by_the_next_starting_step(controller):
+def test_a_report_made_after_the_admission_committed_is_read_by_the_next_starting_step(controller, admission_reads):
     store = controller.store
     with store.batch():
         controller.jobs("j")  # eligible, queued, admitted and placed on the one remote node
@@ -70,20 +85,24 @@ def test_a_report_made_after_the_admission_committed_is_read_by_the_next_startin
     report = noderuns.Report(job.uid, held.run_number, held.epoch or 0, facts, "j")
     kept, _ = noderuns.report_many(store, "far", [report], AGENT)
     assert kept == [True]
+    admission_reads.clear()
     with store.batch():
         controller.jobs("j")
+    assert admission_reads == [job.uid], "the step read the admission more than once, or not at all"
     with store.read() as conn:
         done = repo.get(conn, kind="Job", name="j")
     assert done is not None
     assert (done.status.get("phase"), done.status.get("outcome")) == ("Completed", "Succeeded"), done.status
 
 
-def test_a_starting_step_in_the_batch_that_made_the_admission_waits_for_the_agents_report(controller):
+def test_a_starting_step_in_the_batch_that_made_the_admission_reads_no_report(controller, admission_reads):
     store = controller.store
     with store.batch():
+        # the job's steps up to Starting, and its first Starting step, in the batch that
+        # made the admission: no agent can have seen it, there is nothing to read
         controller.jobs("j")
         assert store.uncommitted(_uid(store))
-        controller.jobs("j")  # the same batch: nothing to read, the run waits for its agent
+    assert admission_reads == []
     assert _phase(store) == "Starting"
 
 

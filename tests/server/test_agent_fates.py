@@ -184,11 +184,11 @@ def test_runs_and_reports_are_refused_to_an_agent_that_does_not_serve_the_node(s
     assert reports.status_code == 409, reports.text
 
 
-def test_an_agent_replaced_on_its_host_learns_no_run_from_polls_it_began_as_the_serving_one(serve, sqlite_url):
-    """The serving agent's polls read nothing before they wait (the server remembers it
-    serves): each answer is read with the check, so once a restarted agent on the same host
-    has taken the node over, the old one is refused (409) even on a poll that waited, and
-    its reports keep nothing."""
+def test_an_agent_the_server_found_serving_is_refused_on_a_waiting_poll_once_replaced(serve, sqlite_url):
+    """The server remembers the agent it last found serving a node, and that agent's polls
+    read nothing before they wait: each answer is read with the check, so once a restarted
+    agent on the same host has taken the node over, the old one's poll with the digest it
+    holds (which waits) is refused (409), and its reports keep nothing."""
     server = serve(sqlite_url, "--no-local-node")
     http = server.http()
     old, new = {"X-Reconciler-Agent": "hostx:1:1.0"}, {"X-Reconciler-Agent": "hostx:2:2.0"}

@@ -146,7 +146,9 @@ def test_a_report_for_an_admission_that_is_not_current_is_refused_with_409(agent
 def test_reports_sent_together_are_kept_together_and_a_stale_one_is_refused_alone(agent_on_either_store):
     """POST nodes/NODE/runs/reports: several runs' reports in one request, kept in one
     transaction (on PostgreSQL pipelined); each is judged against its own admission, so a
-    stale one is refused in its item (409) and does not take the current ones with it."""
+    stale one is refused in its item (409) and does not take the current ones with it; so
+    is one that names another job than its admission's (the controller steps the job a
+    report names)."""
     from reconciler.store import Store
     from reconciler.store import scheduling as sched
 
@@ -168,10 +170,13 @@ def test_reports_sent_together_are_kept_together_and_a_stale_one_is_refused_alon
             items.append({"job": name, "uid": uid, "run": held.run_number, "epoch": held.epoch, **held.report})
             items[-1].update(ready=False, readyMessage=f"batched {name}")
         ghost = {"job": "ghost", "uid": "u", "run": 1, "epoch": 3}
-        answer = server.http().post(f"{PREFIX}/nodes/far/runs/reports", json={"items": [items[0], ghost, items[1]]})
+        misnamed = {**items[0], "job": "other", "readyMessage": "misnamed"}  # long's admission
+        answer = server.http().post(
+            f"{PREFIX}/nodes/far/runs/reports", json={"items": [items[0], ghost, items[1], misnamed]}
+        )
         assert answer.status_code == 200, answer.text
         codes = [(i["job"], i["code"]) for i in answer.json()["items"]]
-        assert codes == [("long", 200), ("ghost", 409), ("other", 200)]
+        assert codes == [("long", 200), ("ghost", 409), ("other", 200), ("other", 409)]
         assert "no longer current" in answer.json()["items"][1]["message"]
         for name in ("long", "other"):
             with store.read() as session:
