@@ -13,7 +13,6 @@ None is a hand's answer when the worker did not make it."""
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable
 from functools import partial
@@ -22,8 +21,6 @@ from typing import Any
 from ..errors import Conflict
 from ..store import Store
 from ..store.transactions import Tx
-
-log = logging.getLogger("reconciler.controller")
 
 HAND_WAIT = 2.0  # seconds a handed write may wait to be taken before its caller writes it itself
 
