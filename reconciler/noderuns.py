@@ -116,12 +116,17 @@ def serving(store: Store, node: str, agent: str | None) -> None:
 
 def serving_in(session: Connection, node: str, agent: str | None) -> None:
     """`serving`, judged in the caller's transaction (the one that reads or writes for the
-    agent: no transaction of its own)."""
-    if not agent:
-        return
+    agent: no transaction of its own). A node a controller serves itself (a server's own
+    node) is no agent's, whether or not the request names one: its runs are that
+    controller's to start, and a report on them would be kept and never read."""
     obj = repo.get(session, kind="Node", name=node)
-    current = (obj.status or {}).get("agent") if obj is not None else None
-    if current is not None and current != agent:
+    status = (obj.status or {}) if obj is not None else {}
+    current = status.get("agent")
+    if current is not None and not status.get("remote"):
+        raise Conflict(
+            f"node {node} is served by the controller {current}, not by an agent; give this agent another --node"
+        )
+    if agent and current is not None and current != agent:
         raise Conflict(f"node {node} is served by the agent {current}, not {agent}; give this agent another --node")
 
 

@@ -701,3 +701,24 @@ def test_drain_force_frees_a_withdrawn_run_whose_agent_is_silent(serve, sqlite_u
     assert server.cli("drain", "--force", "node/far").code == 0
     assert settled(server, "d")["d"]["status"]["outcome"] == "Cancelled"
     assert not _held(server, "d")
+
+
+def test_runs_and_reports_of_the_servers_own_node_are_refused_to_any_agent(serve, sqlite_url):
+    """The server's controller serves its own node: an agent (a token issued for that name,
+    an older agent that names itself in no header) learns of none of its runs, and a report on
+    one is refused (409), not kept unread."""
+    from reconciler.controller.nodes import local_node_name
+
+    server = serve(sqlite_url)
+    http, node = server.http(), local_node_name()
+    wait_until(lambda: http.get(f"{PREFIX}/nodes/{node}").status_code == 200, timeout=30)
+    _apply(server, job_manifest("own", ["sleep", "30"]))
+    wait_until(lambda: _phase(server, "own") == "Running", timeout=30)
+    for headers in ({}, {"X-Reconciler-Agent": "elsewhere:1:2.0"}):
+        runs = http.get(f"{PREFIX}/nodes/{node}/runs", params={"timeoutSeconds": 0}, headers=headers)
+        assert runs.status_code == 409 and "is served by the controller" in runs.json()["message"], runs.text
+        uid = http.get(f"{PREFIX}/jobs/own").json()["metadata"]["uid"]
+        item = {"job": "own", "uid": uid, "run": 1, "epoch": 1, "finishedAt": "2026-12-07T00:00:00Z", "exitCode": 0}
+        reports = http.post(f"{PREFIX}/nodes/{node}/runs/reports", json={"items": [item]}, headers=headers)
+        assert reports.status_code == 409 and "is served by the controller" in reports.json()["message"], reports.text
+    assert _phase(server, "own") == "Running"
