@@ -48,7 +48,7 @@ def _one(work: Path, index: int, take, limits) -> dict[str, float]:  # type: ign
         cwd=str(work),
         run_dir=run_dir,
         fsync_exit=False,
-        join=group.procs_files if group is not None else None,
+        join=group.join_files if group is not None else None,
     )
     t2 = time.perf_counter()
     while reap(identity) is None:
@@ -62,12 +62,13 @@ def _one(work: Path, index: int, take, limits) -> dict[str, float]:  # type: ign
 
 
 def _join_cost(hierarchy, limits, runs: int, rounds: int) -> float:  # type: ignore[no-untyped-def]
-    """What the wrapper's joins add before the command starts: a `/bin/sh` writing its pid to
-    each cgroup.procs of a run's cgroup, as the wrapper does, against the same writes to
-    /dev/null, interleaved (median difference, seconds)."""
+    """What the wrapper's joins add before the command starts: a `/bin/sh` joining each of a
+    run's cgroup's `join_files` as the sh wrapper does (0 to a v1 `tasks`, its pid to a
+    `cgroup.procs`), against the same writes to /dev/null, interleaved (median difference,
+    seconds)."""
     group = hierarchy.create(f"bench.{uuid.uuid4()}.1", limits)
-    script = 'for f in $1; do echo $$ >"$f"; done'
-    targets = {"join": " ".join(str(p) for p in group.procs_files), "null": " ".join("/dev/null" for _ in group.dirs)}
+    script = 'for f in $1; do case $f in */tasks) echo 0 >"$f" ;; *) echo $$ >"$f" ;; esac; done'
+    targets = {"join": " ".join(str(p) for p in group.join_files), "null": " ".join("/dev/null" for _ in group.dirs)}
     times: dict[str, list[float]] = {"join": [], "null": []}
     try:
         for r in range(rounds):
@@ -85,36 +86,55 @@ IDLE = 0.05  # seconds without a cgroup change before a join: a run started afte
 
 
 def _join_after_idle(hierarchy, limits, runs: int) -> dict[str, float]:  # type: ignore[no-untyped-def]
-    """A join's latency (a process's pid written to the cgroup.procs files of a fresh run cgroup,
-    as the wrapper writes its own) right after the previous one and after IDLE seconds with
-    none: the kernel's lock on joins (cgroup_threadgroup_rwsem) waits for an RCU grace period
-    when no join came shortly before, unless a hierarchy is mounted favordynmods. Medians,
-    seconds. The pause is the scenario measured, not a wait for a condition."""
+    """A join's latency right after the previous one and after IDLE seconds with none, two
+    ways: as the wrapper joins (`self`: a child writes to the `join_files` of a fresh run
+    cgroup itself, 0 to a v1 `tasks`, timed in the child) and as it joined before 2026-12-07
+    (`pid`: the child's pid written to each `cgroup.procs`). A pid written to `cgroup.procs`
+    takes the kernel's lock on process migrations (cgroup_threadgroup_rwsem), which waits for
+    an RCU grace period when no migration came shortly before, unless a hierarchy is mounted
+    favordynmods; a thread moving itself through v1's `tasks` skips it (Linux 5.17 and
+    later). Medians, seconds, keyed "<way> back to back" and "<way> after idle". The pause is
+    the scenario measured, not a wait for a condition."""
     import os
 
-    times: dict[str, list[float]] = {"back to back": [], "after idle": []}
-    for i in range(2 * runs):
-        mode = "after idle" if i % 2 else "back to back"
+    times: dict[str, list[float]] = {}
+    for i in range(4 * runs):
+        # each way's "back to back" join follows one of its own (a join through `tasks` does
+        # not keep the kernel's lock warm for the next through `cgroup.procs`)
+        way, when = ("self", "pid")[i // 2 % 2], ("after idle", "back to back")[i % 2]
         group = hierarchy.create(f"bench.{uuid.uuid4()}.1", limits)
-        read, write = os.pipe()
+        go_r, go_w = os.pipe()
+        took_r, took_w = os.pipe()
         pid = os.fork()
-        if pid == 0:  # the child only waits to be let go
-            os.read(read, 1)
+        if pid == 0:  # the child joins itself when let go (way "self"), then waits to exit
+            os.read(go_r, 1)
+            t0 = time.perf_counter()
+            if way == "self":
+                for path in group.join_files:
+                    fd = os.open(path, os.O_WRONLY)
+                    os.write(fd, b"0\n" if path.name == "tasks" else f"{os.getpid()}\n".encode())
+                    os.close(fd)
+            os.write(took_w, f"{time.perf_counter() - t0}".encode())
+            os.read(go_r, 1)
             os._exit(0)
         try:
-            if mode == "after idle":
+            if when == "after idle":
                 time.sleep(IDLE)
             t0 = time.perf_counter()
-            for procs in group.procs_files:
-                procs.write_text(f"{pid}\n")
-            times[mode].append(time.perf_counter() - t0)
+            if way == "pid":
+                for d in group.dirs:
+                    (d / "cgroup.procs").write_text(f"{pid}\n")
+                took = time.perf_counter() - t0
+            os.write(go_w, b"x")
+            child_took = float(os.read(took_r, 64))
+            times.setdefault(f"{way} {when}", []).append(took if way == "pid" else child_took)
         finally:
-            os.write(write, b"x")
+            os.write(go_w, b"x")
             os.waitpid(pid, 0)
-            os.close(read)
-            os.close(write)
+            for fd in (go_r, go_w, took_r, took_w):
+                os.close(fd)
             group.remove()
-    return {mode: statistics.median(xs) for mode, xs in times.items()}
+    return {key: statistics.median(xs) for key, xs in times.items()}
 
 
 def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
@@ -149,8 +169,8 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
     result = {m: {k: statistics.median(x[k] for x in xs) for k in xs[0]} for m, xs in samples.items()}
     result["cgroup"]["ahead"] = statistics.median(made)
     result["cgroup"]["join"] = join
-    result["cgroup"]["join back to back"] = idle["back to back"]
-    result["cgroup"]["join after idle"] = idle["after idle"]
+    for key, seconds in idle.items():
+        result["cgroup"][f"join {key}"] = seconds
     result["cgroup"]["version"] = 2.0 if hierarchy.version == "v2" else 1.0
     return result
 
@@ -171,16 +191,20 @@ def row(runs: int, rounds: int) -> Row:
     note = (
         f"16 cgroups ({version}): medians of {rounds} x {runs} runs of /bin/true each way, interleaved; on the "
         f"loop's path a cgroup adds take {c['take'] * 1000:.3f} ms + remove {c['remove'] * 1000:.3f} ms; the "
-        f"wrapper's joins add {c['join'] * 1000:.3f} ms before the command starts (sh writing its pid to the "
-        f"{len(version) and 'cgroup.procs files'} against to /dev/null); spawn "
+        f"wrapper's joins add {c['join'] * 1000:.3f} ms before the command starts (sh joining the "
+        f"{'tasks files (0)' if version == 'v1' else 'cgroup.procs file (its pid)'} against writes to /dev/null); "
+        f"spawn "
         f"{c['spawn'] * 1000:.2f} ms with the joins in the wrapper's argv against {p['spawn'] * 1000:.2f} ms; the "
         f"whole run (start to the wrapper reaped and its cgroup removed) {c['whole'] * 1000:.2f} ms against "
         f"{p['whole'] * 1000:.2f} ms; "
         + ("beside the loop, the spares thread spends" if version == "v1" else "no spares on v2 (no rename): the take")
         + f" {c['ahead'] * 1000:.2f} ms a run making a cgroup (timed as make + remove of a bare one); "
-        f"a join (a pid written to the run cgroup's cgroup.procs files) takes {c['join back to back'] * 1000:.2f} ms "
-        f"right after another and {c['join after idle'] * 1000:.2f} ms after {IDLE * 1000:.0f} ms without one "
-        "(medians): a run started after a quiet spell waits that long before its command starts"
+        f"a join as the wrapper makes it (the process writing {'0 to each tasks' if version == 'v1' else 'its pid'}) "
+        f"takes {c['join self back to back'] * 1000:.2f} ms right after another and "
+        f"{c['join self after idle'] * 1000:.2f} ms after {IDLE * 1000:.0f} ms without one; a pid written to each "
+        f"cgroup.procs (the way before) {c['join pid back to back'] * 1000:.2f} ms and "
+        f"{c['join pid after idle'] * 1000:.2f} ms (medians): a run started after a quiet spell waits that long "
+        "before its command starts"
     )
     return Row(
         f"{FIGURE} ({version})",

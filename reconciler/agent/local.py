@@ -174,7 +174,7 @@ class LocalAgent:
             self._groups[group.name] = group
         try:
             if group is not None:
-                identity = self._spawn(spec, env, run_dir, join=group.procs_files)
+                identity = self._spawn(spec, env, run_dir, join=group.join_files)
             else:
                 kib = -(-limits.memory // 1024) if limits.memory else None
                 identity = self._spawn(spec, env, run_dir, address_space_kib=kib)

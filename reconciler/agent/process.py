@@ -109,7 +109,7 @@ def spawn_run(
     writes the exit code to run_dir/exit (fsynced unless `fsync_exit` is
     False, see wrapper.py for the cost); its argv names `run_dir` as given, made absolute
     but not resolved (the agent knows it again by that path). Before the command starts, the wrapper
-    writes its pid to each cgroup.procs file in `join` (the run's cgroup) and sets
+    joins each file in `join` (the run's cgroup: its pid to a cgroup.procs, 0 to a tasks) and sets
     `ulimit -v address_space_kib` (the fallback where no cgroup can be made). The
     wrapper leads its own process
     group: pgid == pid. Raises StartFailed, without spawning anything, when the

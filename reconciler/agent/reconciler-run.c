@@ -53,6 +53,9 @@ static void say(const char *what, const char *why) {
     if (n > 0 && write(2, line, (size_t)n) < 0) return;
 }
 
+/* Each path is a cgroup's `cgroup.procs` (written this process's pid) or, on cgroup v1, its
+ * `tasks` (written 0: this thread, the only one, moved without the kernel's lock on every
+ * migration, which waits for an RCU grace period after a quiet spell). */
 static int join(const char *list) {
     char pid[24];
     int n = snprintf(pid, sizeof pid, "%d\n", (int)getpid());
@@ -66,8 +69,12 @@ static int join(const char *list) {
         memcpy(path, p, len);
         path[len] = 0;
         p += len;
+        const char *base = strrchr(path, '/');
+        int self = strcmp(base ? base + 1 : path, "tasks") == 0;
+        const char *value = self ? "0\n" : pid;
+        size_t size = self ? 2 : (size_t)n;
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
-        if (fd < 0 || write(fd, pid, (size_t)n) != n) say(path, strerror(errno));
+        if (fd < 0 || write(fd, value, size) != (ssize_t)size) say(path, strerror(errno));
         if (fd >= 0) close(fd);
     }
 }

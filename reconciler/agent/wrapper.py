@@ -25,15 +25,16 @@ _CAUGHT = ("TERM", "INT", "HUP", "QUIT", "USR1", "USR2", "ALRM")
 _TRAPS = "\n".join(f"trap 't={128 + getattr(signal, 'SIG' + name)}' {name}" for name in _CAUGHT)
 
 # Positional parameters: $1 = run dir, $2 = 1 to fsync the record, $3 = the
-# run's cgroup.procs files, blank-separated (none: no cgroup), $4 = an address-space
+# run's cgroup files to join, blank-separated (none: no cgroup), $4 = an address-space
 # limit in KiB for `ulimit -v` (empty: none), the rest = the argv to run
 # (argv[0] an absolute path, so no shell builtin can stand in for the program,
 # and "$@" means no splitting, globbing or redirection).
 # - `exec 2>>`: spawn_run gives the wrapper a pipe as stderr, which closes once
 #   the traps are armed; groups.py waits for that before it sends a signal, so
 #   no signal of ours can kill the wrapper before it records.
-# - The wrapper joins the run's cgroup (each hierarchy's cgroup.procs: a builtin
-#   echo, no fork) before the command is forked, so all the command starts is in
+# - The wrapper joins the run's cgroup (a builtin echo, no fork: its pid to a
+#   cgroup.procs, 0 to a v1 `tasks`, the shell's own thread, which the kernel moves
+#   without its lock on every migration) before the command is forked, so all the command starts is in
 #   it. A join that fails (the cgroup removed under it) leaves sh's message in the
 #   run's stderr and the run unlimited, as where no cgroup could be made; it is
 #   not a reason to refuse the run. `ulimit -v` is the fallback where no cgroup
@@ -61,7 +62,7 @@ g=$3
 v=$4
 shift 4
 exec 2>>"$d/stderr"
-for f in $g; do echo $$ >"$f"; done
+for f in $g; do case $f in */tasks) echo 0 >"$f" ;; *) echo $$ >"$f" ;; esac; done
 [ -n "$v" ] && ulimit -v "$v"
 if [ -z "$t" ]; then
   "$@"
@@ -87,7 +88,7 @@ def wrapper_argv(
     binary: pathlib.Path | None = None,
 ) -> list[str]:
     """The argv that starts `command` (argv[0] already resolved) under the wrapper; it joins
-    the cgroup.procs files `join` (paths without blanks or wildcards: the shell splits them)
+    the cgroup files `join` (paths without blanks or wildcards: the shell splits them)
     and sets `ulimit -v address_space_kib` first. `binary`: the C wrapper, else the sh script.
     Both take the same positions, so an agent that restarts finds either by argv[3] and [4]."""
     cgroup = " ".join(str(p) for p in join or [])

@@ -56,7 +56,7 @@ def test_v2_create_enables_the_controllers_on_the_way_and_writes_the_limits(fake
     assert group.dirs == (parent / "job.uid.1",)
     assert (parent / "job.uid.1" / "memory.max").read_text() == str(64 * MiB)
     assert (parent / "job.uid.1" / "cpu.max").read_text() == "20000 100000"
-    assert group.procs_files == [parent / "job.uid.1" / "cgroup.procs"]
+    assert group.join_files == [parent / "job.uid.1" / "cgroup.procs"]
 
 
 def test_v2_leaves_controllers_already_enabled_alone(fake_v2):
@@ -309,7 +309,7 @@ def test_v1_create_writes_the_memory_limit_and_the_cpu_quota(v1_group):
 def test_the_wrapper_joins_the_cgroup_before_the_command_runs(spawn, v1_group, tmp_path):
     """The command reads its own /proc/self/cgroup: it is in the run's cgroup in every
     hierarchy from its first instruction."""
-    _identity, run_dir = spawn(argv=["cat", "/proc/self/cgroup"], join=v1_group.procs_files)
+    _identity, run_dir = spawn(argv=["cat", "/proc/self/cgroup"], join=v1_group.join_files)
     wait_until(lambda: read_exit(run_dir), timeout=10)
     lines = (run_dir / "stdout").read_text().splitlines()
     for controller in ("memory", "cpu", "cpuacct"):
@@ -318,10 +318,28 @@ def test_the_wrapper_joins_the_cgroup_before_the_command_runs(spawn, v1_group, t
 
 
 @real_v1
+def test_v1_runs_join_through_tasks_and_are_listed_in_cgroup_procs(spawn, v1_group, tmp_path):
+    """On v1 the wrapper joins through each hierarchy's `tasks` (0: its own thread, which the
+    kernel moves without the lock every process migration takes); being single-threaded,
+    its whole process is then in the cgroup: `cgroup.procs` lists it, as `pids` reads it."""
+    assert v1_group.join_files == [d / "tasks" for d in v1_group.dirs]
+    gate = tmp_path / "gate"
+    os.mkfifo(gate)
+    identity, _run_dir = spawn(argv=["cat", str(gate)], join=v1_group.join_files)
+    try:
+        wait_until(lambda: identity.pid in v1_group.pids(), timeout=10)
+        for d in v1_group.dirs:
+            assert str(identity.pid) in (d / "cgroup.procs").read_text().split(), d
+    finally:
+        with open(gate, "w"):
+            pass
+
+
+@real_v1
 def test_v1_finds_kills_and_counts_a_process_that_left_the_group(spawn, v1_group, tmp_path):
     pid_file = tmp_path / "escapee"
     shell = f"setsid sh -c 'echo $$ > {pid_file}; while :; do :; done' & exit 0"
-    identity, _run_dir = spawn(shell=shell, join=v1_group.procs_files)
+    identity, _run_dir = spawn(shell=shell, join=v1_group.join_files)
     escapee = int(wait_until(lambda: pid_file.exists() and pid_file.read_text().strip(), timeout=10))
     assert escapee in v1_group.pids()
     assert os.getpgid(escapee) != identity.pid
@@ -332,7 +350,7 @@ def test_v1_finds_kills_and_counts_a_process_that_left_the_group(spawn, v1_group
 
 @real_v1
 def test_v1_counts_an_oom_kill(spawn, v1_group):
-    _identity, run_dir = spawn(argv=["python3", "-c", "b = bytearray(200 * 1024 * 1024)"], join=v1_group.procs_files)
+    _identity, run_dir = spawn(argv=["python3", "-c", "b = bytearray(200 * 1024 * 1024)"], join=v1_group.join_files)
     record = wait_until(lambda: read_exit(run_dir), timeout=30)
     usage = v1_group.usage()
     assert record.exit_code == 137 and usage.oom_kills == 1

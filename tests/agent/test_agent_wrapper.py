@@ -55,6 +55,17 @@ def test_the_wrapper_joins_each_file_with_its_own_pid_before_the_command(spawn, 
     assert (run_dir / "stdout").read_text() == f"{identity.pid}\n" * 2
 
 
+def test_the_wrapper_joins_a_tasks_file_as_its_own_thread_and_a_procs_file_by_its_pid(spawn, tmp_path):
+    """0 to a v1 `tasks` (the writer's own thread: the kernel's fast path for a join) and the
+    pid to a `cgroup.procs`, whichever wrapper starts the run."""
+    (tmp_path / "v1").mkdir()
+    (tmp_path / "v2").mkdir()
+    tasks, procs = tmp_path / "v1" / "tasks", tmp_path / "v2" / "cgroup.procs"
+    identity, run_dir = spawn(argv=["cat", str(tasks), str(procs)], join=[tasks, procs])
+    assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(0, None)
+    assert (run_dir / "stdout").read_text() == f"0\n{identity.pid}\n"
+
+
 def test_a_join_that_fails_is_said_on_stderr_and_the_run_goes_on(spawn, tmp_path):
     _, run_dir = spawn(argv=["echo", "ran"], join=[tmp_path / "gone" / "cgroup.procs"])
     assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(0, None)
