@@ -95,46 +95,64 @@ def _join_after_idle(hierarchy, limits, runs: int) -> dict[str, float]:  # type:
     favordynmods; a thread moving itself through v1's `tasks` skips it (Linux 5.17 and
     later). Medians, seconds, keyed "<way> back to back" and "<way> after idle". The pause is
     the scenario measured, not a wait for a condition."""
-    import os
-
     times: dict[str, list[float]] = {}
     for i in range(4 * runs):
         # each way's "back to back" join follows one of its own (a join through `tasks` does
         # not keep the kernel's lock warm for the next through `cgroup.procs`)
         way, when = ("self", "pid")[i // 2 % 2], ("after idle", "back to back")[i % 2]
         group = hierarchy.create(f"bench.{uuid.uuid4()}.1", limits)
-        go_r, go_w = os.pipe()
-        took_r, took_w = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the child joins itself when let go (way "self"), then waits to exit
-            os.read(go_r, 1)
+        try:
+            times.setdefault(f"{way} {when}", []).append(_join_once(group, way, when == "after idle"))
+        finally:
+            group.remove()
+    return {key: statistics.median(xs) for key, xs in times.items()}
+
+
+def _join_once(group, way: str, idle: bool) -> float:  # type: ignore[no-untyped-def]
+    """Seconds of one join of a forked child into `group`: made by the child itself (`self`,
+    timed in the child) or by this process writing the child's pid (`pid`). The child exits
+    once the parent closes its end of the pipe, whatever happened on either side."""
+    import os
+
+    go_r, go_w = os.pipe()
+    took_r, took_w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(go_w)
+            os.close(took_r)
+            os.read(go_r, 1)  # let go (or the parent gone)
             t0 = time.perf_counter()
             if way == "self":
                 for path in group.join_files:
                     fd = os.open(path, os.O_WRONLY)
-                    os.write(fd, b"0\n" if path.name == "tasks" else f"{os.getpid()}\n".encode())
-                    os.close(fd)
+                    try:
+                        os.write(fd, b"0\n" if path.name == "tasks" else f"{os.getpid()}\n".encode())
+                    finally:
+                        os.close(fd)
             os.write(took_w, f"{time.perf_counter() - t0}".encode())
-            os.read(go_r, 1)
-            os._exit(0)
-        try:
-            if when == "after idle":
-                time.sleep(IDLE)
-            t0 = time.perf_counter()
-            if way == "pid":
-                for d in group.dirs:
-                    (d / "cgroup.procs").write_text(f"{pid}\n")
-                took = time.perf_counter() - t0
-            os.write(go_w, b"x")
-            child_took = float(os.read(took_r, 64))
-            times.setdefault(f"{way} {when}", []).append(took if way == "pid" else child_took)
+            os.read(go_r, 1)  # until the parent has looked: the cgroup is removed after it
         finally:
-            os.write(go_w, b"x")
-            os.waitpid(pid, 0)
-            for fd in (go_r, go_w, took_r, took_w):
-                os.close(fd)
-            group.remove()
-    return {key: statistics.median(xs) for key, xs in times.items()}
+            os._exit(0)
+    os.close(go_r)
+    os.close(took_w)
+    try:
+        if idle:
+            time.sleep(IDLE)
+        t0 = time.perf_counter()
+        if way == "pid":
+            for d in group.dirs:
+                (d / "cgroup.procs").write_text(f"{pid}\n")
+        took = time.perf_counter() - t0
+        os.write(go_w, b"x")
+        child_took = os.read(took_r, 64)
+        if not child_took:
+            raise RuntimeError(f"the child could not join {group.name} ({way})")
+        return took if way == "pid" else float(child_took)
+    finally:
+        os.close(go_w)  # the child's last read ends
+        os.close(took_r)
+        os.waitpid(pid, 0)
 
 
 def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:

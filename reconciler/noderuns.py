@@ -107,9 +107,8 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float, up_since: float =
 def serving(store: Store, node: str, agent: str | None) -> None:
     """Conflict (409) when `agent` (as its request names it) is not the one whose heartbeat
     the node last accepted: a duplicate on another host, refused at its heartbeat, or one
-    another took the node over from, must learn of no run and report on none."""
-    if not agent:
-        return  # an agent that names none (an older one): judged by its heartbeat alone
+    another took the node over from, must learn of no run and report on none; nor any agent
+    of a node a controller serves itself, whether or not the request names one."""
     with store.read() as session:
         serving_in(session, node, agent)
 

@@ -33,7 +33,7 @@ DEFAULT_ROOT = Path("/sys/fs/cgroup")
 PARENT = "reconciler"  # every run's cgroup is a child of this one, in each hierarchy
 CFS_PERIOD_US = 100_000
 MIN_QUOTA_US = 1_000  # the kernel's floor for cpu.cfs_quota_us / cpu.max
-_UNSAFE = frozenset(" \t\n*?[]\\'\"$`")  # the wrapper splits the procs files on blanks, unquoted
+_UNSAFE = frozenset(" \t\n*?[]\\'\"$`")  # the wrapper splits the join files on blanks, unquoted
 
 
 class CgroupUnavailable(Exception):

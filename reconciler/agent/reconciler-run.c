@@ -5,7 +5,7 @@
  *   argv[1], argv[2]  "-c" and the protocol tag (ignored; they hold the script's place)
  *   argv[3]  "reconciler-run" (what an agent that restarts looks for)
  *   argv[4]  the run dir        argv[5]  "1": fsync the exit record
- *   argv[6]  cgroup.procs files to join, blank-separated (none: no cgroup)
+ *   argv[6]  cgroup files to join (cgroup.procs, or v1's tasks), blank-separated (none: no cgroup)
  *   argv[7]  an address-space limit in KiB (empty: none)
  *   argv[8]... the command, argv[8] an absolute path
  * Unlike the script, it makes the run's log files itself: spawn_run leaves a new run's
@@ -70,7 +70,7 @@ static int join(const char *list) {
         path[len] = 0;
         p += len;
         const char *base = strrchr(path, '/');
-        int self = strcmp(base ? base + 1 : path, "tasks") == 0;
+        int self = base != NULL && strcmp(base + 1, "tasks") == 0; /* as the script's case pattern */
         const char *value = self ? "0\n" : pid;
         size_t size = self ? 2 : (size_t)n;
         int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);

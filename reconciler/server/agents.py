@@ -112,9 +112,10 @@ class Placements:
         other than the one last found serving it is checked before it waits too, so that a
         duplicate is refused at once, while the serving agent's polls cost no read of
         their own."""
-        if agent and self._serving.get(node) != agent:
+        if not agent or self._serving.get(node) != agent:  # one naming none is checked each time
             noderuns.serving(self.store, node, agent)
-            self._serving[node] = agent
+            if agent:
+                self._serving[node] = agent
         deadline = time.monotonic() + timeout
         with self._cond:
             generation = self._generation

@@ -719,6 +719,10 @@ def test_runs_and_reports_of_the_servers_own_node_are_refused_to_any_agent(serve
         assert runs.status_code == 409 and "is served by the controller" in runs.json()["message"], runs.text
         uid = http.get(f"{PREFIX}/jobs/own").json()["metadata"]["uid"]
         item = {"job": "own", "uid": uid, "run": 1, "epoch": 1, "finishedAt": "2026-12-07T00:00:00Z", "exitCode": 0}
-        reports = http.post(f"{PREFIX}/nodes/{node}/runs/reports", json={"items": [item]}, headers=headers)
-        assert reports.status_code == 409 and "is served by the controller" in reports.json()["message"], reports.text
+        for items in ([item], []):
+            reports = http.post(f"{PREFIX}/nodes/{node}/runs/reports", json={"items": items}, headers=headers)
+            assert reports.status_code == 409 and "is served by the controller" in reports.json()["message"], (
+                items,
+                reports.text,
+            )
     assert _phase(server, "own") == "Running"
