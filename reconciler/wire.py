@@ -36,6 +36,7 @@ REASONS = {
     409: "Conflict",
     410: "Expired",
     413: "RequestEntityTooLarge",
+    415: "UnsupportedMediaType",
     422: "Invalid",
     500: "InternalError",
     503: "ServiceUnavailable",

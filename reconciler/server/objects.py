@@ -166,6 +166,8 @@ def _one(
     if body.get("kind", info.kind) != info.kind:
         raise InvalidInput(f"kind: {body.get('kind')!r} does not match the URL's {info.plural}")
     meta = body.get("metadata")
+    if name is not None and isinstance(meta, dict) and meta.get("name") is None:
+        raise InvalidInput(f"metadata.name: required field is missing (the URL names {name!r})")
     if name is not None and isinstance(meta, dict) and meta.get("name") != name:
         raise InvalidInput(f"metadata.name: {meta.get('name')!r} does not match the name in the URL ({name!r})")
     loaded = documents([body], Path.cwd(), source=None)  # one object: its fields named alone

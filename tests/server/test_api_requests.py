@@ -220,3 +220,29 @@ def test_a_method_a_path_does_not_take_is_a_405_status_saying_so(server):
     answer = server.http().patch(f"{PREFIX}/jobs/x", json={})
     assert answer.status_code == 405
     assert (answer.json()["kind"], answer.json()["reason"]) == ("Status", "MethodNotAllowed")
+
+
+def test_a_body_that_is_not_a_json_object_is_refused_saying_so(server):
+    """A form-encoded body is 415 naming the type a body must have; a JSON body that is not an
+    object is 422 saying what it must be (both were a terse ': Input should be a valid
+    dictionary'); nothing is created."""
+    http = server.http()
+    form = http.post(f"{PREFIX}/jobs", content="a=b", headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert form.status_code == 415, form.text
+    assert form.json()["reason"] == "UnsupportedMediaType"
+    assert "must be a JSON object (Content-Type: application/json)" in form.json()["message"], form.text
+    listed = http.post(f"{PREFIX}/jobs", json=[job_manifest("j")])
+    assert listed.status_code == 422 and listed.json()["message"] == "the request body must be a JSON object", (
+        listed.text
+    )
+    assert _names(http) == []
+
+
+def test_a_put_without_a_name_says_the_name_is_missing(server):
+    http = server.http()
+    body = job_manifest("x")
+    del body["metadata"]["name"]
+    answer = http.put(f"{PREFIX}/jobs/x", json=body)
+    assert answer.status_code == 422, answer.text
+    assert answer.json()["message"] == "metadata.name: required field is missing (the URL names 'x')"
+    assert _names(http) == []
