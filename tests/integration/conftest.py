@@ -54,11 +54,13 @@ def run_intervals(jobs: dict[str, dict], names: list[str] | None = None) -> list
 
 def max_concurrent(intervals: list[tuple[float, float, str, int]]) -> int:
     """Most slots in use at any instant; a run ending at the instant another starts does
-    not overlap it."""
+    not overlap it. A run recorded as ending at the instant it started (the records' times
+    have millisecond resolution: it lasted less) holds its slots at that instant."""
     points = []
     for start, end, _, slots in intervals:
         points.append((start, 1, slots))
-        points.append((end, 0, -slots))  # ends sort before starts at the same instant
+        # ends sort before starts at the same instant, but a run's own end after its start
+        points.append((end, 0 if end > start else 2, -slots))
     used = peak = 0
     for _, _, delta in sorted(points):
         used += delta
