@@ -145,7 +145,12 @@ def test_a_receiver_that_hangs_delays_no_job_and_no_other_notifier(env):
             job_yaml("second", "command: [/bin/true]\ndependsOn: [first]"),
         )
         env.wait_completed("first", "second")
-        wait_until(lambda: len(receiver.at("/ok")) == 2 and receiver.at("/hang"), timeout=30, message="both POSTed")
+        # a request is recorded as it arrives, and counted answered once its answer is sent
+        wait_until(
+            lambda: len(receiver.at("/ok")) == 2 and receiver.answered == 2 and receiver.at("/hang"),
+            timeout=30,
+            message="both POSTed, the live ones answered",
+        )
         live = receiver.at("/ok")
         # all of that while the stuck receiver holds its first request, answering nothing
         assert receiver.answered == len(live) == 2
