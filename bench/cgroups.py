@@ -67,7 +67,9 @@ def _join_cost(hierarchy, limits, runs: int, rounds: int) -> float:  # type: ign
     `cgroup.procs`), against the same writes to /dev/null, interleaved (median difference,
     seconds)."""
     group = hierarchy.create(f"bench.{uuid.uuid4()}.1", limits)
-    script = 'for f in $1; do case $f in */tasks) echo 0 >"$f" ;; *) echo $$ >"$f" ;; esac; done'
+    from reconciler.agent.wrapper import JOIN
+
+    script = f"g=$1\n{JOIN}"
     targets = {"join": " ".join(str(p) for p in group.join_files), "null": " ".join("/dev/null" for _ in group.dirs)}
     times: dict[str, list[float]] = {"join": [], "null": []}
     try:

@@ -54,6 +54,9 @@ _TRAPS = "\n".join(f"trap 't={128 + getattr(signal, 'SIG' + name)}' {name}" for 
 #   fsynced (a fork of `sync` plus a disk flush, ~1-1.5 ms a run). Without it,
 #   a machine crash may lose or empty the record, which readers treat as "no
 #   record".
+# Joins the run's cgroup: each path in $g, its pid to a cgroup.procs, 0 to a v1 tasks.
+JOIN = 'for f in $g; do case $f in */tasks) echo 0 >"$f" ;; *) echo $$ >"$f" ;; esac; done'
+
 SCRIPT = f"""t=
 {_TRAPS}
 d=$1
@@ -62,7 +65,7 @@ g=$3
 v=$4
 shift 4
 exec 2>>"$d/stderr"
-for f in $g; do case $f in */tasks) echo 0 >"$f" ;; *) echo $$ >"$f" ;; esac; done
+{JOIN}
 [ -n "$v" ] && ulimit -v "$v"
 if [ -z "$t" ]; then
   "$@"
