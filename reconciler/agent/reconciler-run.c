@@ -18,7 +18,9 @@
  * agent waits for that: the files exist by then); join the
  * cgroup; set the rlimit; start the command unless a caught signal came first (then record
  * 128 + that signal instead); wait for it; ignore the signals; umask 077; write the exit code
- * and a newline to RUN_DIR/exit in one write (fsynced with argv[5] = "1"); exit with it.
+ * and a newline to RUN_DIR/exit in one write, its mtime then set to the moment the command's
+ * end was seen (a file's own mtime comes from the kernel's coarse clock, up to a tick early);
+ * fsynced with argv[5] = "1"; exit with it.
  * Unlike sh, the decision to start is taken with the signals blocked and the pending ones
  * looked at, and the child is spawned with those signals at their defaults: a signal to the
  * group either stops the start or reaches the command, but for the few instructions
@@ -34,6 +36,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 extern char **environ;
@@ -165,6 +168,9 @@ static int wrap(const char *dir, const char *fsync_flag, const char *cgroups, co
         code = 127;
     }
     if (!code) code = run(command, &old, set);
+    struct timespec ended[2]; /* atime and mtime: the record says when the command ended */
+    clock_gettime(CLOCK_REALTIME, &ended[0]);
+    ended[1] = ended[0];
 
     struct sigaction off;
     memset(&off, 0, sizeof off);
@@ -177,6 +183,7 @@ static int wrap(const char *dir, const char *fsync_flag, const char *cgroups, co
     snprintf(path, sizeof path, "%s/exit", dir);
     int out = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0666);
     if (out < 0 || write(out, record, (size_t)n) != n) say(path, strerror(errno));
+    if (out >= 0) futimens(out, ended); /* after the write, which stamps the coarse time */
     if (out >= 0 && fsync_flag[0] == '1' && !fsync_flag[1]) fsync(out);
     if (out >= 0) close(out);
     return code & 255;

@@ -27,6 +27,22 @@ def test_the_exit_record_is_one_owner_only_line(spawn):
     assert stat.S_IMODE((run_dir / "exit").stat().st_mode) == 0o600
 
 
+@pytest.mark.parametrize("wrapper", ["c", "forkserver"], indirect=True)
+def test_the_c_wrappers_exit_record_is_stamped_when_the_command_ended_not_by_the_coarse_clock(spawn, tmp_path):
+    """A run's finishedAt is its exit record's mtime. A file's own mtime comes from the
+    kernel's coarse clock, up to a tick (4 ms at HZ=250) behind the real time: the C wrapper
+    stamps the record with the moment it saw the command end, which is after the command's
+    last instant (its `date`, read from the precise clock). The sh script keeps the coarse
+    mtime (README, "Runs")."""
+    for n in range(5):
+        marker = tmp_path / f"ended-{n}"
+        _, run_dir = spawn(argv=["sh", "-c", f"date +%s.%N > {marker}"])
+        assert wait_until(lambda run_dir=run_dir: read_exit(run_dir)) is not None
+        last_instant = float(marker.read_text())
+        recorded = (run_dir / "exit").stat().st_mtime
+        assert last_instant <= recorded < last_instant + 5.0, (n, last_instant, recorded)
+
+
 def test_a_command_killed_by_a_signal_is_recorded_as_128_plus_it(spawn):
     _, run_dir = spawn(argv=["sh", "-c", "kill -USR2 $$"])
     assert wait_until(lambda: read_exit(run_dir)) == ExitRecord(128 + signal.SIGUSR2, signal.SIGUSR2)

@@ -149,8 +149,9 @@ def test_junit_report_has_a_testcase_per_job_and_failures_with_their_why(env):
     assert (suite.tests, suite.failures) == (3, 2)
     cases = {case.name: case for case in suite}
     assert set(cases) == {"ok", "bad", "after-bad"}
-    # the run's time: from its start to its exit record's mtime, which the kernel stamps
-    # from its coarse clock (up to a tick early, 4 ms at HZ=250): a `sleep 0.2` may read 0.199
+    # the run's time: from its start to its exit record's mtime; the C wrapper stamps it when
+    # the command ended, the sh one (runs started while the C one is built) leaves the kernel's
+    # coarse stamp, up to a tick early (4 ms at HZ=250): a `sleep 0.2` may read 0.199 there
     assert cases["ok"].is_passed and cases["ok"].time >= 0.19
     (failure,) = [r for r in cases["bad"].result if isinstance(r, Failure)]
     assert failure.type == "Failed"
