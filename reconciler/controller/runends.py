@@ -58,7 +58,7 @@ class RunEnds:
             RunEnd(outcome, exited.exit_code),
             exit_code=exited.exit_code,
             signal=exited.signal,
-            finished_at=_ended_at(run, exited),
+            finished_at=_ended_at(exited),
         )
 
     def _oom_killed(self, ctx: Ctx, run: RunDict, exited: ExitRecord | None) -> Result | None:
@@ -73,7 +73,7 @@ class RunEnds:
         message = f"the kernel killed {usage.oom_kills} process(es) of the run at its memory limit ({limit})"
         code, sig = (exited.exit_code, exited.signal) if exited is not None else (None, None)
         end = RunEnd(RunOutcome.FAILED, code, reason="OOMKilled")
-        at = _ended_at(run, exited) if exited is not None else None
+        at = _ended_at(exited) if exited is not None else None
         return self.finish(
             ctx, run, end, exit_code=code, signal=sig, reason="OOMKilled", message=message, finished_at=at
         )
@@ -156,7 +156,7 @@ class RunEnds:
                 return self.runs.unstarted(ctx, stop)
             lost = message
         if finished_at is None and run is not None and exited is not None:
-            finished_at = _ended_at(run, exited)  # a stopped run too ended when its wrapper said
+            finished_at = _ended_at(exited)  # a stopped run too ended when its wrapper said
         if run is not None:
             if lost is not None:
                 code, sig = (exited.exit_code, exited.signal) if exited else (None, None)
@@ -262,7 +262,10 @@ class RunEnds:
                 log.warning("the cgroup %s of job %s could not be removed", cgroup, ctx.name)
         _close_run(ctx, run, outcome, code, signal, reason)
         if finished_at is not None:
-            run["finishedAt"] = finished_at
+            # never before its start: a clock stepped back, or a remote agent back from a crash
+            # that dates the start of a run that ended meanwhile at its return
+            started = run.get("startedAt")
+            run["finishedAt"] = started if started and to_epoch(started) > to_epoch(finished_at) else finished_at
 
     def decide(self, ctx: Ctx, end: RunEnd, message: str) -> Result:
         stop = self.runs.stop_reason(ctx)
@@ -293,14 +296,10 @@ class RunEnds:
         return requeue_after(deadlines.soonest(ctx.now, ctx.now + decision.delay, ctx.job_deadline()))
 
 
-def _ended_at(run: RunDict, exited: ExitRecord) -> str | None:
+def _ended_at(exited: ExitRecord) -> str | None:
     """When the run ended by its exit record (its wrapper wrote it then), not when the
-    controller saw it: a run that ended while no controller ran keeps its true end. Never
-    before its start (a clock stepped back)."""
-    if exited.at is None:
-        return None
-    started = run.get("startedAt")
-    return from_epoch(max(exited.at, to_epoch(started)) if started else exited.at)
+    controller saw it: a run that ended while no controller ran keeps its true end."""
+    return None if exited.at is None else from_epoch(exited.at)
 
 
 def run_identity(run: RunDict) -> ProcessIdentity | None:

@@ -12,6 +12,7 @@ import psutil
 import pytest
 
 from reconciler.agent import cwrapper
+from reconciler.agent.identity import is_alive
 from reconciler.agent.local import LocalAgent
 from reconciler.agent.process import ExitRecord, read_exit, signal_group, wait_armed
 from reconciler.agent.wrapper import WRAPPER_NAME
@@ -36,11 +37,14 @@ def test_the_c_wrappers_exit_record_is_stamped_when_the_command_ended_not_by_the
     mtime (README, "Runs")."""
     for n in range(5):
         marker = tmp_path / f"ended-{n}"
-        _, run_dir = spawn(argv=["sh", "-c", f"date +%s.%N > {marker}"])
+        identity, run_dir = spawn(argv=["sh", "-c", f"date +%s%N > {marker}"])
         assert wait_until(lambda run_dir=run_dir: read_exit(run_dir)) is not None
-        last_instant = float(marker.read_text())
-        recorded = (run_dir / "exit").stat().st_mtime
-        assert last_instant <= recorded < last_instant + 5.0, (n, last_instant, recorded)
+        # the record's line is complete before its stamp is set: read the stamp once the
+        # wrapper is gone, as the agent does
+        wait_until(lambda identity=identity: not is_alive(identity), message="the wrapper ended")
+        last_instant = int(marker.read_text())
+        recorded = (run_dir / "exit").stat().st_mtime_ns
+        assert last_instant <= recorded < last_instant + 5 * 10**9, (n, last_instant, recorded)
 
 
 def test_a_command_killed_by_a_signal_is_recorded_as_128_plus_it(spawn):

@@ -25,6 +25,7 @@ import httpx
 import psutil
 import pytest
 
+from reconciler.api.meta import to_epoch
 from tests.helpers import wait_until
 from tests.server.conftest import PREFIX, Server, job_manifest, settled
 
@@ -636,6 +637,8 @@ def test_a_run_that_ended_while_its_agent_was_down_is_reported_with_its_exit_not
     status = settled(server, "ended")["ended"]["status"]
     (run,) = status["runs"]
     assert run.get("exitCode") == 3, status
+    # the agent back dates the start at its return, after the exit record: never an end before it
+    assert to_epoch(run["finishedAt"]) >= to_epoch(run["startedAt"]), run
     assert not _held(server, "ended")
 
 
