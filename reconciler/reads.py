@@ -1,15 +1,15 @@
-"""Reads: what `get`, `describe`, `logs` and `get -w` show, as data. The CLI renders it; the
-HTTP API (server/) answers with it. Nothing here writes."""
+"""Reads: what `get`, `describe` and `logs` show, as data (what `get -w` follows is in
+watching.py). The CLI renders it; the HTTP API (server/) answers with it. Nothing here
+writes."""
 
 from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .api.kinds import KINDS, resolve_kind
+from .api.kinds import resolve_kind
 from .api.meta import from_epoch, to_epoch
 from .api.node import heartbeat_fresh, observed_status
 from .api.status import Phase
@@ -18,16 +18,9 @@ from .selectors import Requirement, matches
 from .store import Store, StoredObject, outbox, queuing
 from .store import repository as repo
 from .store import scheduling as sched
-from .store.feed import ChangeFeed
-from .store.feed import poll_interval as poll_interval  # the API's watch broadcaster polls as the feed says
 
 SERVICES = ("services", "service", "svc")
 EVENTS = ("events", "event", "ev")
-# Kinds whose shown status is partly derived at read time (pool and node usage, a node's
-# readiness from its heartbeat's age, a notifier's delivery counts): it changes with no write
-# to the object, so a follower (`get -w`) looks again on a timer, not only on a change.
-DERIVED_STATUS = ("Pool", "Node", "Notifier")
-DERIVED_LOOK = 1.0  # seconds between such looks
 
 
 def shown(obj: StoredObject) -> tuple[int, str]:
@@ -57,10 +50,10 @@ def objects(
         with store.read() as session:
             found = repo.list_objects(session, kind=info.kind, names=names or None)
         label = info.kind
-    return _decorated(store, label, found, names, selector, strict=strict)
+    return decorated(store, label, found, names, selector, strict=strict)
 
 
-def _decorated(
+def decorated(
     store: Store,
     label: str,
     found: list[StoredObject],
@@ -309,132 +302,6 @@ def events(store: Store, names: list[str], limit: int = 1000) -> list[Any]:
     with store.read() as session:
         rows = repo.events(session, limit=limit)
     return [r for r in rows if r.name in names] if names else rows
-
-
-EVENT_POLL = 0.5  # seconds between looks for new events (get events -w, the API's events watch)
-
-
-class NewEvents:
-    """Which events of a newest page (oldest first, each with its row id) were not seen in
-    the pages before: what `get events -w` and the API's events watch print. An id is no
-    mark on its own (a PostgreSQL commit can make a smaller id visible after a larger one):
-    the ids seen are kept, and those below the page's oldest forgotten and never printed."""
-
-    def __init__(self, first: list[Any]):
-        self._seen = {r.id for r in first}
-        self._floor = min(self._seen, default=0)
-
-    def among(self, rows: list[Any]) -> list[Any]:
-        fresh = [r for r in rows if r.id >= self._floor and r.id not in self._seen]
-        if rows:
-            self._floor = max(self._floor, rows[0].id)
-            self._seen = {i for i in self._seen if i >= self._floor}
-        self._seen.update(r.id for r in fresh)
-        return fresh
-
-
-WatchEvent = tuple[str, StoredObject]  # ADDED | MODIFIED | DELETED, and the object as shown
-
-
-class Seen:
-    """What a `get -w` has shown of each selected object, to tell what a new look changed:
-    ADDED, MODIFIED, or DELETED (gone from the look, or no longer matching, with the object
-    as last shown): a service leaving the registry is DELETED too."""
-
-    def __init__(self, listed: list[StoredObject]):
-        self._shown = {o.name: (shown(o), o) for o in listed}
-
-    def changes(self, looked: list[StoredObject]) -> Iterator[WatchEvent]:
-        now = {o.name: (shown(o), o) for o in looked}
-        for name, (look, o) in now.items():
-            before = self._shown.get(name)
-            if before is None or before[0] != look:
-                yield ("ADDED" if before is None else "MODIFIED"), o
-        gone = [o for name, (_, o) in self._shown.items() if name not in now]
-        self._shown = now
-        for o in gone:
-            yield "DELETED", o
-
-    def one(self, event: str, obj: StoredObject) -> Iterator[WatchEvent]:
-        """What a watch stream's event of one object changes (a DELETED one is answered with
-        the object as last shown: the stream's carries only its name, uid and labels)."""
-        before = self._shown.get(obj.name)
-        if event == "DELETED":
-            if before is not None:
-                del self._shown[obj.name]
-                yield "DELETED", before[1]
-            return
-        look = shown(obj)
-        if before is None or before[0] != look:
-            self._shown[obj.name] = (look, obj)
-            yield ("ADDED" if before is None else "MODIFIED"), obj
-
-
-def watch(
-    store: Store, kind: str, names: list[str], selector: list[Requirement] | None, *, initial: bool = False
-) -> Iterator[WatchEvent]:
-    """Each selected object again whenever it changes (`get -w`), and each one deleted or
-    leaving the selection, forever: the caller stops. `initial`: the listing first, each
-    object ADDED (kubectl's --output-watch-events)."""
-    feed = ChangeFeed(store)  # first: a write made while the listing is read or printed is seen after it
-    listing = objects(store, kind, names, selector)
-    seen = Seen(listing.objects)
-    if initial:
-        yield from (("ADDED", o) for o in listing.objects)
-    derived = listing.kind in DERIVED_STATUS or kind.lower() in SERVICES
-    next_look = time.monotonic() + DERIVED_LOOK
-    while True:
-        time.sleep(0.2)  # a CLI follower, not the controller: a short poll is the simple way
-        if not feed.poll() and not (derived and time.monotonic() >= next_look):
-            continue
-        next_look = time.monotonic() + DERIVED_LOOK
-        yield from seen.changes(objects(store, kind, names, selector, strict=False).objects)
-
-
-@dataclass(frozen=True)
-class Changes:
-    """What a look at the change feed found: objects written since the last look, as `get`
-    shows them, and (kind, name, resourceVersion) of those removed."""
-
-    seq: int  # where the next look starts
-    written: list[StoredObject]
-    deleted: list[tuple[str, str, int]]
-
-
-class ChangeReader:
-    """The store's changes since a resourceVersion, as `get` shows them, one look at a time:
-    the HTTP API's watch streams share one (server/watch.py), so a look costs one read of
-    the change feed however many clients watch."""
-
-    def __init__(self, store: Store, since: int | None = None, *, listen: bool = False):
-        self.store = store
-        self._feed = ChangeFeed(store, since=since, listen=listen)
-
-    def wait(self, timeout: float) -> bool:
-        """Until the store announces a change, or `timeout` (the poll): see ChangeFeed.wait."""
-        return self._feed.wait(timeout)
-
-    @property
-    def seq(self) -> int:
-        return self._feed.seq
-
-    def look(self) -> Changes:
-        """The changes and the objects they wrote, read in one transaction."""
-        by_kind: dict[str, dict[str, int]] = {}  # kind -> name -> its last resourceVersion
-        read: dict[str, list[StoredObject]] = {}
-        with self.store.read() as session:
-            for change in self._feed.poll_in(session):
-                if change.kind in KINDS:  # a kind this reconciler does not know is not shown
-                    by_kind.setdefault(change.kind, {})[change.name] = change.resource_version
-            for kind, last in by_kind.items():
-                read[kind] = repo.list_objects(session, kind=kind, names=sorted(last))
-        written: list[StoredObject] = []
-        deleted: list[tuple[str, str, int]] = []
-        for kind, last in by_kind.items():
-            listing = _decorated(self.store, kind, read[kind], sorted(last), None, strict=False)
-            written += listing.objects
-            deleted += [(kind, name, last[name]) for name in listing.missing]
-        return Changes(self._feed.seq, written, deleted)
 
 
 DESCRIBED_EVENTS = 50  # the newest events of the object `describe` shows

@@ -219,7 +219,7 @@ def watch_events(client: Client, names: list[str], fmt: str | None, events: bool
     looking at the newest page (`client.events`, locally or through a server) every EVENT_POLL."""
     import time
 
-    from ..reads import EVENT_POLL, NewEvents
+    from ..watching import EVENT_POLL, NewEvents
 
     new = NewEvents(client.events(names))
     try:

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from ..drain import HeldRun
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
-    from ..reads import Listing, WatchEvent
+    from ..reads import Listing
     from ..store import StoredObject
+    from ..watching import WatchEvent
 
 
 class Logs(Protocol):

@@ -12,10 +12,11 @@ if TYPE_CHECKING:
     from ..drain import HeldRun
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
-    from ..reads import Listing, WatchEvent
+    from ..reads import Listing
     from ..runlogs import RunLogs
     from ..selectors import Requirement
     from ..store import Store, StoredObject
+    from ..watching import WatchEvent
 
 
 def _parsed(selector: str | None) -> list[Requirement] | None:
@@ -60,7 +61,7 @@ class LocalClient:
     def watch(
         self, kind: str, names: list[str], selector: str | None, *, initial: bool = False
     ) -> Iterator[WatchEvent]:
-        from ..reads import watch
+        from ..watching import watch
 
         return watch(self.store, kind, names, _parsed(selector), initial=initial)
 

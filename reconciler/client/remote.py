@@ -37,9 +37,10 @@ if TYPE_CHECKING:
     from ..drain import HeldRun
     from ..graph import Graph
     from ..manifests import Loaded, Manifest
-    from ..reads import Listing, WatchEvent
+    from ..reads import Listing
     from ..selectors import Requirement
     from ..store import StoredObject
+    from ..watching import WatchEvent
 
 NAMED_GETS = 16  # up to this many names are fetched one by one; more, in one list
 EVENTS_LIMIT = 1000  # as reads.events
@@ -131,9 +132,10 @@ class RemoteClient:
         self, kind: str, names: list[str], selector: str | None, *, initial: bool = False
     ) -> Iterator[WatchEvent]:
         """Each selected object again whenever it changes, and each one deleted or leaving
-        the selection, as reads.watch: the listing first (NotFound for a missing name; with
+        the selection, as watching.watch: the listing first (NotFound for a missing name; with
         `initial` each of its objects ADDED), then the server's watch stream."""
-        from ..reads import DERIVED_STATUS, SERVICES, Seen
+        from ..reads import SERVICES
+        from ..watching import DERIVED_STATUS, Seen
 
         service = kind.lower() in SERVICES
         if not service and resolve_kind(kind).kind in DERIVED_STATUS:
@@ -168,9 +170,9 @@ class RemoteClient:
 
     def _relisting(self, kind: str, names: list[str], selector: str | None, initial: bool) -> Iterator[WatchEvent]:
         """Pools, nodes and notifiers, whose shown status the server derives when it answers
-        (usage, readiness, delivery counts), listed again on a timer as reads.watch looks
+        (usage, readiness, delivery counts), listed again on a timer as watching.watch looks
         again: a watch stream only carries writes. There are few of them; a list is cheap."""
-        from ..reads import DERIVED_LOOK, Seen
+        from ..watching import DERIVED_LOOK, Seen
 
         listed = self.objects(kind, names, selector).objects
         seen = Seen(listed)

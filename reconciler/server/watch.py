@@ -31,10 +31,11 @@ import anyio
 
 from ..api.kinds import KINDS, KindInfo
 from ..api.meta import API_VERSION
-from ..reads import EVENT_POLL, ChangeReader, NewEvents, objects, poll_interval
+from ..reads import objects
 from ..selectors import Requirement, matches
 from ..store import Store, StoredObject
 from ..threads import critical
+from ..watching import EVENT_POLL, ChangeReader, NewEvents, poll_interval
 from ..wire import event_doc, status
 from .redact import without_secrets
 

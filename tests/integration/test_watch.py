@@ -306,8 +306,8 @@ def test_a_change_made_while_the_listing_is_printed_is_not_lost(sqlite_url, tmp_
 
     from reconciler.apply import apply_manifests
     from reconciler.manifests import documents
-    from reconciler.reads import watch
     from reconciler.store import Store
+    from reconciler.watching import watch
     from tests.server.conftest import job_manifest
 
     store = Store(sqlite_url)
