@@ -12,15 +12,13 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import psutil
 
 from ..api.job import Artifact, JobSpec
 from ..files import make_private_dirs
-from .cgroups import DEFAULT_ROOT, CgroupUnavailable, Hierarchy, Limits, RunCgroup, Usage, detect
-from .cgroupspares import Spares
-from .cgroupspares import sweep as sweep_spares
+from .cgroups import DEFAULT_ROOT, Limits, Usage
 from .cwrapper import Binary
 from .forkserver import TITLE_MARGIN, ForkServer, ForkServerUnsure, wait_for_servers
 from .identity import ProcessIdentity, is_alive, wall_clock_start
@@ -37,6 +35,7 @@ from .process import (
     signal_group,
     spawn_run,
 )
+from .runcgroups import RunCgroups, bound
 from .runfolders import FolderRemover
 from .watcher import ExitWatcher
 from .wrapper import WRAPPER_NAME
@@ -109,7 +108,6 @@ class LocalAgent:
         # Paths a run's steps ask for again and again, made once (pathlib's joins were a tenth
         # of the reconcile loop's time): run dirs by (job, uid, number), cgroups by name.
         self._run_dirs: dict[tuple[str, str, int], Path] = {}
-        self._groups: dict[str, RunCgroup] = {}
         self._on_exit = on_exit
         self._watcher = ExitWatcher()
         self._watched: set[ProcessIdentity] = set()
@@ -120,24 +118,12 @@ class LocalAgent:
         self.wrapper = Binary(self.state_dir)  # the C wrapper, built in a thread; the sh one meanwhile
         self._server: ForkServer | None = None  # made with the first run the C wrapper starts
         self._server_lock = threading.Lock()  # several workers may start runs at once
-        root = cgroup_root or Path(os.environ.get(CGROUP_ROOT_ENV) or DEFAULT_ROOT)
-        self._hierarchy: Hierarchy | None = None
-        self._spares: Spares | None = None
-        self._no_hierarchy = ""
-        try:
-            self._hierarchy = detect(root)
-            if self._hierarchy.renames:  # else each run's cgroup is made at its start
-                self._spares = Spares(self._hierarchy)
-            else:  # an earlier version made spares on v2 too: a crash left them
-                sweep_spares(self._hierarchy)
-        except CgroupUnavailable as exc:
-            self._no_hierarchy = str(exc)
-            log.warning("runs get no cgroup on this node: %s; memory limits become address-space rlimits", exc)
+        self._cgroups = RunCgroups(cgroup_root or Path(os.environ.get(CGROUP_ROOT_ENV) or DEFAULT_ROOT))
 
     @property
     def cgroup_version(self) -> str | None:
         """The cgroup hierarchy runs are limited by here ("v1", "v2"), or None: the fallback."""
-        return self._hierarchy.version if self._hierarchy is not None else None
+        return self._cgroups.version
 
     @staticmethod
     def cgroup_name(job: str, uid: str, number: int) -> str:
@@ -152,7 +138,7 @@ class LocalAgent:
         found = self._run_dirs.get(key)
         if found is None:
             found = self._run_dirs[key] = run_dir(self.state_dir, job, uid, number, legacy=False)
-            _bound(self._run_dirs)
+            bound(self._run_dirs)
         return found
 
     def start(self, job: str, uid: str, number: int, spec: JobSpec, revision: int) -> Started:
@@ -169,9 +155,7 @@ class LocalAgent:
         }
         run_dir = self.run_dir(job, uid, number)
         limits = Limits(spec.resources.cpu, spec.resources.memory)
-        group, degraded = self._make_cgroup(self.cgroup_name(job, uid, number), limits)
-        if group is not None:
-            self._groups[group.name] = group
+        group, degraded = self._cgroups.make(self.cgroup_name(job, uid, number), limits)
         try:
             if group is not None:
                 identity = self._spawn(spec, env, run_dir, join=group.join_files)
@@ -197,49 +181,18 @@ class LocalAgent:
             return Started(identity, group.name, f"cgroup {group.version}")
         return Started(identity, None, "rlimit", degraded)
 
-    def _make_cgroup(self, name: str, limits: Limits) -> tuple[RunCgroup | None, str | None]:
-        """The run's cgroup, or None and why there is none (never a reason to fail the run)."""
-        if self._hierarchy is None:
-            return None, self._no_hierarchy
-        try:
-            if self._spares is None:
-                return self._hierarchy.create(name, limits), None
-            return self._spares.take(name, limits), None
-        except CgroupUnavailable as exc:
-            if str(exc) != self._no_hierarchy:  # said once per cause, not once per run
-                self._no_hierarchy = str(exc)
-                log.warning("runs get no cgroup (%s): memory limits become address-space rlimits", exc)
-            return None, str(exc)
-
-    def _cgroup(self, name: str | None) -> RunCgroup | None:
-        if name is None or self._hierarchy is None:
-            return None
-        group = self._groups.get(name)
-        if group is None:
-            group = self._groups[name] = self._hierarchy.open(name)
-            _bound(self._groups)
-        return group
-
     def existing_cgroup(self, job: str, uid: str, number: int) -> str | None:
         """The run's cgroup if it was made (a run spawned before a crash, adopted now)."""
         name = self.cgroup_name(job, uid, number)
-        group = self._cgroup(name)
-        return name if group is not None and group.exists() else None
+        return name if self._cgroups.exists(name) else None
 
     def usage(self, cgroup: str | None) -> Usage | None:
         """What the run's cgroup counted: peak memory, CPU seconds, OOM kills."""
-        group = self._cgroup(cgroup)
-        return group.usage() if group is not None and group.exists() else None
+        return self._cgroups.usage(cgroup)
 
     def remove_cgroup(self, cgroup: str | None) -> bool:
         """The run is over and its cgroup empty: removed (False while a process is left)."""
-        group = self._cgroup(cgroup)
-        if group is None:
-            return True
-        if group.remove():
-            self._groups.pop(group.name, None)
-            return True
-        return False
+        return self._cgroups.remove(cgroup)
 
     def _spawn(
         self,
@@ -400,7 +353,7 @@ class LocalAgent:
         cgroup, anything in it (a process that left the group with setsid is still there)."""
         if is_alive(identity) or group_alive(identity):
             return True
-        group = self._cgroup(cgroup)
+        group = self._cgroups.get(cgroup)
         return group is not None and bool(group.pids())
 
     @staticmethod
@@ -412,14 +365,14 @@ class LocalAgent:
         """Processes of the run other than its wrapper: in its group or in its cgroup."""
         if any(pid != identity.pid for pid in group_pids(identity)):
             return True
-        group = self._cgroup(cgroup)
+        group = self._cgroups.get(cgroup)
         return group is not None and any(pid != identity.pid for pid in group.pids())
 
     def terminate(self, identity: ProcessIdentity, cgroup: str | None = None) -> None:
         """SIGTERM to the run's group, and to the processes of its cgroup outside the group
         (each process gets it once)."""
         signal_group(identity, signal.SIGTERM)
-        group = self._cgroup(cgroup)
+        group = self._cgroups.get(cgroup)
         if group is not None:
             for pid in group.pids():
                 _signal_outside(pid, identity.pid, signal.SIGTERM)
@@ -429,7 +382,7 @@ class LocalAgent:
         Only a wrapper that stayed alive long after its command died (`wrapper_too`) is
         killed too."""
         killed = kill_group_except_wrapper(identity)
-        group = self._cgroup(cgroup)
+        group = self._cgroups.get(cgroup)
         if group is not None:
             killed += group.signal(signal.SIGKILL, spare=identity.pid)
         if killed == 0 and wrapper_too:
@@ -438,8 +391,7 @@ class LocalAgent:
                 group.kill_all()
 
     def close(self) -> None:
-        if self._spares is not None:
-            self._spares.close()
+        self._cgroups.close()
         if self._server is not None:
             self._server.close()
         self._watcher.close()
@@ -449,13 +401,6 @@ class LocalAgent:
             artifacts = self._artifacts
         if artifacts is not None:
             artifacts.close()
-
-
-def _bound(cache: dict[Any, Any], size: int = 4096) -> None:
-    """A cache of paths stays small: emptied when it outgrows `size` (far more runs than a
-    node holds at once)."""
-    if len(cache) > size:
-        cache.clear()
 
 
 def _signal_outside(pid: int, pgid: int, sig: int) -> None:
