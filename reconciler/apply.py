@@ -21,7 +21,7 @@ from .errors import Conflict, InvalidInput
 from .jsontext import canonical
 from .manifests import Loaded, Manifest, invalid, paused_gc
 from .selectors import Requirement, matches
-from .store import Store, StoredObject, ingested, outbox, queuing, specview
+from .store import Store, StoredObject, eventlog, ingested, outbox, queuing, specview
 from .store import repository as repo
 from .store.dbapi import Connection
 from .store.transactions import Tx
@@ -155,7 +155,7 @@ def _apply(
     for (change, _), obj in zip(creations, repo.create_many(tx, [c for _, c in creations]), strict=True):
         change.new = obj
     if events:
-        repo.record_events(tx, *(repo.ObjectEvent(_written(o), reason, message) for o, reason, message in events))
+        eventlog.record(tx, *(eventlog.ObjectEvent(_written(o), reason, message) for o, reason, message in events))
     going = frozenset((o.kind, o.name) for o in doomed)
     for obj in doomed:
         delete_object(tx, obj, going)
@@ -283,8 +283,8 @@ def delete_object(tx: Tx, obj: StoredObject, going: frozenset[tuple[str, str]] =
     if obj.kind == "Job" and phase in LIVE_PHASES:
         if obj.deleted_at is None:
             updated = repo.update_object(tx, obj, deleted_at=time.time())
-            repo.record_events(
-                tx, repo.ObjectEvent(updated, "Deleting", "deletion requested; stopping the running process tree")
+            eventlog.record(
+                tx, eventlog.ObjectEvent(updated, "Deleting", "deletion requested; stopping the running process tree")
             )
         return "deleting"
     repo.remove(tx, obj)  # first: it allocates the resourceVersion, which ends a read-only attempt before any write
@@ -294,7 +294,7 @@ def delete_object(tx: Tx, obj: StoredObject, going: frozenset[tuple[str, str]] =
         outbox.drop(tx, obj.name)  # its pending events go with it
     elif obj.kind == "Source":
         ingested.drop(tx, obj.name)  # the message ids it remembered (its jobs stay)
-    repo.record_events(tx, repo.ObjectEvent(obj, "Deleted", f"{obj.kind.lower()} deleted"))
+    eventlog.record(tx, eventlog.ObjectEvent(obj, "Deleted", f"{obj.kind.lower()} deleted"))
     return "deleted"
 
 

@@ -19,7 +19,7 @@ from .api.validation import Built, validate_apply
 from .errors import Conflict, InvalidInput, NotFound
 from .problems import field_problems
 from .selectors import Requirement, matches
-from .store import Store, StoredObject, specview
+from .store import Store, StoredObject, eventlog, specview
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.transactions import Tx
@@ -48,7 +48,7 @@ def cancel(store: Store, name: str, *, by: str | None = None) -> str:
                 annotations[CANCEL_REASON] = by
             obj = repo.update_object(tx, obj, annotations=annotations)
             asked = f"cancellation of revision {revision} requested" + (f" ({by})" if by else "")
-            repo.record_events(tx, repo.ObjectEvent(obj, "CancelRequested", asked))
+            eventlog.record(tx, eventlog.ObjectEvent(obj, "CancelRequested", asked))
     return "cancel requested"
 
 
@@ -58,9 +58,9 @@ def set_suspend(store: Store, name: str, suspend: bool) -> str:
         if bool(obj.spec.get("suspend")) == suspend:
             return "unchanged"
         obj = repo.update_object(tx, obj, spec={**obj.spec, "suspend": suspend})
-        repo.record_events(
+        eventlog.record(
             tx,
-            repo.ObjectEvent(
+            eventlog.ObjectEvent(
                 obj,
                 "SuspendRequested" if suspend else "ResumeRequested",
                 "suspend requested" if suspend else "resume requested",
@@ -130,8 +130,8 @@ def run_job(store: Store, one_off: OneOff) -> str:
             ),
         )
         # stored as the controller's first look would leave it: said as it would say it
-        said = [repo.ObjectEvent(obj, reason, message) for reason, message in first_events(obj.status)]
-        repo.record_events(tx, repo.ObjectEvent(obj, "Created", "job created by run"), *said)
+        said = [eventlog.ObjectEvent(obj, reason, message) for reason, message in first_events(obj.status)]
+        eventlog.record(tx, eventlog.ObjectEvent(obj, "Created", "job created by run"), *said)
     return job.metadata.name
 
 
@@ -184,7 +184,7 @@ def _request_rerun(tx: Tx, obj: StoredObject, token: str) -> None:
     obj = repo.update_object(tx, obj, annotations={**obj.annotations, RERUN: token})
     downstream = token.endswith(DOWNSTREAM_SUFFIX)
     message = "rerun requested" + (" with its dependents" if downstream else "")
-    repo.record_events(tx, repo.ObjectEvent(obj, "RerunRequested", message))
+    eventlog.record(tx, eventlog.ObjectEvent(obj, "RerunRequested", message))
 
 
 # -- node maintenance: cordon, uncordon, drain ---------------------------------------------------
@@ -202,10 +202,10 @@ def _set_unschedulable(tx: Tx, obj: StoredObject, unschedulable: bool) -> str:
         return "unchanged"
     obj = repo.update_object(tx, obj, spec={**obj.spec, "unschedulable": unschedulable})
     if unschedulable:
-        event = repo.ObjectEvent(obj, "Cordoned", "cordoned: no new run is placed here")
+        event = eventlog.ObjectEvent(obj, "Cordoned", "cordoned: no new run is placed here")
     else:
-        event = repo.ObjectEvent(obj, "Uncordoned", "uncordoned: new runs may be placed here again")
-    repo.record_events(tx, event)
+        event = eventlog.ObjectEvent(obj, "Uncordoned", "uncordoned: new runs may be placed here again")
+    eventlog.record(tx, event)
     return "cordoned" if unschedulable else "uncordoned"
 
 
@@ -249,10 +249,10 @@ def drain(store: Store, name: str, *, force: bool) -> Drained:
                 continue  # asked before: it stands
             job = repo.update_object(tx, job, annotations={**job.annotations, LOST_RUN: mark})
             message = f"node {name} drained with --force: run {held.run_number} declared lost"
-            repo.record_events(tx, repo.ObjectEvent(job, "NodeDrained", message, warning=True))
+            eventlog.record(tx, eventlog.ObjectEvent(job, "NodeDrained", message, warning=True))
         if lost:
             runs = ", ".join(f"job/{job} run {number}" for job, number in lost[:DRAIN_EVENT_RUNS])
             more = f" and {len(lost) - DRAIN_EVENT_RUNS} more" if len(lost) > DRAIN_EVENT_RUNS else ""
-            event = repo.ObjectEvent(_node(tx, name), "DrainForced", f"drain --force: declared lost {runs}{more}")
-            repo.record_events(tx, event)
+            event = eventlog.ObjectEvent(_node(tx, name), "DrainForced", f"drain --force: declared lost {runs}{more}")
+            eventlog.record(tx, event)
     return Drained(name, cordoned, lost)

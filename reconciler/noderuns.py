@@ -14,7 +14,7 @@ from .api.annotations import HOSTNAME_LABEL
 from .api.meta import ObjectMeta, from_epoch
 from .api.node import Capacity, heartbeat_fresh, heartbeat_status
 from .errors import Conflict, InvalidInput, Unavailable
-from .store import Store, placements
+from .store import Store, eventlog, placements
 from .store import repository as repo
 from .store import scheduling as sched
 from .store.dbapi import Connection
@@ -63,7 +63,7 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float, up_since: float =
                 labels=labels,
                 annotations={MANAGED_BY: REMOTE_AGENT},
             )
-            repo.record_events(tx, repo.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
+            eventlog.record(tx, eventlog.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
         previous = obj.status or {}
         serving = previous.get("agent")
         other_host = str(serving).partition(":")[0] != beat.agent.partition(":")[0]
@@ -100,7 +100,7 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float, up_since: float =
             status["logPort"] = beat.log_port
         repo.update_object(tx, obj, status=status)
         if became_ready and previous:
-            repo.record_events(tx, repo.ObjectEvent(obj, "NodeReady", f"node {node} posts heartbeats again"))
+            eventlog.record(tx, eventlog.ObjectEvent(obj, "NodeReady", f"node {node} posts heartbeats again"))
     return became_ready
 
 

@@ -15,7 +15,7 @@ from .api.node import heartbeat_fresh, observed_status
 from .api.status import Phase
 from .errors import NotFound
 from .selectors import Requirement, matches
-from .store import Store, StoredObject, outbox, queuing
+from .store import Store, StoredObject, eventlog, outbox, queuing
 from .store import repository as repo
 from .store import scheduling as sched
 
@@ -300,7 +300,7 @@ def pool_queues(store: Store, limit: int) -> dict[str | None, tuple[int, list[St
 def events(store: Store, names: list[str], limit: int = 1000) -> list[Any]:
     """The newest events, oldest first, of the named objects or of all."""
     with store.read() as session:
-        rows = repo.events(session, limit=limit)
+        rows = eventlog.newest(session, limit=limit)
     return [r for r in rows if r.name in names] if names else rows
 
 
@@ -311,7 +311,7 @@ def object_events(store: Store, kind: str, name: str, limit: int = DESCRIBED_EVE
     """The newest events of one object, oldest first (what `describe` shows of them)."""
     info = resolve_kind(kind)
     with store.read() as session:
-        return repo.events(session, kind=info.kind, name=name, limit=limit)
+        return eventlog.newest(session, kind=info.kind, name=name, limit=limit)
 
 
 def describe(store: Store, kind: str, name: str) -> tuple[StoredObject, list[Any]]:
@@ -321,7 +321,7 @@ def describe(store: Store, kind: str, name: str) -> tuple[StoredObject, list[Any
         obj = repo.get(session, kind=info.kind, name=name)
         if obj is None:
             raise NotFound(f'{info.plural} "{name}" not found')
-        found = repo.events(session, kind=info.kind, name=name, limit=DESCRIBED_EVENTS)
+        found = eventlog.newest(session, kind=info.kind, name=name, limit=DESCRIBED_EVENTS)
     found = [e for e in found if e.uid == obj.uid]  # not those of an earlier object of the name
     if obj.kind in ("Pool", "Node"):
         _with_usage(store, obj.kind, [obj])

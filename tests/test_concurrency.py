@@ -48,7 +48,7 @@ def manifest(name: str, counter: int, rv: str | None = None) -> str:
 def _worker(url: str, name: str, writes: int, via: str, gate: Any, results: Any) -> None:
     """Make `writes` successful increments of job `name`'s counter; report every attempt."""
     from reconciler.errors import Conflict
-    from reconciler.store import Store
+    from reconciler.store import Store, eventlog
     from reconciler.store import repository as repo
 
     store = Store(url)
@@ -96,7 +96,7 @@ def _worker(url: str, name: str, writes: int, via: str, gate: Any, results: Any)
                 try:
                     with store.write() as tx:
                         obj = repo.update_object(tx, current, labels={**current.labels, "counter": str(counter)})
-                        repo.record_events(tx, repo.ObjectEvent(obj, "Configured", f"counter {counter}"))
+                        eventlog.record(tx, eventlog.ObjectEvent(obj, "Configured", f"counter {counter}"))
                     new_rv, written = obj.resource_version, counter
                 except Conflict:
                     new_rv = None

@@ -20,7 +20,7 @@ from reconciler.controller import specs
 from reconciler.controller.intake import Intake, Message, note_connection
 from reconciler.controller.messages import draft
 from reconciler.controller.settled import SettledHints
-from reconciler.store import Store, ingested
+from reconciler.store import Store, eventlog, ingested
 from reconciler.store import repository as repo
 from reconciler.store.feed import Change
 from tests.helpers import run_cli
@@ -284,7 +284,7 @@ def test_a_batch_is_stored_in_one_transaction_and_a_redelivery_creates_nothing(s
 
     with store.read() as session:
         jobs = {o.name: o for o in repo.list_objects(session, kind="Job")}
-        events = repo.events(session, kind="Source", name="inbox")
+        events = eventlog.newest(session, kind="Source", name="inbox")
         assert ingested.job_of(session, "inbox", "m3") == "job-2"
     assert sorted(jobs) == ["job-1", "job-2", "job-3"]
     assert jobs["job-2"].annotations == {CREATED_BY: "source/inbox", MESSAGE_ID: "m3"}
@@ -439,7 +439,7 @@ def test_a_suspended_job_is_stored_suspended_and_said_so(stored):
     assert [v.job for v in Intake(store, "inbox", uid).store_batch(batch)] == ["job-1", "job-2", "job-3"]
     with store.read() as session:
         jobs = {o.name: o for o in repo.list_objects(session, kind="Job")}
-        said = {n: [(e.reason, e.message) for e in repo.events(session, kind="Job", name=n)] for n in jobs}
+        said = {n: [(e.reason, e.message) for e in eventlog.newest(session, kind="Job", name=n)] for n in jobs}
     assert [jobs[n].status["phase"] for n in ("job-1", "job-2", "job-3")] == ["Suspended", "Suspended", "Waiting"]
     assert said["job-1"] == [
         ("Created", "job created from source/inbox (message m1)"),

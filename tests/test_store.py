@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.errors import Conflict
-from reconciler.store import Store, queuing
+from reconciler.store import Store, eventlog, queuing
 from reconciler.store import repository as repo
 from reconciler.store import scheduling as sched
 from reconciler.store.connect import BUSY_TIMEOUT_MS
@@ -57,13 +57,13 @@ def _create(store: Store, name: str, *, kind: str = "Job", spec: dict | None = N
             annotations={"note": "x"},
             status={"phase": "Waiting"} if kind == "Job" else None,
         )
-        repo.record_events(tx, repo.ObjectEvent(obj, "Created", f"{kind.lower()} created"))
+        eventlog.record(tx, eventlog.ObjectEvent(obj, "Created", f"{kind.lower()} created"))
     return obj
 
 
 def _events(store: Store, name: str) -> list[tuple[str, str]]:
     with store.read() as conn:
-        return [(e.reason, e.message) for e in repo.events(conn, kind="Job", name=name)]
+        return [(e.reason, e.message) for e in eventlog.newest(conn, kind="Job", name=name)]
 
 
 # --------------------------------------------------------------------------- schema
@@ -561,7 +561,7 @@ def test_create_many_is_create_for_many(store):
                 for i in range(3)
             ],
         )
-        repo.record_events(tx, *(repo.ObjectEvent(o, "Created", "bulk") for o in made))
+        eventlog.record(tx, *(eventlog.ObjectEvent(o, "Created", "bulk") for o in made))
     assert {o.resource_version for o in made} == {store.change_seq()}
     with store.read() as conn:
         stored = repo.list_objects(conn, kind="Job")
@@ -602,12 +602,12 @@ def test_a_stale_update_raises_conflict_and_changes_nothing(store):
     obj = _create(store, "web")
     with store.write() as tx:
         fresh = repo.update_object(tx, obj, labels={"app": "first"})
-        repo.record_events(tx, repo.ObjectEvent(fresh, "Configured", "first"))
+        eventlog.record(tx, eventlog.ObjectEvent(fresh, "Configured", "first"))
     seq = store.change_seq()
 
     with pytest.raises(Conflict, match="has been modified"), store.write() as tx:
         stale = repo.update_object(tx, obj, spec={**SPEC, "priority": 9}, labels={"app": "second"})
-        repo.record_events(tx, repo.ObjectEvent(stale, "Configured", "second"))  # never reached
+        eventlog.record(tx, eventlog.ObjectEvent(stale, "Configured", "second"))  # never reached
     with pytest.raises(Conflict), store.write() as tx:
         repo.remove(tx, obj)
 
@@ -628,7 +628,7 @@ def test_remove_is_a_compare_and_swap(store):
     obj = _create(store, "gone")
     with store.write() as tx:
         repo.remove(tx, obj)
-        repo.record_events(tx, repo.ObjectEvent(obj, "Deleted", "job deleted"))
+        eventlog.record(tx, eventlog.ObjectEvent(obj, "Deleted", "job deleted"))
     with store.read() as conn:
         assert repo.get(conn, kind="Job", name="gone") is None
     assert _events(store, "gone")[-1] == ("Deleted", "job deleted")
@@ -640,7 +640,7 @@ def test_remove_is_a_compare_and_swap(store):
 def test_events_are_written_in_the_same_transaction(store):
     with pytest.raises(BoomError), store.write() as tx:
         obj = repo.create(tx, kind="Job", name="ghost", spec=SPEC, labels={}, annotations={})
-        repo.record_events(tx, repo.ObjectEvent(obj, "Created", "job created"))
+        eventlog.record(tx, eventlog.ObjectEvent(obj, "Created", "job created"))
         raise BoomError
     with store.read() as conn:
         assert repo.get(conn, kind="Job", name="ghost") is None
@@ -651,7 +651,7 @@ def test_events_are_written_in_the_same_transaction(store):
     seq = store.change_seq()
     with pytest.raises(BoomError), store.write() as tx:
         updated = repo.update_object(tx, obj, spec={**SPEC, "priority": 1})
-        repo.record_events(tx, repo.ObjectEvent(updated, "Configured", "spec changed"))
+        eventlog.record(tx, eventlog.ObjectEvent(updated, "Configured", "spec changed"))
         raise BoomError
     with store.read() as conn:
         stored = repo.get(conn, kind="Job", name="real")
@@ -693,7 +693,7 @@ def test_resource_versions_grow_monotonically_across_transactions(store):
     assert store.change_seq() == seen[-1]
     assert seen == sorted(seen) and len(set(seen)) == len(seen)
     with store.read() as conn:
-        events = repo.events(conn)
+        events = eventlog.newest(conn)
     rvs = [e.resource_version for e in events]
     assert rvs == sorted(rvs)
 
@@ -794,7 +794,7 @@ def _runtime_statements() -> dict[str, Statement]:
     found["_update_certain(every column)"] = repo._update_certain((*every_column, "observed_generation", "deleted_at"))
     for by_kind in (False, True):
         for by_name in (False, True):
-            found[f"_events({by_kind}, {by_name})"] = repo._events(by_kind, by_name)
+            found[f"_events({by_kind}, {by_name})"] = eventlog._events(by_kind, by_name)
     for in_pool in (False, True):
         for after in (False, True):
             found[f"_line({in_pool}, {after})"] = queuing._line(in_pool, after, 16)
@@ -1002,7 +1002,7 @@ def test_the_rows_of_an_insert_land_whole_and_in_order_however_many(store):
             insert.execute_rows(tx.session, rows)
     with store.read() as conn:
         for size in sizes:
-            found = repo.events(conn, kind="Job", name=f"rows-{size}")
+            found = eventlog.newest(conn, kind="Job", name=f"rows-{size}")
             assert [(e.reason, e.message, e.uid) for e in found] == [
                 (f"R{i}", f"it's {i}: 50%", "u:1") for i in range(size)
             ]

@@ -15,7 +15,7 @@ from ..api.job import JobSpec
 from ..api.meta import from_epoch, to_epoch
 from ..api.notifier import RETRYING, STARTED
 from ..api.status import JobStatusDict, Phase, RunDict, phase_of
-from ..store import Store, StoredObject
+from ..store import Store, StoredObject, eventlog
 from ..store import repository as repo
 from . import deadlines, notices
 from .transitions import Event, move
@@ -172,7 +172,7 @@ def commit(tx: Tx, ctx: Ctx) -> StoredObject:
     for op in ctx.ops:
         op(tx)
     count_metrics(ctx.obj.status or {}, ctx.status)
-    repo.record_events(tx, *(repo.ObjectEvent(obj, e.reason, e.message, e.warning) for e in ctx.events))
+    eventlog.record(tx, *(eventlog.ObjectEvent(obj, e.reason, e.message, e.warning) for e in ctx.events))
     if ctx.notices:
         ctx.notified |= notices.record(tx, obj, ctx.notices)
     ctx.obj, ctx.written, ctx.annotations, ctx.seen_in = obj, True, None, tx.store.epoch()

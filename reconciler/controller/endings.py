@@ -13,7 +13,7 @@ from ..api.annotations import DOWNSTREAM_SUFFIX, RERUN
 from ..api.meta import to_epoch
 from ..api.revisions import rerun_token
 from ..api.status import Outcome, Phase, next_revision, phase_of
-from ..store import Store, queuing
+from ..store import Store, eventlog, queuing
 from ..store import repository as repo
 from ..store import scheduling as sched
 from . import faults, notices
@@ -99,7 +99,7 @@ class Endings:
             queuing.dequeue(tx, ctx.uid)
             if sched.release(tx, ctx.uid) is not None:
                 ctx.released(ctx.spec.pool, ctx.spec.slots)
-            repo.record_events(tx, repo.ObjectEvent(ctx.obj, "Deleted", "job deleted"))
+            eventlog.record(tx, eventlog.ObjectEvent(ctx.obj, "Deleted", "job deleted"))
             if ctx.phase in _ADMITTED:
                 runs = ctx.runs_this_revision()
                 run = runs[-1]["number"] if runs else None

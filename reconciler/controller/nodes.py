@@ -12,7 +12,7 @@ from ..api import node as node_api
 from ..api.annotations import HOSTNAME_LABEL
 from ..api.meta import from_epoch, to_epoch
 from ..api.node import heartbeat_fresh, heartbeat_status
-from ..store import Store
+from ..store import Store, eventlog
 from ..store import repository as repo
 from ..store import scheduling as sched
 from .owners import process_of
@@ -66,7 +66,7 @@ def note_not_ready(store: Store, now: float, since: float = 0.0) -> list[str]:
             marked_at = from_epoch(max(to_epoch(status["heartbeatAt"]), since) + window)
             updated = repo.update_object(tx, obj, status={**status, "notReadySince": marked_at})
             said = f"node {obj.name} posted no heartbeat for {window:g}s (its last at {status['heartbeatAt']})"
-            repo.record_events(tx, repo.ObjectEvent(updated, "NodeNotReady", said, True))
+            eventlog.record(tx, eventlog.ObjectEvent(updated, "NodeNotReady", said, True))
             marked.append(obj.name)
     return marked
 
@@ -98,7 +98,7 @@ def heartbeat(
                 labels={HOSTNAME_LABEL: socket.gethostname()[:63]},
                 annotations={"reconciler.dev/managed-by": "agent"},
             )
-            repo.record_events(tx, repo.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
+            eventlog.record(tx, eventlog.ObjectEvent(obj, "Registered", f"node {node} registered by its agent"))
         mine = next((f for f in sched.node_facts(tx.session, now) if f.name == node), None)
         allocated = mine.allocated_status() if mine else {"slots": 0}
         previous = obj.status or {}
@@ -112,7 +112,7 @@ def heartbeat(
             status["stateDir"] = state_dir
         obj = repo.update_object(tx, obj, status=status)
         if became_ready and previous:  # back after a silence (a restart of the controller, often)
-            repo.record_events(tx, repo.ObjectEvent(obj, "NodeReady", f"node {node} posts heartbeats again"))
+            eventlog.record(tx, eventlog.ObjectEvent(obj, "NodeReady", f"node {node} posts heartbeats again"))
     return became_ready
 
 

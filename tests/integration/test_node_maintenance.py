@@ -21,7 +21,7 @@ from reconciler.controller.nodes import heartbeat, local_node_name
 from reconciler.drain import runs_on
 from reconciler.manifests import parse_text
 from reconciler.reads import job_statuses
-from reconciler.store import Store
+from reconciler.store import Store, eventlog
 from reconciler.store import repository as repo
 from tests.crash.harness import group_members
 from tests.helpers import wait_until
@@ -324,7 +324,7 @@ def _phase(store, name: str) -> str:
 
 def _events(store, name: str) -> list[tuple[str, str]]:
     with store.read() as session:
-        return [(e.reason, e.message) for e in repo.events(session, kind="Job", name=name)]
+        return [(e.reason, e.message) for e in eventlog.newest(session, kind="Job", name=name)]
 
 
 def test_a_node_whose_heartbeats_stop_is_said_not_ready_once_and_ready_when_back(store_url):
@@ -342,13 +342,13 @@ def test_a_node_whose_heartbeats_stop_is_said_not_ready_once_and_ready_when_back
         assert note_not_ready(store, beat + READY_WINDOW + 1) == ["quiet"]
         assert note_not_ready(store, beat + READY_WINDOW + 60) == []  # said once
         with store.read() as session:
-            events = [(e.reason, e.type) for e in repo.events(session, kind="Node", name="quiet")]
+            events = [(e.reason, e.type) for e in eventlog.newest(session, kind="Node", name="quiet")]
             marked = repo.get(session, kind="Node", name="quiet")
         assert events[-1] == ("NodeNotReady", "Warning")
         assert marked is not None and marked.status["notReadySince"]
         heartbeat(store, "quiet", "test:1:0", beat + READY_WINDOW + 90)
         with store.read() as session:
-            events = [e.reason for e in repo.events(session, kind="Node", name="quiet")]
+            events = [e.reason for e in eventlog.newest(session, kind="Node", name="quiet")]
             back = repo.get(session, kind="Node", name="quiet")
         assert events[-1] == "NodeReady"
         assert back is not None and "notReadySince" not in back.status

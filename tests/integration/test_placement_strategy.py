@@ -21,7 +21,7 @@ from reconciler.controller.manager import Controller
 from reconciler.controller.nodes import heartbeat
 from reconciler.manifests import parse_text
 from reconciler.reads import job_statuses
-from reconciler.store import Store
+from reconciler.store import Store, eventlog
 from reconciler.store import repository as repo
 from tests.data.inprocess import cli
 
@@ -89,7 +89,7 @@ def test_each_job_s_strategy_picks_its_node(sqlite_url, tmp_path):
 
 def repo_events(store: Store, name: str) -> list[tuple[str, str]]:
     with store.read() as session:
-        return [(e.reason, e.message) for e in repo.events(session, kind="Job", name=name)]
+        return [(e.reason, e.message) for e in eventlog.newest(session, kind="Job", name=name)]
 
 
 def test_round_robin_rotates_in_name_order_and_its_counter_survives_a_restart(sqlite_url, tmp_path):

@@ -77,6 +77,7 @@ def test_a_short_run_whose_spawn_was_slow_still_has_its_start_written_with_its_e
     its exit wakes it, so a short run's start and end are one status write. A spawn that
     takes longer than START_REPORT (a backlog of spawns, a slow fork server) must not make
     the woken step write the just-spawned run Running alone."""
+    from reconciler.store import eventlog
     from reconciler.store import repository as repo
 
     original = LocalAgent.start
@@ -101,7 +102,7 @@ def test_a_short_run_whose_spawn_was_slow_still_has_its_start_written_with_its_e
 
         wait_until(completed, timeout=20, message="quick completed")
         with store.read() as session:
-            events = {e.reason: e.resource_version for e in repo.events(session, kind="Job", name="quick")}
+            events = {e.reason: e.resource_version for e in eventlog.newest(session, kind="Job", name="quick")}
         assert events["Started"] == events["Succeeded"], events
     finally:
         controller.stop(drain=False)

@@ -4,7 +4,7 @@ that lives on is shown Running with its pid while it lives."""
 
 from __future__ import annotations
 
-from reconciler.store import repository as repo
+from reconciler.store import eventlog
 
 from .conftest import held_until, job_yaml
 
@@ -12,7 +12,7 @@ from .conftest import held_until, job_yaml
 def _events(env, name: str) -> dict[str, int]:
     """reason -> the resourceVersion (the transaction) of its last event, for one job."""
     with env.store.read() as session:
-        return {e.reason: e.resource_version for e in repo.events(session, kind="Job", name=name)}
+        return {e.reason: e.resource_version for e in eventlog.newest(session, kind="Job", name=name)}
 
 
 def test_a_short_runs_start_is_written_with_its_end(env):

@@ -6,6 +6,7 @@ from __future__ import annotations
 from reconciler.apply import apply_manifests
 from reconciler.manifests import parse_text
 from reconciler.reads import job_statuses
+from reconciler.store import eventlog
 from reconciler.store import repository as repo
 from tests.helpers import wait_until
 from tests.integration.wired import wired_controller
@@ -26,7 +27,7 @@ def test_a_suspended_job_is_stored_as_the_first_look_would_leave_it(store_url, t
     def stored(name: str):
         with wired.store.read() as session:
             obj = repo.get(session, kind="Job", name=name)
-            said = [(e.reason, e.message) for e in repo.events(session, kind="Job", name=name)]
+            said = [(e.reason, e.message) for e in eventlog.newest(session, kind="Job", name=name)]
         assert obj is not None
         return obj.resource_version, obj.status, said
 
