@@ -106,7 +106,7 @@ class LocalAgent:
         make_private_dirs(self.state_dir / "runs")
         self._legacy_runs = has_legacy_runs(self.state_dir)  # else run_dir needs no look at the disk
         # Paths a run's steps ask for again and again, made once (pathlib's joins were a tenth
-        # of the reconcile loop's time): run dirs by (job, uid, number), cgroups by name.
+        # of the reconcile loop's time): run dirs by (job, uid, number); cgroups in runcgroups.py.
         self._run_dirs: dict[tuple[str, str, int], Path] = {}
         self._on_exit = on_exit
         self._watcher = ExitWatcher()
