@@ -12,7 +12,7 @@ import threading
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from ..wire import AGENT_HEADER
+from ..agentwire import AGENT_HEADER
 
 CONNECT_TIMEOUT = 10.0
 

@@ -64,7 +64,7 @@ class Record:
         return self.finished and (self.end_reported or self.stale)
 
     def report(self) -> dict[str, Any]:
-        """The run report (wire.RunReport) of all this record knows."""
+        """The run report (agentwire.RunReport) of all this record knows."""
         facts = {
             "pid": self.pid,
             "processStartTime": self.process_start_time,

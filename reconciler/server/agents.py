@@ -16,10 +16,11 @@ import httpx
 from fastapi import FastAPI, Header, Query
 
 from .. import noderuns, reads, runlogs
+from ..agentwire import AGENT_HEADER, HeartbeatRequest, RunReport, RunReports
 from ..api import node as node_api
 from ..errors import NotFound, ReconcilerError
 from ..store import Store
-from ..wire import AGENT_HEADER, PREFIX, HeartbeatRequest, RunReport, RunReports, status
+from ..wire import PREFIX, status
 from .auth import Tokens
 
 LONG_POLL = 30.0  # the longest a runs request waits for a change (the agent asks again)
