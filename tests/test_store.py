@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from reconciler.errors import Conflict
-from reconciler.store import Store, eventlog, queuing
+from reconciler.store import Store, eventlog, placements, queuing
 from reconciler.store import repository as repo
 from reconciler.store import scheduling as sched
 from reconciler.store.connect import BUSY_TIMEOUT_MS
@@ -1067,6 +1067,38 @@ def test_postgresql_statements_are_prepared_once_and_planned_for_the_tables_as_t
     finally:
         store.dispose()
     assert "objects_pkey" in plan and "Filter" not in plan, plan
+
+
+def test_the_placement_key_keeps_a_plan_that_probes_each_job_by_uid_whatever_it_was_planned_on(pg_url):
+    """A prepared statement without parameters keeps the plan of its first execution until
+    the tables are analyzed again (plan_cache_mode does not reach it). The placement key
+    every agent's long poll shares is first run on a nearly empty store; with `kind = 'Job'`
+    beside the uid, that plan took the index on kind and filtered every Job by uid once per
+    admission (2,200 pages a look in figure 20). The plan the server's connection keeps, read
+    once the store has grown, probes the uid's unique index."""
+    store = Store(pg_url)
+    try:
+        with store.read() as conn:
+            assert placements.placement_keys(conn) == {}  # planned now, on an empty store
+        with store.write() as tx:
+            tx.session.run(
+                "INSERT INTO objects (kind, name, uid, generation, resource_version, labels, annotations, spec,"
+                " created_at) SELECT 'Job', 'j' || i, 'u' || i, 1, 1, '{}', '{}', '{}', 0"
+                " FROM generate_series(1, 20000) AS i"
+            )
+            sched.admit(tx, uid="u5", name="j5", pool=None, slots=1, node="far", run_number=1)
+        with store.read() as conn:
+            keys = placements.placement_keys(conn)
+            prepared = conn.run(
+                "SELECT name FROM pg_prepared_statements WHERE statement LIKE 'SELECT a.node, a.job_uid,%'"
+            ).fetchall()
+            assert len(prepared) == 1, prepared  # on this reader's connection, planned while it was empty
+            plan = "\n".join(row[0] for row in conn.run(f"EXPLAIN EXECUTE {prepared[0][0]}").fetchall())
+    finally:
+        store.dispose()
+    assert keys == {"far": [("u5", 1, keys["far"][0][2], 0)]}
+    assert "Index Scan using objects_uid_key on objects" in plan, plan
+    assert "ix_objects_state" not in plan and "Seq Scan on objects" not in plan, plan
 
 
 def test_enqueue_gives_its_row_when_asked_and_a_row_already_there_wins(store):

@@ -25,14 +25,19 @@ _NAMED_REPORT = Statement(
     "UPDATE admissions SET report = :report, reported_rv = :rv"
     " WHERE job_uid = :uid AND node = :node AND run_number = :run AND epoch = :epoch AND job_name = :job"
 )
-# The job's phase by a subquery on its uid, not a join: a join lets PostgreSQL's planner hash
-# every Job (a fresh store's statistics say there are few; 2.3 ms a look at 3,000 jobs, the
-# store's costliest statement in figure 20) where one unique-index probe per admission will
-# do. NULL: no such job (the join dropped the admission; so does the caller).
+# The job's phase by a subquery on its uid alone, not a join: a join lets PostgreSQL's planner
+# hash every Job (a fresh store's statistics say there are few; 2.3 ms a look at 3,000 jobs,
+# the store's costliest statement in figure 20) where one unique-index probe per admission
+# will do. No `kind = 'Job'` beside the uid (uids are unique store-wide): a statement without
+# parameters keeps, on each connection, the plan of its first execution until objects is
+# analyzed again (plan_cache_mode does not reach it), and one planned on a nearly empty store
+# took the index on kind and filtered every Job by uid: 2,200 pages a look (README). With the
+# uid alone, no index but the uid's can serve it. NULL: no such job (the join dropped the
+# admission; so does the caller).
 _PLACEMENT_KEYS = Statement(
     "SELECT a.node, a.job_uid, a.run_number, a.epoch,"
     " (SELECT CASE WHEN o.phase = 'Stopping' THEN o.resource_version ELSE 0 END FROM objects AS o"
-    " WHERE o.uid = a.job_uid AND o.kind = 'Job') AS stopping"
+    " WHERE o.uid = a.job_uid) AS stopping"
     " FROM admissions AS a WHERE a.node IS NOT NULL ORDER BY a.node, a.job_uid"
 )
 _REPORTED_SINCE = Statement("SELECT job_name, reported_rv, job_uid FROM admissions WHERE reported_rv > :rv")
