@@ -1,6 +1,7 @@
 """The HTTP API's shapes that only node agents and their routes use (`reconciler agent` and
-server/agents.py): the heartbeat, the header naming the agent process, and the reports of a
-run's start and end. The rest of the API's shapes are wire.py's."""
+server/agents.py): the heartbeat, the header naming the agent process, the reports of a
+run's start and end, and the ended runs whose folders an agent asks about. The rest of the
+API's shapes are wire.py's."""
 
 from __future__ import annotations
 
@@ -92,3 +93,18 @@ class RunReports(Body):
     process) for each."""
 
     items: list[NamedRunReport] = Field(max_length=1000)
+
+
+class HeldRun(Body):
+    """An ended run whose folder (logs and all) a node agent holds."""
+
+    uid: str = Field(max_length=64)
+    run: int = Field(ge=1)
+
+
+class HeldRuns(Body):
+    """POST nodes/{name}/runs/kept: which of these ended runs the store still keeps (their job
+    exists; for a service, a run its status has not dropped). The answer's `items` say, in
+    order, `{"uid", "run", "kept"}`: the agent removes the folders of the runs not kept."""
+
+    items: list[HeldRun] = Field(max_length=1000)

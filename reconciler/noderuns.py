@@ -1,6 +1,7 @@
 """verb: what a remote node agent (`reconciler agent`) tells the store and asks of it: its
-heartbeat (which registers its Node), the runs placed on its node, and its reports of their
-start and end, each fenced by the epoch of the admission it names (API.md section 2)."""
+heartbeat (which registers its Node), the runs placed on its node, its reports of their
+start and end, each fenced by the epoch of the admission it names (API.md section 2), and
+which of its ended runs the store still keeps (their folders may go)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,13 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float, up_since: float =
         if became_ready and previous:
             eventlog.record(tx, eventlog.ObjectEvent(obj, "NodeReady", f"node {node} posts heartbeats again"))
     return became_ready
+
+
+def kept_runs(store: Store, runs: list[tuple[str, int]]) -> list[bool]:
+    """For each ended run (job uid, run number) whose folder an agent holds, whether the store
+    still keeps it (store/placements.kept_runs): the agent removes the folders of the others."""
+    with store.read() as session:
+        return placements.kept_runs(session, runs)
 
 
 def serving(store: Store, node: str, agent: str | None) -> None:

@@ -83,3 +83,50 @@ def test_the_key_reads_each_admissions_job_by_its_uid_before_postgresql_has_stat
         assert all("uid" in n["Index Name"] and "job_uid" in n.get("Index Cond", "") for n in reads), plan
     finally:
         store.dispose()
+
+
+def test_an_agent_is_told_which_ended_runs_the_store_still_keeps(store_url):
+    """What a node agent may remove (`POST nodes/N/runs/kept`): the runs of a deleted job (its
+    uid gone, even when a job of its name was made again) and a service's runs older than the
+    oldest its status keeps; every run of a job that exists, and a service's newer runs."""
+    store = Store(store_url)
+    try:
+        with store.write() as tx:
+            kept_job, deleted, service = _jobs(tx, 3)
+            service = repo.update_object(
+                tx,
+                service,
+                spec={"command": ["serve"], "type": "service"},
+                status={"phase": "Running", "runs": [{"number": n} for n in (21, 22, 23)]},
+            )
+        with store.write() as tx:
+            repo.remove(tx, deleted)
+        with store.write() as tx:  # made again under the name: another uid
+            (again,) = repo.create_many(
+                tx,
+                [{"kind": "Job", "name": deleted.name, "spec": {"command": ["true"]}, "labels": {}, "annotations": {}}],
+            )
+        asked = [
+            (kept_job.uid, 1),
+            (kept_job.uid, 7),  # a run job's runs all stay while the job does
+            (deleted.uid, 1),
+            (again.uid, 1),
+            (service.uid, 20),  # dropped from the service's status: its folder may go
+            (service.uid, 21),
+            (service.uid, 24),  # newer than the status says yet (being started)
+            ("0000-never-a-job", 1),
+        ]
+        with store.read() as session:
+            kept = placements.kept_runs(session, asked)
+        assert dict(zip(asked, kept, strict=True)) == {
+            (kept_job.uid, 1): True,
+            (kept_job.uid, 7): True,
+            (deleted.uid, 1): False,
+            (again.uid, 1): True,
+            (service.uid, 20): False,
+            (service.uid, 21): True,
+            (service.uid, 24): True,
+            ("0000-never-a-job", 1): False,
+        }
+    finally:
+        store.dispose()

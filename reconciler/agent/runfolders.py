@@ -49,7 +49,7 @@ class FolderRemover:
     def _run(self) -> None:
         while (work := self._todo.get()) is not None:
             if isinstance(work, Path):
-                _remove(work)
+                remove_tree(work)
                 continue
             parent, prefix = work
             try:
@@ -58,10 +58,11 @@ class FolderRemover:
             except OSError:
                 named = []
             for folder in named:
-                _remove(folder)
+                remove_tree(folder)
 
 
-def _remove(folder: Path) -> None:
+def remove_tree(folder: Path) -> None:
+    """Remove a folder and all in it, now; one that cannot be is left, with a warning."""
     try:
         shutil.rmtree(folder)
     except FileNotFoundError:

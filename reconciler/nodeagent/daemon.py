@@ -8,8 +8,9 @@ restart is in each run's folder (records.py).
 The agent is `NodeAgent`: the state its threads share (shared.py) with one part mixed in
 per thread or purpose: heartbeat.py (heartbeat and lease), follow.py (the long poll and
 the look at each answer), starts.py (starting or withdrawing a run), ends.py (a run's
-end), stops.py (stops, SIGTERM then SIGKILL), reports.py (reports to the server). Here
-is its life: adopting the runs found in the state dir, starting the threads, stopping."""
+end), stops.py (stops, SIGTERM then SIGKILL), reports.py (reports to the server),
+sweep.py (removing the folders of ended runs the server no longer keeps). Here is its life:
+adopting the runs found in the state dir, starting the threads, stopping."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from .records import Record, load_all
 from .reports import Reports
 from .starts import Starts
 from .stops import Stops
+from .sweep import Sweep
 
 log = logging.getLogger("reconciler.agent")
 
@@ -48,7 +50,7 @@ class Options:
     verify: bool | str = True
 
 
-class NodeAgent(Heartbeat, Follow, Starts, Ends, Stops, Reports):
+class NodeAgent(Heartbeat, Follow, Starts, Ends, Stops, Reports, Sweep):
     """The node agent: its parts (one module each) over the state they share (shared.py); its
     life is here."""
 
@@ -68,6 +70,7 @@ class NodeAgent(Heartbeat, Follow, Starts, Ends, Stops, Reports):
             ("runs", self._follow),
             ("reports", self._report),
             ("stops", self._tick),
+            ("sweep", self._sweep),
         ):
             thread = threading.Thread(target=self._guarded, args=(name, target), name=name, daemon=True)
             thread.start()

@@ -48,6 +48,7 @@ class Shared(ABC):
         self._pending = threading.Event()  # reports to send
         self._batches = True  # the server takes several reports in one request (runs/reports)
         self._quiet_until: dict[str, float] = {}  # run folder -> when its start is reported, unless it ends first
+        self._ended: dict[str, tuple[str, int]] = {}  # run folder -> (uid, run) of a settled record (sweep.py)
         self._stop = threading.Event()
         # set once a heartbeat is accepted: until then this agent may be a duplicate of the one
         # serving its node, and it learns of no run, starts none and reports none

@@ -16,7 +16,7 @@ import httpx
 from fastapi import FastAPI, Header, Query
 
 from .. import noderuns, reads, runlogs
-from ..agentwire import AGENT_HEADER, HeartbeatRequest, RunReport, RunReports
+from ..agentwire import AGENT_HEADER, HeartbeatRequest, HeldRuns, RunReport, RunReports
 from ..api import node as node_api
 from ..errors import NotFound, ReconcilerError
 from ..store import Store
@@ -200,6 +200,15 @@ def routes(app: FastAPI, store: Store, wake: Wake | None, hand: noderuns.Hand | 
             message = "report kept" if ok else noderuns.stale_message(r.job, name, r.run, r.epoch)
             items.append({"job": r.job, "run": r.run, "code": 200 if ok else 409, "message": message})
         return {**status(200, f"{sum(kept)} of {len(kept)} reports kept"), "items": items}
+
+    @app.post(PREFIX + "/nodes/{name}/runs/kept", tags=["agents"])
+    def kept(name: str, request: HeldRuns) -> dict[str, Any]:
+        """Which of the ended runs whose folders the node's agent holds the store still keeps:
+        the agent removes the others' folders, as the controller's own agent does when a job
+        is deleted or a service's status drops its oldest runs."""
+        found = noderuns.kept_runs(store, [(r.uid, r.run) for r in request.items])
+        items = [{"uid": r.uid, "run": r.run, "kept": k} for r, k in zip(request.items, found, strict=True)]
+        return {**status(200, f"{sum(found)} of {len(found)} runs of node {name} kept"), "items": items}
 
     @app.post(PREFIX + "/nodes/{name}/runs/{job}/report", tags=["agents"])
     def report(name: str, job: str, request: RunReport, agent: str | None = AGENT) -> dict[str, Any]:

@@ -1,15 +1,18 @@
 """What is placed on a node and what its agent reports: the admissions a remote node agent
 runs (with their jobs' specs and statuses), the cheap key its long poll compares, and its
 reports of each run's start and end, kept on the admission they name and refused as stale
-when that admission is no longer current (released, another run, another epoch)."""
+when that admission is no longer current (released, another run, another epoch), and which
+of the ended runs whose folders it holds the store still keeps."""
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from typing import Any
 
 from .dbapi import Connection, Statement
+from .repository import in_chunks
 from .transactions import Tx
 
 _PLACED_ON = Statement(
@@ -41,6 +44,12 @@ _PLACEMENT_KEYS = Statement(
     " FROM admissions AS a WHERE a.node IS NOT NULL ORDER BY a.node, a.job_uid"
 )
 _REPORTED_SINCE = Statement("SELECT job_name, reported_rv, job_uid FROM admissions WHERE reported_rv > :rv")
+
+
+@functools.cache
+def _jobs_by_uid(width: int) -> Statement:
+    marks = ", ".join(f":n{i}" for i in range(width))
+    return Statement(f"SELECT uid, spec, status FROM objects WHERE kind = 'Job' AND uid IN ({marks})")
 
 
 @dataclass(frozen=True)
@@ -135,3 +144,18 @@ def record_reports(tx: Tx, node: str, reports: list[Report]) -> list[bool]:
 def reported_since(session: Connection, rv: int) -> list[tuple[str, int, str]]:
     """(job name, resourceVersion, job uid) of the reports written after `rv`: the jobs to look at."""
     return [(r.job_name, r.reported_rv, r.job_uid) for r in _REPORTED_SINCE.execute(session, {"rv": rv}).all()]
+
+
+def kept_runs(session: Connection, runs: list[tuple[str, int]]) -> list[bool]:
+    """For each (job uid, run number) whose folder a node agent holds, whether the store still
+    keeps that run: its job exists (a job deleted, or deleted and made again under its name,
+    is another uid) and, for a service, the run is not older than the oldest its status
+    keeps (a service's status drops its oldest runs' records, as the controller's own agent
+    then removes their folders). What is not kept, the agent may remove."""
+    oldest: dict[str, int | None] = {}  # uid -> the oldest run its status keeps (None: every run)
+    for width, params in in_chunks(uid for uid, _ in runs):
+        for row in _jobs_by_uid(width).execute(session, params).all():
+            service = json.loads(row.spec).get("type") == "service"
+            numbers = [r["number"] for r in json.loads(row.status or "{}").get("runs", [])]
+            oldest[row.uid] = min(numbers) if service and numbers else None
+    return [uid in oldest and number >= (oldest[uid] or 0) for uid, number in runs]

@@ -184,7 +184,7 @@ def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[st
     if session.is_postgresql and len(names) > 1:
         rows = [
             r
-            for width, params in _named(names)
+            for width, params in in_chunks(names)
             for r in _statuses_named(width).execute(session, {"kind": kind, **params})
         ]
     else:
@@ -218,9 +218,10 @@ def _list_named(width: int) -> Statement:
     return Statement(f"SELECT {_OBJECT} FROM objects WHERE kind = :kind AND name IN ({marks}) ORDER BY name")
 
 
-def _named(names: Iterable[str]) -> Iterator[tuple[int, dict[str, str]]]:
-    """The names in chunks for `name IN (:n0, :n1, ...)`: each chunk's placeholder count (1, 2,
-    4 ...: the last name repeated, so a few statements serve every count) and parameters."""
+def in_chunks(names: Iterable[str]) -> Iterator[tuple[int, dict[str, str]]]:
+    """The names (or uids) in chunks for `name IN (:n0, :n1, ...)`: each chunk's placeholder
+    count (1, 2, 4 ...: the last one repeated, so a few statements serve every count) and
+    parameters."""
     wanted = sorted(set(names))
     for start in range(0, len(wanted), _NAMES_AT_ONCE):
         chunk = wanted[start : start + _NAMES_AT_ONCE]
@@ -233,7 +234,7 @@ def list_objects(session: Connection, *, kind: str, names: Iterable[str] | None 
     if names is None:
         return [_from_mapping(r) for r in _LIST.execute(session, {"kind": kind})]
     found: list[StoredObject] = []
-    for width, params in _named(names):
+    for width, params in in_chunks(names):
         found += (_from_mapping(r) for r in _list_named(width).execute(session, {"kind": kind, **params}))
     return found
 

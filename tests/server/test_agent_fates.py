@@ -729,3 +729,62 @@ def test_runs_and_reports_of_the_servers_own_node_are_refused_to_any_agent(serve
                 reports.text,
             )
     assert _phase(server, "own") == "Running"
+
+
+def test_a_sweep_asks_only_about_ended_and_reported_runs_and_removes_those_not_kept(serve, sqlite_url, tmp_path):
+    """The agent's look for run folders to remove (nodeagent/sweep.py), against a store that
+    keeps no job: a run whose end was reported goes; a run still alive, one whose end is not
+    reported yet, a folder without a record and one of the earlier layout stay, whatever the
+    store says (the server is asked only about the first)."""
+    from reconciler.nodeagent.daemon import NodeAgent, Options
+    from reconciler.nodeagent.records import Record
+
+    server = serve(sqlite_url, "--no-local-node")
+    runs = tmp_path / "agent" / "runs"
+    agent = NodeAgent(Options(server=server.url, node="far", state_dir=tmp_path / "agent"))
+    try:
+
+        def folder(name: str, **facts: object) -> Path:
+            path = runs / name
+            path.mkdir(parents=True)
+            job, uid, run = name.split(".")
+            Record(job, uid, int(run), 1, str(path), **facts).save()  # type: ignore[arg-type]
+            return path
+
+        ended = folder("ended.u1.1", finished_at="2026-12-07T00:00:00Z", start_reported=True, end_reported=True)
+        alive = folder("alive.u2.1", pid=os.getpid(), process_start_time=1.0, start_reported=True)
+        unreported = folder("unreported.u3.1", finished_at="2026-12-07T00:00:00Z", start_reported=True)
+        held = folder("held.u4.1", finished_at="2026-12-07T00:00:00Z", start_reported=True, end_reported=True)
+        agent._keep(Record("held", "u4", 1, 1, str(held), pid=os.getpid(), process_start_time=1.0))  # live here
+        bare = runs / "bare.u5.1"
+        bare.mkdir()
+        legacy = runs / "old" / "u6" / "1"
+        legacy.mkdir(parents=True)
+        assert agent.sweep_once()
+        assert not ended.exists()
+        assert all(p.exists() for p in (alive, unreported, held, bare, legacy))
+        (unreported / "agent.json").write_text(
+            (unreported / "agent.json").read_text().replace('"end_reported": false', '"end_reported": true')
+        )
+        assert agent.sweep_once()  # its end taken since: asked about now, and not kept
+        assert not unreported.exists() and alive.exists() and held.exists()
+    finally:
+        agent.stop()
+
+
+def test_a_sweep_against_a_server_without_the_route_keeps_every_folder(tmp_path):
+    """A server of the version before answers `runs/kept` 404: the agent keeps its folders."""
+    from reconciler.nodeagent.daemon import NodeAgent, Options
+    from reconciler.nodeagent.records import Record
+
+    older = _OlderServer()
+    agent = NodeAgent(Options(server=older.url, node="far", state_dir=tmp_path / "agent"))
+    try:
+        ended = tmp_path / "agent" / "runs" / "ended.u1.1"
+        ended.mkdir(parents=True)
+        Record("ended", "u1", 1, 1, str(ended), finished_at="2026-12-07T00:00:00Z", end_reported=True).save()
+        assert agent.sweep_once() is False
+        assert (ended / "agent.json").exists()
+    finally:
+        agent.stop()
+        older.close()

@@ -32,7 +32,13 @@ def agent_on_either_store(serve, store_url, tmp_path) -> Iterator[tuple[Server, 
     yield from _agent(serve, store_url, tmp_path)
 
 
-def _agent(serve, url: str, tmp_path) -> Iterator[tuple[Server, subprocess.Popen]]:
+@pytest.fixture
+def sweeping_agent(serve, sqlite_url, tmp_path) -> Iterator[tuple[Server, subprocess.Popen]]:
+    """An agent that looks for run folders to remove every 0.2 s, not every minute."""
+    yield from _agent(serve, sqlite_url, tmp_path, {"RECONCILER_SWEEP_INTERVAL": "0.2"})
+
+
+def _agent(serve, url: str, tmp_path, env: dict[str, str] | None = None) -> Iterator[tuple[Server, subprocess.Popen]]:
     server = serve(url, "--no-local-node")
     log = (tmp_path / "agent.log").open("w")
     argv = ["--server", server.url, "agent", "--node", "far", "--slots", "2", "--log-port", str(free_port())]
@@ -41,7 +47,7 @@ def _agent(serve, url: str, tmp_path) -> Iterator[tuple[Server, subprocess.Popen
         stdout=log,
         stderr=log,
         start_new_session=True,
-        env={**os.environ, "RECONCILER_HEARTBEAT_INTERVAL": "0.5"},
+        env={**os.environ, "RECONCILER_HEARTBEAT_INTERVAL": "0.5", **(env or {})},
     )
     wait_until(lambda: server.http().get(f"{PREFIX}/nodes/far").status_code == 200, timeout=30, interval=0.1)
     yield server, proc
@@ -115,6 +121,25 @@ def test_a_server_stopping_answers_its_agents_long_polls_rather_than_cutting_the
     assert server.proc.wait(timeout=60) in (0, -signal.SIGTERM)  # uvicorn raises the signal again once stopped
     log = server.log.read_text()
     assert "CancelledError" not in log and "graceful shutdown exceeded" not in log, log
+
+
+def test_the_agent_removes_the_run_folders_of_a_deleted_job_and_keeps_the_others(sweeping_agent, tmp_path):
+    """As the controller's own agent does on its node: a deleted job's run folders (logs and
+    all) go from the agent's state dir; a job that exists keeps its folders and its logs; a
+    removal a crash interrupted (a folder renamed on its way out) is finished."""
+    server, _ = sweeping_agent
+    _apply(server, job_manifest("stays", ["echo", "still here"]), job_manifest("goes", ["true"]))
+    jobs = settled(server, "stays", "goes")
+    runs = tmp_path / "agent" / "runs"
+    stays, goes = (runs / f"{name}.{jobs[name]['metadata']['uid']}.1" for name in ("stays", "goes"))
+    assert (goes / "agent.json").exists() and (stays / "agent.json").exists()
+    interrupted = runs / ".removing.old.0000.1"
+    interrupted.mkdir()
+    (interrupted / "stdout").write_text("left by an agent killed mid-removal")
+    assert server.http().delete(f"{PREFIX}/jobs/goes").status_code == 200
+    wait_until(lambda: not goes.exists() and not interrupted.exists(), timeout=30, interval=0.1)
+    assert (stays / "agent.json").exists()
+    assert server.cli("logs", "job/stays").stdout.strip() == "still here"
 
 
 def test_cancel_and_run_timeout_stop_a_remote_run(agent):
