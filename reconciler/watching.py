@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .api.kinds import KINDS
-from .reads import SERVICES, decorated, objects, shown
+from .reads import SERVICES, Listing, decorated, objects, shown
 from .selectors import Requirement
 from .store import Store, StoredObject
 from .store import repository as repo
@@ -84,16 +84,22 @@ class Seen:
 
 
 def watch(
-    store: Store, kind: str, names: list[str], selector: list[Requirement] | None, *, initial: bool = False
+    store: Store, kind: str, names: list[str], selector: list[Requirement] | None
+) -> tuple[Listing, Iterator[WatchEvent]]:
+    """The selected objects (`get -w` prints them; a missing name is in the listing's
+    `missing`), and each of them again whenever it changes after that listing was read, and
+    each one deleted or leaving the selection, forever: the caller stops. The listing printed
+    is the one the changes start from: a write made after it was read (while it is printed,
+    or its reader is slow) comes as a change."""
+    feed = ChangeFeed(store)  # first: a write made while the listing is read is seen after it
+    listing = objects(store, kind, names, selector, strict=False)
+    return listing, _changes(store, feed, listing, kind, names, selector)
+
+
+def _changes(
+    store: Store, feed: ChangeFeed, listing: Listing, kind: str, names: list[str], selector: list[Requirement] | None
 ) -> Iterator[WatchEvent]:
-    """Each selected object again whenever it changes (`get -w`), and each one deleted or
-    leaving the selection, forever: the caller stops. `initial`: the listing first, each
-    object ADDED (kubectl's --output-watch-events)."""
-    feed = ChangeFeed(store)  # first: a write made while the listing is read or printed is seen after it
-    listing = objects(store, kind, names, selector)
     seen = Seen(listing.objects)
-    if initial:
-        yield from (("ADDED", o) for o in listing.objects)
     derived = listing.kind in DERIVED_STATUS or kind.lower() in SERVICES
     next_look = time.monotonic() + DERIVED_LOOK
     while True:

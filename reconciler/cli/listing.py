@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from ..errors import InvalidInput
+from ..errors import InvalidInput, NotFound
 from .columns import COLUMNS
 from .render import age, as_list, dump_json, dump_yaml, table
 from .render import output as render_output
@@ -83,20 +84,29 @@ def _plural(word: str) -> str:
 def print_listing(client: Client, kind: str, names: list[str], selector: str | None, fmt: str | None) -> None:
     """One kind: what exists, then each missing name as an error (exit 3), as kubectl; several
     kinds through print_kinds."""
-    from ..api.kinds import qualified as kind_name
-    from ..reads import EVENTS, not_found
+    from ..reads import EVENTS
 
     if kind in EVENTS:
-        if fmt in ("json", "yaml"):
-            typer.echo(_structured(_event_items(client.events(names)), fmt))
-        elif fmt == "name":
-            if found := _event_names(client.events(names)):
-                typer.echo("\n".join(found))
-        else:
-            typer.echo(_event_table(client.events(names)))
-        return
-    # as kubectl: what exists is printed, then each name that does not is an error (exit 3)
-    listing = client.objects(kind, names, selector, strict=False)
+        _print_events(client.events(names), fmt)
+    else:
+        _print_objects(client.objects(kind, names, selector, strict=False), names, fmt)
+
+
+def _print_events(rows: list[Any], fmt: str | None) -> None:
+    if fmt in ("json", "yaml"):
+        typer.echo(_structured(_event_items(rows), fmt))
+    elif fmt == "name":
+        if found := _event_names(rows):
+            typer.echo("\n".join(found))
+    else:
+        typer.echo(_event_table(rows))
+
+
+def _print_objects(listing: Listing, names: list[str], fmt: str | None) -> None:
+    """As kubectl: what exists is printed, then each name that does not is an error (exit 3)."""
+    from ..api.kinds import qualified as kind_name
+    from ..reads import not_found
+
     if fmt in ("json", "yaml", "name"):
         if listing.objects or not listing.missing:  # only names that are missing: only the errors
             single = bool(names) and len(names) == 1
@@ -177,24 +187,34 @@ def print_kinds(client: Client, wanted: list[tuple[str, list[str]]], selector: s
 def watch_listing(
     client: Client, kind: str, names: list[str], selector: str | None, fmt: str | None, events: bool = False
 ) -> None:
-    """Print each object again whenever it changes or goes (deleted, or no longer selected:
-    a service leaving the registry), Ctrl-C ends, in the listing's format, as kubectl does:
+    """Print the listing, then each object again whenever it changes or goes (deleted, or no
+    longer selected: a service leaving the registry), Ctrl-C ends, in the listing's format,
+    as kubectl does:
     a table row, or the object as a JSON or YAML document, or its name; with `events`
     (kubectl's --output-watch-events) each says what happened: an EVENT column first, or
     `{"type", "object"}` documents."""
     from ..api.kinds import qualified as kind_name
-    from ..reads import EVENTS, SERVICES
+    from ..reads import EVENTS, SERVICES, not_found
 
     if kind.lower() in EVENTS:
-        watch_events(client, names, fmt, events)
+        listed = client.events(names)
+        _print_events(listed, fmt)  # the listing, as kubectl prints it, even with events
+        watch_events(client, names, fmt, events, listed)
         return
     label = "Service" if kind.lower() in SERVICES else _label(kind)
     narrow, wide_headers, row = COLUMNS[label]
     headers = narrow + (wide_headers if fmt == "wide" else [])
-    # the listing is in the stream, ADDED: one EVENT header, before the first of them
+    # the listing printed is the one the changes start from: none falls between the two reads
+    listing, changes = client.watch(kind, names, selector)
+    if not events:
+        _print_objects(listing, names, fmt)
+    elif listing.missing:
+        raise NotFound("; ".join(not_found(listing.kind, n) for n in listing.missing))
+    # with events, the listing is in the stream, ADDED: one EVENT header, before the first of them
     header = f"{'EVENT':<9} " + table(headers, []).splitlines()[0] if events and fmt in (None, "wide") else None
+    stream = itertools.chain((("ADDED", o) for o in listing.objects), changes) if events else changes
     try:
-        for event, o in client.watch(kind, names, selector, initial=events):
+        for event, o in stream:
             if header is not None:
                 typer.echo(header)
                 header = None
@@ -214,14 +234,15 @@ def watch_listing(
         return
 
 
-def watch_events(client: Client, names: list[str], fmt: str | None, events: bool = False) -> None:
-    """Print each event recorded after the listing (Ctrl-C ends), in the listing's format,
-    looking at the newest page (`client.events`, locally or through a server) every EVENT_POLL."""
+def watch_events(client: Client, names: list[str], fmt: str | None, events: bool, listed: list[Any]) -> None:
+    """Print each event recorded after the `listed` page (Ctrl-C ends), in the listing's
+    format, looking at the newest page (`client.events`, locally or through a server) every
+    EVENT_POLL."""
     import time
 
     from ..watching import EVENT_POLL, NewEvents
 
-    new = NewEvents(client.events(names))
+    new = NewEvents(listed)
     try:
         while True:
             time.sleep(EVENT_POLL)

@@ -138,12 +138,10 @@ def get(
         print_kinds(client, wanted, selector, output)
         return
     kind, names = wanted[0]
-    from ..reads import EVENTS
-
-    if not watch_events or kind.lower() in EVENTS:  # else the listing comes as the watch's ADDED, as kubectl's
-        print_listing(client, kind, names, selector, output)
-    if watch:
+    if watch:  # the listing, then its changes: printed by the watch, from one read
         watch_listing(client, kind, names, selector, output, watch_events)
+    else:
+        print_listing(client, kind, names, selector, output)
 
 
 def describe(ctx: typer.Context, kind: str = typer.Argument(...), name: str | None = typer.Argument(None)) -> None:

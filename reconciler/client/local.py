@@ -58,12 +58,10 @@ class LocalClient:
 
         return describe(self.store, kind, name)
 
-    def watch(
-        self, kind: str, names: list[str], selector: str | None, *, initial: bool = False
-    ) -> Iterator[WatchEvent]:
+    def watch(self, kind: str, names: list[str], selector: str | None) -> tuple[Listing, Iterator[WatchEvent]]:
         from ..watching import watch
 
-        return watch(self.store, kind, names, _parsed(selector), initial=initial)
+        return watch(self.store, kind, names, _parsed(selector))
 
     def run_logs(self, name: str, run: int | None) -> RunLogs:
         from ..runlogs import run_logs

@@ -128,27 +128,37 @@ class RemoteClient:
         events = self._events(limit=DESCRIBED_EVENTS, of=(info.kind, name))
         return obj, [e for e in events if e.uid == obj.uid]  # not those of an earlier object of the name
 
-    def watch(
-        self, kind: str, names: list[str], selector: str | None, *, initial: bool = False
-    ) -> Iterator[WatchEvent]:
-        """Each selected object again whenever it changes, and each one deleted or leaving
-        the selection, as watching.watch: the listing first (NotFound for a missing name; with
-        `initial` each of its objects ADDED), then the server's watch stream."""
+    def watch(self, kind: str, names: list[str], selector: str | None) -> tuple[Listing, Iterator[WatchEvent]]:
+        """As watching.watch: the selected objects (a missing name in the listing's
+        `missing`), then each of them again whenever it changes after that listing, and each
+        one deleted or leaving the selection: the server's watch stream from the list's
+        resourceVersion."""
         from ..reads import SERVICES
-        from ..watching import DERIVED_STATUS, Seen
+        from ..watching import DERIVED_STATUS
 
         service = kind.lower() in SERVICES
         if not service and resolve_kind(kind).kind in DERIVED_STATUS:
-            yield from self._relisting(kind, names, selector, initial)
-            return
+            listed = self.objects(kind, names, selector, strict=False)
+            return listed, self._relisting(kind, names, selector, listed)
         plural = "jobs" if service else resolve_kind(kind).plural
         since, every = list_objects(self.http, plural)
+        # a service's entry is derived by the server: read after the list's resourceVersion,
+        # so a change between the two comes again on the stream (told only if it shows)
         listing = (
-            self.objects(kind, names, selector) if service else _listing(kind, every, names, _parsed(selector), True)
+            self.objects(kind, names, selector, strict=False)
+            if service
+            else _listing(kind, every, names, _parsed(selector), False)
         )
+        return listing, self._following(kind, names, selector, plural, since, listing)
+
+    def _following(
+        self, kind: str, names: list[str], selector: str | None, plural: str, since: int, listing: Listing
+    ) -> Iterator[WatchEvent]:
+        from ..reads import SERVICES
+        from ..watching import Seen
+
+        service = kind.lower() in SERVICES
         seen = Seen(listing.objects)
-        if initial:
-            yield from (("ADDED", o) for o in listing.objects)
 
         def again() -> list[StoredObject]:  # the selection as the server shows it now
             return self.objects(kind, names, selector, strict=False).objects
@@ -168,16 +178,13 @@ class RemoteClient:
                 since, _ = list_objects(self.http, plural, selector)
                 yield from seen.changes(again())
 
-    def _relisting(self, kind: str, names: list[str], selector: str | None, initial: bool) -> Iterator[WatchEvent]:
+    def _relisting(self, kind: str, names: list[str], selector: str | None, listed: Listing) -> Iterator[WatchEvent]:
         """Pools, nodes and notifiers, whose shown status the server derives when it answers
         (usage, readiness, delivery counts), listed again on a timer as watching.watch looks
         again: a watch stream only carries writes. There are few of them; a list is cheap."""
         from ..watching import DERIVED_LOOK, Seen
 
-        listed = self.objects(kind, names, selector).objects
-        seen = Seen(listed)
-        if initial:
-            yield from (("ADDED", o) for o in listed)
+        seen = Seen(listed.objects)
         while True:
             time.sleep(DERIVED_LOOK)  # a CLI follower: a timer is what it waits for
             yield from seen.changes(self.objects(kind, names, selector, strict=False).objects)

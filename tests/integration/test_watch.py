@@ -302,8 +302,9 @@ def test_get_watch_says_what_each_change_is_and_shows_a_deletion(sqlite_url, tmp
 
 
 def test_a_change_made_while_the_listing_is_printed_is_not_lost(sqlite_url, tmp_path):
-    """The watch follows the store from before its listing: a write made after the listing
-    was read (while it was printed, or its reader was slow) still comes."""
+    """The watch follows the store from before its listing, and the listing `get -w` prints
+    is that one (not a read of its own before the watch began): a write made after the
+    listing was read (while it was printed, or its reader was slow) still comes."""
     from pathlib import Path as _Path
 
     from reconciler.apply import apply_manifests
@@ -315,8 +316,8 @@ def test_a_change_made_while_the_listing_is_printed_is_not_lost(sqlite_url, tmp_
     store = Store(sqlite_url)
     try:
         apply_manifests(store, documents([job_manifest("w", suspend=True)], _Path.cwd()))
-        events = watch(store, "jobs", [], None, initial=True)
-        assert next(events)[0] == "ADDED"  # the listing read and told; the watch not resumed yet
+        listing, events = watch(store, "jobs", [], None)
+        assert [o.name for o in listing.objects] == ["w"]  # the listing read; the watch not resumed yet
         apply_manifests(store, documents([job_manifest("w", suspend=True, labels={"k": "v"})], _Path.cwd()))
         told: queue.Queue = queue.Queue()
         threading.Thread(target=lambda: told.put(next(events)), daemon=True).start()

@@ -145,6 +145,33 @@ def test_get_watch_through_the_server_prints_each_change(server, tmp_path):
         watcher.communicate(timeout=30)
 
 
+def test_a_change_made_after_the_listing_through_the_server_is_not_lost(server):
+    """`get -w --server` prints the listing its watch stream starts from (the list's
+    resourceVersion), so a write made after that list was read, before the stream opened,
+    still comes as a change; as a pool's derived usage does after its own listing."""
+    from reconciler.client.remote import RemoteClient
+    from tests.server.conftest import PREFIX, job_manifest
+
+    def apply(**labels: str) -> None:
+        answer = server.http().post(f"{PREFIX}/apply", json={"items": [job_manifest("w", suspend=True, labels=labels)]})
+        assert answer.status_code == 200, answer.text
+
+    apply()
+    client = RemoteClient(server.url, None)
+    try:
+        listing, changes = client.watch("jobs", [], None)
+        assert [o.name for o in listing.objects] == ["w"] and listing.missing == []
+        apply(k="v")  # before the stream is opened
+        told: queue.Queue = queue.Queue()
+        threading.Thread(target=lambda: told.put(next(changes)), daemon=True).start()
+        event, obj = told.get(timeout=30)
+        assert (event, obj.name, obj.labels.get("k")) == ("MODIFIED", "w", "v")
+        missing, _ = client.watch("jobs", ["w", "nothing"], None)
+        assert [o.name for o in missing.objects] == ["w"] and missing.missing == ["nothing"]
+    finally:
+        client.close()
+
+
 def test_wait_through_a_server_that_goes_away_names_the_server(serve, sqlite_url):
     """A wait whose time runs out while the server cannot be reached says so (exit 1), as get
     -w and logs -f do, not that the condition was not met."""
