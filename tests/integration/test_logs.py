@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import queue
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 from tests.helpers import wait_until
@@ -66,15 +68,18 @@ def test_a_run_writing_past_its_log_limit_keeps_about_that_much_on_disk(env):
         env=cli_env(env),
     )
     try:
-        wait_until(lambda: follower.poll() is None and env.status("chatty").get("phase") == "Running", timeout=5)
+        assert follower.stdout is not None
+        head: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=lambda: head.put(follower.stdout.read(len(shown))), daemon=True).start()
+        assert head.get(timeout=60) == shown  # the kept lines are out: the run's end is followed from here
         go.touch()
-        followed, errors = follower.communicate(timeout=60)
+        rest, errors = follower.communicate(timeout=60)
     finally:
         if follower.poll() is None:
             follower.kill()
             follower.wait()
     assert follower.returncode == 0, errors
-    assert followed == shown + "done\n"
+    assert rest == "done\n"
 
     env.wait_completed("chatty")
     assert env.ok("logs", "job/chatty").stdout == shown + "done\n"

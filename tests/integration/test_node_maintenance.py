@@ -179,7 +179,8 @@ def test_a_forced_drain_half_done_is_finished_by_the_next_controller(env):
     registered(env)
     env.apply(
         "stubborn.yaml",
-        job_yaml("stubborn", "shell: \"trap '' TERM; sleep 300\"\nstopGracePeriod: 3s\nretry: {onLost: false}"),
+        # a grace period the controller is killed well within, however slow the drain's CLI
+        job_yaml("stubborn", "shell: \"trap '' TERM; sleep 300\"\nstopGracePeriod: 10s\nretry: {onLost: false}"),
     )
     pid = run_pid(env, "stubborn")
     result = env.cli("drain", "--force", f"node/{NODE}", "--timeout", "500ms")

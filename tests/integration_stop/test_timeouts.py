@@ -83,12 +83,13 @@ def test_job_timeout_ends_the_job_running_waiting_or_in_backoff(env, controller,
             retry=retry_everything,
             waitFor={"conditions": [{"path": str(tmp_path / "never-created")}]},
         ),
-        job("deadline-backoff", "exit 1", timeout="2s", retry=retry_everything),
+        # Backoff from its run's failure until its deadline: long enough for a poll to see it
+        job("deadline-backoff", "exit 1", timeout="4s", retry=retry_everything),
     )
     env.wait_running("deadline-running")
     retry_at = env.wait_phase("deadline-backoff", "Backoff")["nextRunAt"]
     done = env.wait_completed(["deadline-running", "deadline-waiting", "deadline-backoff"])
-    # at its deadline (2s after acceptance), not when its retry was due (30s after the run)
+    # at its deadline (4s after acceptance), not when its retry was due (30s after the run)
     assert to_epoch(done["deadline-backoff"]["completionTime"]) < to_epoch(retry_at), done["deadline-backoff"]
 
     for name, status in done.items():
@@ -128,7 +129,11 @@ def test_the_job_timeout_does_not_count_the_time_suspended(env, controller):
 def test_command_ignoring_sigterm_is_killed_after_the_grace_period(env, controller, tmp_path):
     pidfile = tmp_path / "stubborn.pid"
     # `exec`: the process that ignores TERM (inherited SIG_IGN) is the long-running sleep
-    env.apply(job("stubborn", f"echo $$ > {pidfile}; trap '' TERM; exec sleep 60", runTimeout="1s", **FAST_STOP))
+    # Stopping for its grace period: 3 s, so that a poll sees it even on a loaded machine
+    stubborn = job(
+        "stubborn", f"echo $$ > {pidfile}; trap '' TERM; exec sleep 60", runTimeout="1s", stopGracePeriod="3s"
+    )
+    env.apply(stubborn)
     [sleeper] = read_pids(pidfile, 1)
     env.wait_phase("stubborn", "Stopping")
     # SIGTERM has been sent (it precedes the Stopping write); as long as the process lives,

@@ -227,9 +227,16 @@ def test_notifications_wake_the_watch_streams_and_the_controller_before_the_poll
     listing = follower.http().get(f"{PREFIX}/jobs").json()
     events = _Events(
         f"{follower.url}{PREFIX}/jobs",
-        {"watch": "true", "resourceVersion": listing["metadata"]["resourceVersion"], "timeoutSeconds": 50},
+        {
+            "watch": "true",
+            "resourceVersion": listing["metadata"]["resourceVersion"],
+            "timeoutSeconds": 50,
+            "allowWatchBookmarks": "true",
+        },
     )
-    time.sleep(0.5)  # the stream is open before the write (a later one would replay it from the history anyway)
+    # the stream's first bookmark comes once it follows the store: the write below is then
+    # one it must be woken for (one made before would be replayed from the history)
+    assert events.arrived.get(timeout=20)[1]["type"] == "BOOKMARK"
 
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(_job("woken", "true", [])))
@@ -237,6 +244,8 @@ def test_notifications_wake_the_watch_streams_and_the_controller_before_the_poll
     result = follower.local("apply", "-f", str(path))  # straight on the store: another process's write
     assert result.code == 0, result.stdout + result.stderr
     at, event = events.arrived.get(timeout=20)
+    while event["type"] == "BOOKMARK":
+        at, event = events.arrived.get(timeout=20)
     assert (event["type"], event["object"]["metadata"]["name"]) == ("ADDED", "woken")
     assert at - written < 20  # a minute's poll could not have brought it
     # the leader's change watcher was woken too: the job ran long before its first poll
