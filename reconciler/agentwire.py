@@ -100,11 +100,13 @@ class HeldRun(Body):
 
     uid: str = Field(max_length=64)
     run: int = Field(ge=1)
+    node_uid: str = Field(max_length=64, description="The node's uid (its heartbeat's nodeUid) when the run started.")
 
 
 class HeldRuns(Body):
     """POST nodes/{name}/runs/kept: which of these ended runs the store still keeps (their job
-    exists; for a service, a run its status has not dropped). The answer's `items` say, in
-    order, `{"uid", "run", "kept"}`: the agent removes the folders of the runs not kept."""
+    exists; for a service, a run its status has not dropped; or the node is registered anew
+    since, so this store cannot tell). The answer's `items` say, in order, `{"uid", "run",
+    "kept"}`: the agent removes the folders of the runs not kept."""
 
     items: list[HeldRun] = Field(max_length=1000)

@@ -41,11 +41,12 @@ class Beat:
     withdraws: bool = False  # it answers a stop of a run it has not started (an older agent does not)
 
 
-def heartbeat(store: Store, node: str, beat: Beat, now: float, up_since: float = 0.0) -> bool:
-    """Register the node if it is new (as its agent describes it), then record it Ready.
-    True when it just became Ready. A node another live agent serves is refused (409): two
-    agents must not run one node's admissions. `up_since`: when this server began taking
-    heartbeats; silence before it is not held against the serving agent (503 until then)."""
+def heartbeat(store: Store, node: str, beat: Beat, now: float, up_since: float = 0.0) -> tuple[bool, str]:
+    """Register the node if it is new (as its agent describes it), then record it Ready:
+    whether it just became Ready, and the Node's uid (its registration in this store). A node
+    another live agent serves is refused (409): two agents must not run one node's admissions.
+    `up_since`: when this server began taking heartbeats; silence before it is not held
+    against the serving agent (503 until then)."""
     try:
         ObjectMeta(name=node, labels=beat.labels)
         capacity = Capacity.model_validate(beat.capacity).model_dump(by_alias=True, exclude_none=True)
@@ -102,14 +103,15 @@ def heartbeat(store: Store, node: str, beat: Beat, now: float, up_since: float =
         repo.update_object(tx, obj, status=status)
         if became_ready and previous:
             eventlog.record(tx, eventlog.ObjectEvent(obj, "NodeReady", f"node {node} posts heartbeats again"))
-    return became_ready
+    return became_ready, obj.uid
 
 
-def kept_runs(store: Store, runs: list[tuple[str, int]]) -> list[bool]:
-    """For each ended run (job uid, run number) whose folder an agent holds, whether the store
-    still keeps it (store/placements.kept_runs): the agent removes the folders of the others."""
+def kept_runs(store: Store, node: str, runs: list[tuple[str, int, str]]) -> list[bool]:
+    """For each ended run (job uid, run number, the node's uid it was placed under) whose
+    folder an agent holds, whether the store still keeps it (store/placements.kept_runs): the
+    agent removes the folders of the others."""
     with store.read() as session:
-        return placements.kept_runs(session, runs)
+        return placements.kept_runs(session, node, runs)
 
 
 def serving(store: Store, node: str, agent: str | None) -> None:

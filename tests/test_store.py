@@ -785,8 +785,10 @@ def _runtime_statements() -> dict[str, Statement]:
         "_events",
         "_line",
         "_find_many",
+        "_jobs_by_uid",
     }, "cover the new builder below"
     found["_list_named(4)"] = repo._list_named(4)
+    found["_jobs_by_uid(4)"] = placements._jobs_by_uid(4)
     found["_find_many(4)"] = ingested._find_many(4)
     found["_statuses_named(4)"] = repo._statuses_named(4)
     every_column = ("resource_version", "spec", "generation", "labels", "annotations", "status", "phase")

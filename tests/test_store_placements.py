@@ -88,11 +88,16 @@ def test_the_key_reads_each_admissions_job_by_its_uid_before_postgresql_has_stat
 def test_an_agent_is_told_which_ended_runs_the_store_still_keeps(store_url):
     """What a node agent may remove (`POST nodes/N/runs/kept`): the runs of a deleted job (its
     uid gone, even when a job of its name was made again) and a service's runs older than the
-    oldest its status keeps; every run of a job that exists, and a service's newer runs."""
+    oldest its status keeps; every run of a job that exists, and a service's newer runs; and
+    every run taken on under another registration of the node than this store's (a new or
+    another store knows none of its jobs: that proves nothing)."""
     store = Store(store_url)
     try:
         with store.write() as tx:
             kept_job, deleted, service = _jobs(tx, 3)
+            (node,) = repo.create_many(
+                tx, [{"kind": "Node", "name": "far", "spec": {}, "labels": {}, "annotations": {}}]
+            )
             service = repo.update_object(
                 tx,
                 service,
@@ -106,27 +111,32 @@ def test_an_agent_is_told_which_ended_runs_the_store_still_keeps(store_url):
                 tx,
                 [{"kind": "Job", "name": deleted.name, "spec": {"command": ["true"]}, "labels": {}, "annotations": {}}],
             )
+        here = node.uid
         asked = [
-            (kept_job.uid, 1),
-            (kept_job.uid, 7),  # a run job's runs all stay while the job does
-            (deleted.uid, 1),
-            (again.uid, 1),
-            (service.uid, 20),  # dropped from the service's status: its folder may go
-            (service.uid, 21),
-            (service.uid, 24),  # newer than the status says yet (being started)
-            ("0000-never-a-job", 1),
+            (kept_job.uid, 1, here),
+            (kept_job.uid, 7, here),  # a run job's runs all stay while the job does
+            (deleted.uid, 1, here),
+            (again.uid, 1, here),
+            (service.uid, 20, here),  # dropped from the service's status: its folder may go
+            (service.uid, 21, here),
+            (service.uid, 24, here),  # newer than the status says yet (being started)
+            ("0000-never-a-job", 1, here),
+            ("0000-never-a-job", 2, "another-registration"),  # this store cannot tell
         ]
         with store.read() as session:
-            kept = placements.kept_runs(session, asked)
+            kept = placements.kept_runs(session, "far", asked)
+            elsewhere = placements.kept_runs(session, "nowhere", asked)  # a node this store never registered
         assert dict(zip(asked, kept, strict=True)) == {
-            (kept_job.uid, 1): True,
-            (kept_job.uid, 7): True,
-            (deleted.uid, 1): False,
-            (again.uid, 1): True,
-            (service.uid, 20): False,
-            (service.uid, 21): True,
-            (service.uid, 24): True,
-            ("0000-never-a-job", 1): False,
+            (kept_job.uid, 1, here): True,
+            (kept_job.uid, 7, here): True,
+            (deleted.uid, 1, here): False,
+            (again.uid, 1, here): True,
+            (service.uid, 20, here): False,
+            (service.uid, 21, here): True,
+            (service.uid, 24, here): True,
+            ("0000-never-a-job", 1, here): False,
+            ("0000-never-a-job", 2, "another-registration"): True,
         }
+        assert all(elsewhere)
     finally:
         store.dispose()

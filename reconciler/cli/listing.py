@@ -204,16 +204,16 @@ def watch_listing(
     label = "Service" if kind.lower() in SERVICES else _label(kind)
     narrow, wide_headers, row = COLUMNS[label]
     headers = narrow + (wide_headers if fmt == "wide" else [])
-    # the listing printed is the one the changes start from: none falls between the two reads
-    listing, changes = client.watch(kind, names, selector)
-    if not events:
-        _print_objects(listing, names, fmt)
-    elif listing.missing:
-        raise NotFound("; ".join(not_found(listing.kind, n) for n in listing.missing))
-    # with events, the listing is in the stream, ADDED: one EVENT header, before the first of them
-    header = f"{'EVENT':<9} " + table(headers, []).splitlines()[0] if events and fmt in (None, "wide") else None
-    stream = itertools.chain((("ADDED", o) for o in listing.objects), changes) if events else changes
     try:
+        # the listing printed is the one the changes start from: none falls between the two reads
+        listing, changes = client.watch(kind, names, selector)
+        if not events:
+            _print_objects(listing, names, fmt)
+        elif listing.missing:
+            raise NotFound("; ".join(not_found(listing.kind, n) for n in listing.missing))
+        # with events, the listing is in the stream, ADDED: one EVENT header, before the first of them
+        header = f"{'EVENT':<9} " + table(headers, []).splitlines()[0] if events and fmt in (None, "wide") else None
+        stream = itertools.chain((("ADDED", o) for o in listing.objects), changes) if events else changes
         for event, o in stream:
             if header is not None:
                 typer.echo(header)

@@ -127,9 +127,10 @@ class Api:
             raise Unreachable(f"the server answered {len(judged)} of {len(items)} reports")
         return [None if item.get("code") == 200 else str(item.get("message") or "stale") for item in judged]
 
-    def kept(self, runs: list[tuple[str, int]]) -> list[bool]:
-        """Which of these ended runs (job uid, run number) the store still keeps, in order."""
-        answer = self.call("POST", "/runs/kept", {"items": [{"uid": uid, "run": run} for uid, run in runs]})
+    def kept(self, runs: list[tuple[str, int, str]]) -> list[bool]:
+        """Which of these ended runs (job uid, run number, node uid) the store still keeps, in order."""
+        items = [{"uid": uid, "run": run, "nodeUid": node_uid} for uid, run, node_uid in runs]
+        answer = self.call("POST", "/runs/kept", {"items": items})
         judged = answer.get("items", [])
         if len(judged) != len(runs):
             raise Unreachable(f"the server answered {len(judged)} of {len(runs)} runs")

@@ -35,6 +35,8 @@ class Heartbeat(Shared):
                         # place runs the server has since given elsewhere; only a newer one starts
                         self._fresh_after = sent
                     self._lease_until = sent + window
+                    if isinstance(registered := answer.get("nodeUid"), str):
+                        self._node_uid = registered  # recorded with each run started from now on
                 delay = BACKOFF_FIRST
                 self._accepted.set()
                 self._relook.set()  # a start that waited for an accepted heartbeat is taken now

@@ -47,6 +47,9 @@ class Record:
     stale: bool = False  # the server refused a report (409): the admission is no longer current
     grace: float = 10.0  # the job's stopGracePeriod
     stop_at: float | None = None  # monotonic time a stop began (SIGTERM sent)
+    # the Node's uid when the run was taken on (its registration in the server's store): only
+    # that store's word that the run is no longer kept lets its folder go (sweep.py)
+    node_uid: str | None = None
 
     @property
     def identity(self) -> ProcessIdentity | None:

@@ -48,7 +48,8 @@ class Shared(ABC):
         self._pending = threading.Event()  # reports to send
         self._batches = True  # the server takes several reports in one request (runs/reports)
         self._quiet_until: dict[str, float] = {}  # run folder -> when its start is reported, unless it ends first
-        self._ended: dict[str, tuple[str, int]] = {}  # run folder -> (uid, run) of a settled record (sweep.py)
+        self._ended: dict[str, tuple[str, int, str]] = {}  # run folder -> a settled record's run (sweep.py)
+        self._node_uid: str | None = None  # the Node's uid, as the last accepted heartbeat said: its registration
         self._stop = threading.Event()
         # set once a heartbeat is accepted: until then this agent may be a duplicate of the one
         # serving its node, and it learns of no run, starts none and reports none

@@ -38,7 +38,7 @@ class Starts(Shared):
                 self.local.discard_work(run_dir)
         reason = str((item.get("stop") or {}).get("reason") or "a stop")
         grace = JobSpec.model_validate(item["spec"]).stop_grace_period
-        record = Record(job, uid, number, epoch, str(run_dir), grace=grace)
+        record = Record(job, uid, number, epoch, str(run_dir), grace=grace, node_uid=self._node_uid)
         earlier = load(run_dir)
         # under the lock from the look to the record kept: an artifact-ready start waits, then finds it
         with self._lock:
@@ -90,7 +90,7 @@ class Starts(Shared):
             # the run works in its own folder here
             run_dir.mkdir(parents=True, exist_ok=True)
             spec = spec.model_copy(update={"working_dir": str(run_dir)})
-        record = Record(job, uid, number, epoch, str(run_dir), grace=spec.stop_grace_period)
+        record = Record(job, uid, number, epoch, str(run_dir), grace=spec.stop_grace_period, node_uid=self._node_uid)
         if spec.artifact is not None and self.local.find(run_dir) is None and self.local.exit_of(run_dir) is None:
             # fetched and unpacked by the agent's own threads; `_exited(job)` is called when
             # it is ready (or cannot be), and the start is taken again then
@@ -185,7 +185,15 @@ class Starts(Shared):
         if self.local.find(run_dir) is not None:
             return  # alive after all (a record lost, not the run): leave it be
         run_dir.mkdir(parents=True, exist_ok=True)
-        record = Record(item["job"], item["uid"], item["run"], item["epoch"], str(run_dir), start_reported=True)
+        record = Record(
+            item["job"],
+            item["uid"],
+            item["run"],
+            item["epoch"],
+            str(run_dir),
+            start_reported=True,
+            node_uid=self._node_uid,
+        )
         record.gone, record.finished_at = True, from_epoch(time.time())
         record.save()
         self._keep(record)

@@ -28,10 +28,11 @@ class Sweep(Shared):
     def _sweep(self) -> None:
         if not self._await_acceptance():
             return
+        said = False
         while not self._stop.wait(SWEEP_INTERVAL):
-            if not self.sweep_once():
-                self._stop.wait()  # a server without the route: nothing to ask this agent's life
-                return
+            if not self.sweep_once() and not said:  # asked again at each look: it may be upgraded
+                log.info("the server keeps no account of ended runs' folders (an older version): they are kept")
+                said = True
 
     def sweep_once(self) -> bool:
         """One look: the folders of ended runs the server no longer keeps are removed. False
@@ -54,7 +55,6 @@ class Sweep(Shared):
                 kept = self.api.kept([run for _, run in chunk])
             except Unreachable as exc:
                 if exc.status in (404, 405):
-                    log.info("the server keeps no account of ended runs' folders: they are left in %s", runs)
                     return False
                 log.warning("which run folders to keep could not be asked: %s (again in %gs)", exc, SWEEP_INTERVAL)
                 return True
@@ -63,10 +63,12 @@ class Sweep(Shared):
                     self._remove_folder(runs, name)
         return True
 
-    def _ended_run(self, folder: Path) -> tuple[str, int] | None:
-        """(job uid, run number) of a run this folder holds, if its record says it ended and
-        its end was reported (or refused as stale), and this agent holds no unsettled record
-        of it: only such a folder is asked about. A flat name only (`job.uid.number`)."""
+    def _ended_run(self, folder: Path) -> tuple[str, int, str] | None:
+        """(job uid, run number, node uid) of a run this folder holds, if its record says it
+        ended and its end was reported (or refused as stale), names the node's registration it
+        was taken on under (a record of an older agent does not: it is kept), and this agent
+        holds no unsettled record of it: only such a folder is asked about. A flat name only
+        (`job.uid.number`)."""
         parts = folder.name.split(".")
         if len(parts) != 3 or not parts[2].isdigit():
             return None  # the earlier layout, or not a run's folder: left as it is
@@ -78,25 +80,25 @@ class Sweep(Shared):
         if known is not None:
             return known  # a settled record does not change: read once, not at every look
         record = load(folder)
-        if record is None or not record.settled:
+        if record is None or not record.settled or record.node_uid is None:
             return None  # being started, or its end not yet reported: not the server's to judge yet
-        known = self._ended[folder.name] = (record.uid, record.run)
+        known = self._ended[folder.name] = (record.uid, record.run, record.node_uid)
         return known
 
     def _remove_folder(self, runs: Path, name: str) -> None:
-        with self._lock:
+        gone = runs / f"{REMOVING}{name}"
+        with self._lock:  # a start of the same folder takes the lock first: never between look and rename
             live = self._by_folder.get(name)
             if live is not None and not live.settled:
                 return  # taken on again since it was asked about (the same run adopted anew)
+            try:
+                os.rename(runs / name, gone)
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                log.warning("the run folder %s could not be removed: %s", runs / name, exc)
+                return
             self._by_folder.pop(name, None)
             if live is not None and self._records.get(live.job) is live:
                 del self._records[live.job]
-        gone = runs / f"{REMOVING}{name}"
-        try:
-            os.rename(runs / name, gone)
-        except FileNotFoundError:
-            return
-        except OSError:
-            log.warning("the run folder %s could not be removed", runs / name, exc_info=True)
-            return
         remove_tree(gone)

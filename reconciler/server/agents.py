@@ -170,10 +170,12 @@ def routes(app: FastAPI, store: Store, wake: Wake | None, hand: noderuns.Hand | 
             log_port=request.log_port,
             withdraws=request.withdraws,
         )
-        became_ready = noderuns.heartbeat(store, name, beat, time.time(), up_since)
+        became_ready, node_uid = noderuns.heartbeat(store, name, beat, time.time(), up_since)
         # readyWindowSeconds: the agent starts runs only while this heartbeat is younger (its lease)
         window = node_api.READY_WINDOW  # read now: serve --node-lost-after sets it
-        return {**status(200, f"node {name} is Ready"), "becameReady": became_ready, "readyWindowSeconds": window}
+        # nodeUid: the node's registration in this store, which the agent records with each run
+        answer = {"becameReady": became_ready, "readyWindowSeconds": window, "nodeUid": node_uid}
+        return {**status(200, f"node {name} is Ready"), **answer}
 
     @app.get(PREFIX + "/nodes/{name}/runs", tags=["agents"])
     async def placed(
@@ -206,7 +208,7 @@ def routes(app: FastAPI, store: Store, wake: Wake | None, hand: noderuns.Hand | 
         """Which of the ended runs whose folders the node's agent holds the store still keeps:
         the agent removes the others' folders, as the controller's own agent does when a job
         is deleted or a service's status drops its oldest runs."""
-        found = noderuns.kept_runs(store, [(r.uid, r.run) for r in request.items])
+        found = noderuns.kept_runs(store, name, [(r.uid, r.run, r.node_uid) for r in request.items])
         items = [{"uid": r.uid, "run": r.run, "kept": k} for r, k in zip(request.items, found, strict=True)]
         return {**status(200, f"{sum(found)} of {len(found)} runs of node {name} kept"), "items": items}
 

@@ -46,10 +46,19 @@ _PLACEMENT_KEYS = Statement(
 _REPORTED_SINCE = Statement("SELECT job_name, reported_rv, job_uid FROM admissions WHERE reported_rv > :rv")
 
 
+_NODE_UID = Statement("SELECT uid FROM objects WHERE kind = 'Node' AND name = :name")
+
+
 @functools.cache
 def _jobs_by_uid(width: int) -> Statement:
+    """The jobs of these uids, with a service's status (the spec and status of each other job,
+    thousands of them at a look, are not read): a spec that may be a service's is one whose
+    canonical text holds `"type":"service"` (`:service`), confirmed when decoded."""
     marks = ", ".join(f":n{i}" for i in range(width))
-    return Statement(f"SELECT uid, spec, status FROM objects WHERE kind = 'Job' AND uid IN ({marks})")
+    return Statement(
+        "SELECT uid, CASE WHEN spec LIKE :service THEN spec END AS spec,"
+        f" CASE WHEN spec LIKE :service THEN status END AS status FROM objects WHERE kind = 'Job' AND uid IN ({marks})"
+    )
 
 
 @dataclass(frozen=True)
@@ -146,16 +155,22 @@ def reported_since(session: Connection, rv: int) -> list[tuple[str, int, str]]:
     return [(r.job_name, r.reported_rv, r.job_uid) for r in _REPORTED_SINCE.execute(session, {"rv": rv}).all()]
 
 
-def kept_runs(session: Connection, runs: list[tuple[str, int]]) -> list[bool]:
-    """For each (job uid, run number) whose folder a node agent holds, whether the store still
-    keeps that run: its job exists (a job deleted, or deleted and made again under its name,
-    is another uid) and, for a service, the run is not older than the oldest its status
-    keeps (a service's status drops its oldest runs' records, as the controller's own agent
-    then removes their folders). What is not kept, the agent may remove."""
+def kept_runs(session: Connection, node: str, runs: list[tuple[str, int, str]]) -> list[bool]:
+    """For each (job uid, run number, node uid) whose folder the agent of `node` holds,
+    whether the store still keeps that run: its job exists (a job deleted, or deleted and made
+    again under its name, is another uid) and, for a service, the run is not older than the
+    oldest its status keeps (a service's status drops its oldest runs' records, as the
+    controller's own agent then removes their folders). A run started under another
+    registration of the node than this store's (a new or another store, the Node deleted and
+    registered again) is kept: what this store does not know of it proves nothing. What is
+    not kept, the agent may remove."""
+    registered = _NODE_UID.execute(session, {"name": node}).scalar()
     oldest: dict[str, int | None] = {}  # uid -> the oldest run its status keeps (None: every run)
-    for width, params in in_chunks(uid for uid, _ in runs):
-        for row in _jobs_by_uid(width).execute(session, params).all():
-            service = json.loads(row.spec).get("type") == "service"
-            numbers = [r["number"] for r in json.loads(row.status or "{}").get("runs", [])]
-            oldest[row.uid] = min(numbers) if service and numbers else None
-    return [uid in oldest and number >= (oldest[uid] or 0) for uid, number in runs]
+    for width, params in in_chunks(uid for uid, _, _ in runs):
+        for row in _jobs_by_uid(width).execute(session, {**params, "service": '%"type":"service"%'}).all():
+            service = row.spec is not None and json.loads(row.spec).get("type") == "service"
+            numbers = [r["number"] for r in json.loads(row.status or "{}").get("runs", [])] if service else []
+            oldest[row.uid] = min(numbers) if numbers else None
+    return [
+        node_uid != registered or (uid in oldest and number >= (oldest[uid] or 0)) for uid, number, node_uid in runs
+    ]

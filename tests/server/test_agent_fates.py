@@ -734,8 +734,9 @@ def test_runs_and_reports_of_the_servers_own_node_are_refused_to_any_agent(serve
 def test_a_sweep_asks_only_about_ended_and_reported_runs_and_removes_those_not_kept(serve, sqlite_url, tmp_path):
     """The agent's look for run folders to remove (nodeagent/sweep.py), against a store that
     keeps no job: a run whose end was reported goes; a run still alive, one whose end is not
-    reported yet, a folder without a record and one of the earlier layout stay, whatever the
-    store says (the server is asked only about the first)."""
+    reported yet, one taken on under another registration of the node (another store's) or
+    by an older agent (no registration recorded), a folder without a record and one of the
+    earlier layout stay, whatever the store says (the server is asked only about the first)."""
     from reconciler.nodeagent.daemon import NodeAgent, Options
     from reconciler.nodeagent.records import Record
 
@@ -743,15 +744,19 @@ def test_a_sweep_asks_only_about_ended_and_reported_runs_and_removes_those_not_k
     runs = tmp_path / "agent" / "runs"
     agent = NodeAgent(Options(server=server.url, node="far", state_dir=tmp_path / "agent"))
     try:
+        registered = agent.api.heartbeat(agent._beat_body())["nodeUid"]  # the node, registered in this store
 
         def folder(name: str, **facts: object) -> Path:
             path = runs / name
             path.mkdir(parents=True)
             job, uid, run = name.split(".")
-            Record(job, uid, int(run), 1, str(path), **facts).save()  # type: ignore[arg-type]
+            Record(job, uid, int(run), 1, str(path), **{"node_uid": registered, **facts}).save()  # type: ignore[arg-type]
             return path
 
         ended = folder("ended.u1.1", finished_at="2026-12-07T00:00:00Z", start_reported=True, end_reported=True)
+        done = {"finished_at": "2026-12-07T00:00:00Z", "start_reported": True, "end_reported": True}
+        another = folder("another.u7.1", **{**done, "node_uid": "another-registration"})
+        older = folder("older.u8.1", **{**done, "node_uid": None})
         alive = folder("alive.u2.1", pid=os.getpid(), process_start_time=1.0, start_reported=True)
         unreported = folder("unreported.u3.1", finished_at="2026-12-07T00:00:00Z", start_reported=True)
         held = folder("held.u4.1", finished_at="2026-12-07T00:00:00Z", start_reported=True, end_reported=True)
@@ -762,7 +767,7 @@ def test_a_sweep_asks_only_about_ended_and_reported_runs_and_removes_those_not_k
         legacy.mkdir(parents=True)
         assert agent.sweep_once()
         assert not ended.exists()
-        assert all(p.exists() for p in (alive, unreported, held, bare, legacy))
+        assert all(p.exists() for p in (alive, unreported, held, bare, legacy, another, older))
         (unreported / "agent.json").write_text(
             (unreported / "agent.json").read_text().replace('"end_reported": false', '"end_reported": true')
         )
@@ -782,7 +787,9 @@ def test_a_sweep_against_a_server_without_the_route_keeps_every_folder(tmp_path)
     try:
         ended = tmp_path / "agent" / "runs" / "ended.u1.1"
         ended.mkdir(parents=True)
-        Record("ended", "u1", 1, 1, str(ended), finished_at="2026-12-07T00:00:00Z", end_reported=True).save()
+        Record(
+            "ended", "u1", 1, 1, str(ended), finished_at="2026-12-07T00:00:00Z", end_reported=True, node_uid="n"
+        ).save()
         assert agent.sweep_once() is False
         assert (ended / "agent.json").exists()
     finally:
