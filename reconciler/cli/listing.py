@@ -189,10 +189,9 @@ def watch_listing(
 ) -> None:
     """Print the listing, then each object again whenever it changes or goes (deleted, or no
     longer selected: a service leaving the registry), Ctrl-C ends, in the listing's format,
-    as kubectl does:
-    a table row, or the object as a JSON or YAML document, or its name; with `events`
-    (kubectl's --output-watch-events) each says what happened: an EVENT column first, or
-    `{"type", "object"}` documents."""
+    as kubectl does: a table row, or the object as a JSON or YAML document, or its name; with
+    `events` (kubectl's --output-watch-events) each says what happened: an EVENT column
+    first, or `{"type", "object"}` documents."""
     from ..api.kinds import qualified as kind_name
     from ..reads import EVENTS, SERVICES, not_found
 
