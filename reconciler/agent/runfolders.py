@@ -9,8 +9,11 @@ import logging
 import os
 import queue
 import shutil
+import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +65,24 @@ class FolderRemover:
 
 
 def remove_tree(folder: Path) -> None:
-    """Remove a folder and all in it, now; one that cannot be is left, with a warning."""
+    """Remove a folder and all in it, now, read-only folders a run made in it too; one that
+    cannot be is left, with a warning."""
     try:
-        shutil.rmtree(folder)
+        if sys.version_info >= (3, 12):
+            shutil.rmtree(folder, onexc=_writable_again)
+        else:
+            shutil.rmtree(folder, onerror=lambda func, path, info: _writable_again(func, path, info[1]))
     except FileNotFoundError:
         pass
-    except OSError:  # left on the disk: nothing depends on its removal
-        log.warning("the run folder %s could not be removed", folder, exc_info=True)
+    except OSError as exc:  # left on the disk: nothing depends on its removal
+        log.warning("the run folder %s could not be removed: %s", folder, exc)
+
+
+def _writable_again(func: Callable[..., Any], path: str, exc: BaseException) -> None:
+    """An entry of a folder the run made read-only (as Go's module cache is, for one) cannot be
+    removed by a process that is not root, whoever owns it: the folder is made its owner's to
+    write again, and the removal tried once more."""
+    if not isinstance(exc, PermissionError) or func not in (os.unlink, os.rmdir):
+        raise exc
+    os.chmod(os.path.dirname(path), 0o700)
+    func(path)
