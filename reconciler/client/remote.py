@@ -149,15 +149,20 @@ class RemoteClient:
             if service
             else _listing(kind, every, names, _parsed(selector), False)
         )
-        return listing, self._following(kind, names, selector, plural, since, listing)
+        return listing, self._following(kind, names, selector, plural, since, listing, service)
 
     def _following(
-        self, kind: str, names: list[str], selector: str | None, plural: str, since: int, listing: Listing
+        self,
+        kind: str,
+        names: list[str],
+        selector: str | None,
+        plural: str,
+        since: int,
+        listing: Listing,
+        service: bool,
     ) -> Iterator[WatchEvent]:
-        from ..reads import SERVICES
         from ..watching import Seen
 
-        service = kind.lower() in SERVICES
         seen = Seen(listing.objects)
 
         def again() -> list[StoredObject]:  # the selection as the server shows it now

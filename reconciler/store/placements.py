@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .dbapi import Connection, Statement
-from .repository import in_chunks
+from .repository import in_chunks, in_marks
 from .transactions import Tx
 
 _PLACED_ON = Statement(
@@ -54,10 +54,9 @@ def _jobs_by_uid(width: int) -> Statement:
     """The jobs of these uids, with a service's status (the spec and status of each other job,
     thousands of them at a look, are not read): a spec that may be a service's is one whose
     canonical text holds `"type":"service"` (`:service`), confirmed when decoded."""
-    marks = ", ".join(f":n{i}" for i in range(width))
     return Statement(
-        "SELECT uid, CASE WHEN spec LIKE :service THEN spec END AS spec,"
-        f" CASE WHEN spec LIKE :service THEN status END AS status FROM objects WHERE kind = 'Job' AND uid IN ({marks})"
+        "SELECT uid, CASE WHEN spec LIKE :service THEN spec END AS spec, CASE WHEN spec LIKE :service"
+        f" THEN status END AS status FROM objects WHERE kind = 'Job' AND uid IN ({in_marks(width)})"
     )
 
 

@@ -152,8 +152,7 @@ _STATUS = Statement(f"SELECT {_OBSERVED} FROM objects WHERE kind = :kind AND nam
 
 @functools.cache
 def _statuses_named(width: int) -> Statement:
-    marks = ", ".join(f":n{i}" for i in range(width))
-    return Statement(f"SELECT {_OBSERVED} FROM objects WHERE kind = :kind AND name IN ({marks})")
+    return Statement(f"SELECT {_OBSERVED} FROM objects WHERE kind = :kind AND name IN ({in_marks(width)})")
 
 
 @dataclass(frozen=True)
@@ -213,9 +212,13 @@ _NAMES_AT_ONCE = 1024  # SQLite takes at most 32,766 parameters a statement
 
 @functools.cache
 def _list_named(width: int) -> Statement:
-    """`width` placeholders :n0, :n1, ... (SQLite has no array parameter)."""
-    marks = ", ".join(f":n{i}" for i in range(width))
-    return Statement(f"SELECT {_OBJECT} FROM objects WHERE kind = :kind AND name IN ({marks}) ORDER BY name")
+    return Statement(f"SELECT {_OBJECT} FROM objects WHERE kind = :kind AND name IN ({in_marks(width)}) ORDER BY name")
+
+
+def in_marks(width: int) -> str:
+    """`width` placeholders `:n0, :n1, ...` for an IN list (SQLite has no array parameter),
+    as `in_chunks` gives their values."""
+    return ", ".join(f":n{i}" for i in range(width))
 
 
 def in_chunks(names: Iterable[str]) -> Iterator[tuple[int, dict[str, str]]]:
