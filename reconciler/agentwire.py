@@ -9,11 +9,11 @@ from typing import Any
 
 from pydantic import Field
 
-from .wire import Body
+from .wire import Body, Int64
 
 
 class Capacity(Body):
-    slots: int | None = Field(default=None, ge=0, description="Default: the node's CPU count.")
+    slots: Int64 | None = Field(default=None, ge=0, description="Default: the node's CPU count.")
     cpu: str | None = None
     memory: str | None = None
 
@@ -31,7 +31,7 @@ class HeartbeatRequest(Body):
     agent: str = Field(description="The agent process (host:pid:start).")
     labels: dict[str, str] = Field(default_factory=dict)
     capacity: Capacity = Field(default_factory=Capacity)
-    cpu_count: int = Field(default=1, ge=1)
+    cpu_count: Int64 = Field(default=1, ge=1)
     address: str = Field(description="Where this node's services and log port are reached.")
     log_port: int | None = Field(default=None, ge=1, le=65535)
     withdraws: bool = Field(
@@ -46,14 +46,14 @@ class RunReport(Body):
     one that is no longer current is refused (409) and the agent stops the process."""
 
     uid: str
-    run: int = Field(ge=1)
-    epoch: int
-    pid: int | None = None
+    run: Int64 = Field(ge=1)
+    epoch: Int64
+    pid: Int64 | None = None
     process_start_time: float | None = None
     started_at: str | None = None
     finished_at: str | None = None
-    exit_code: int | None = None
-    signal: int | None = None
+    exit_code: Int64 | None = None
+    signal: Int64 | None = None
     gone: bool = Field(default=False, description="The process is gone and left no exit record.")
     start_failed: str | None = Field(default=None, description="Why the run could not start (nothing ran).")
     start_reason: str | None = Field(
@@ -66,9 +66,9 @@ class RunReport(Body):
     ready_message: str | None = Field(default=None, description="The probe's diagnostic.")
     limits: str | None = Field(default=None, description="How the run's resources are held: cgroup v1|v2, rlimit.")
     degraded: str | None = Field(default=None, description="Why no cgroup holds the run.")
-    peak_memory: int | None = Field(default=None, description="The most memory its cgroup held at once (bytes).")
+    peak_memory: Int64 | None = Field(default=None, description="The most memory its cgroup held at once (bytes).")
     cpu_seconds: float | None = Field(default=None, description="The CPU time its cgroup counted.")
-    oom_kills: int | None = Field(default=None, description="Processes the kernel killed at its memory limit.")
+    oom_kills: Int64 | None = Field(default=None, description="Processes the kernel killed at its memory limit.")
 
     def facts(self) -> dict[str, Any]:
         """The report as kept on the admission (camelCase, without what names the run)."""
@@ -99,7 +99,7 @@ class HeldRun(Body):
     """An ended run whose folder (logs and all) a node agent holds."""
 
     uid: str = Field(max_length=64)
-    run: int = Field(ge=1)
+    run: Int64 = Field(ge=1)
     node_uid: str = Field(max_length=64, description="The node's uid (its heartbeat's nodeUid) when the run started.")
 
 

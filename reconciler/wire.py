@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from .api.kinds import KINDS
@@ -284,6 +284,18 @@ def graph_from(document: dict[str, Any]) -> Graph:
 
 
 # -- request bodies ---------------------------------------------------------------------------
+
+
+# An integer an agent reports, kept in a stored status: bounded to 64 bits (as Kubernetes'
+# integers are), so that what the store reads back fast (jsontext.parse) is what was written
+# (a validator, not ge/le: those of the type would replace a field's own, such as ge=1)
+def _within_64_bits(value: int) -> int:
+    if not -(2**63) <= value < 2**63:
+        raise ValueError("must fit in 64 bits (a signed integer)")
+    return value
+
+
+Int64 = Annotated[int, AfterValidator(_within_64_bits)]
 
 
 class Body(BaseModel):

@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from reconciler.api.kinds import KINDS
-from reconciler.jsontext import canonical
+from reconciler.jsontext import canonical, parse
 
 # every value JSON can hold: any text (outside ASCII, DEL, control characters), ints past 64
 # bits, floats of every magnitude
@@ -103,3 +103,34 @@ def test_no_spec_of_any_kind_can_hold_a_float_that_json_spells_otherwise() -> No
         for number in _numbers(spec, schema.get("$defs", {}), set()):
             low = number.get("minimum", number.get("exclusiveMinimum"))
             assert low is not None and low >= 1e-4, f"{info.kind}: a spec float not bounded below by 1e-4: {number}"
+
+
+# what a stored status or node document holds: integers within 64 bits (the system's own, or an
+# agent's report bounded by wire.Int64), floats of every kind json spells, any text
+_stored_leaves = (
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text(st.characters(codec="utf-8"))
+)
+stored = st.recursive(_stored_leaves, lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner), max_leaves=30)
+
+
+def _spelled(value: Any) -> str:
+    """A value's full spelling: an int and its float, NaN and NaN, tell apart and match."""
+    return json.dumps(value, sort_keys=True)
+
+
+@given(stored, st.booleans())
+def test_parse_reads_a_stored_document_as_json_loads_does(document: Any, ascii_only: bool) -> None:
+    for text in (json.dumps(document, ensure_ascii=ascii_only), canonical(document)):
+        assert _spelled(parse(text)) == _spelled(json.loads(text))
+
+
+@pytest.mark.parametrize("text", ["NaN", "[Infinity, -Infinity]", "1e400", '"\\ud800"', '{"a": "\\udfff x"}'])
+def test_what_orjson_refuses_parse_reads_as_json_does(text: str) -> None:
+    assert _spelled(parse(text)) == _spelled(json.loads(text))
+    assert _spelled(parse(text.encode())) == _spelled(json.loads(text))
+
+
+def test_text_that_is_not_json_is_refused_as_json_refuses_it() -> None:
+    for text in ("", "{", "[1,]", "{'a': 1}"):
+        with pytest.raises(json.JSONDecodeError):
+            parse(text)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
@@ -15,6 +14,7 @@ from ..api.job import JobSpec
 from ..api.meta import from_epoch, to_epoch
 from ..api.notifier import RETRYING, STARTED
 from ..api.status import JobStatusDict, Phase, RunDict, phase_of
+from ..jsontext import parse
 from ..store import Store, StoredObject, eventlog
 from ..store import repository as repo
 from . import deadlines, notices
@@ -51,7 +51,7 @@ class Ctx:
     def __post_init__(self) -> None:
         if not self.status:  # a private copy: decoding the stored text is cheaper than deepcopy
             text = self.obj.status_text
-            self.status = cast(JobStatusDict, json.loads(text)) if text else {"phase": Phase.WAITING, "revision": 1}
+            self.status = cast(JobStatusDict, parse(text)) if text else {"phase": Phase.WAITING, "revision": 1}
 
     def released(self, pool: str | None, slots: int) -> None:
         """Slots came free: after the write, wake as many jobs first in line as could use them."""

@@ -6,12 +6,12 @@ round trip). Any other writer's commit ends the epoch, and with it everything ke
 
 from __future__ import annotations
 
-import json
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 from ..api import revisions
+from ..jsontext import parse
 from ..store import StoredObject
 
 MAX_KNOWN = 4096  # jobs kept at most; the oldest goes first (a 100,000-job store keeps its memory)
@@ -79,7 +79,7 @@ class Known:
             obj = self.get(name, epoch)
             if obj is None:
                 return None
-            status = json.loads(obj.status_text) if obj.status_text else {}
+            status = parse(obj.status_text) if obj.status_text else {}
             found[name] = revisions.seen_by_dependents(
                 _AsStored(obj.name, obj.uid, obj.generation, obj.annotations, obj.spec_text, status)
             )

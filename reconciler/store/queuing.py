@@ -11,6 +11,7 @@ import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from ..jsontext import parse
 from .dbapi import Connection, Result, Row, Statement
 from .transactions import Tx
 
@@ -51,7 +52,7 @@ class QueueEntry:
             row.eligible_at,
             row.bypass_count,
             row.node_name,
-            json.loads(row.node_selector),
+            parse(row.node_selector),
             row.cpu or 0.0,
             row.memory or 0,
         )

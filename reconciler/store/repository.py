@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..api.meta import API_VERSION, format_time
 from ..api.status import shown_job_status
 from ..errors import Conflict
-from ..jsontext import canonical
+from ..jsontext import canonical, parse
 from .dbapi import Connection, Row, Statement, StoreError
 from .transactions import Tx
 
@@ -61,7 +61,9 @@ class StoredObject:
             if text is None or text not in self.__dict__:
                 raise AttributeError(name)
             raw = self.__dict__[text]
-            value = json.loads(raw) if raw else None
+            # a status is the system's document (jsontext.parse); a spec, labels and
+            # annotations are the user's
+            value = (parse(raw) if name == "status" else json.loads(raw)) if raw else None
             self.__dict__[name] = value
             return value
 
@@ -192,7 +194,7 @@ def statuses(session: Connection, *, kind: str, names: Iterable[str]) -> dict[st
         ]
     return {
         row.name: Observed(
-            row.name, row.uid, row.generation, json.loads(row.status) if row.status else {}, row.spec, row.annotations
+            row.name, row.uid, row.generation, parse(row.status) if row.status else {}, row.spec, row.annotations
         )
         for row in rows
     }

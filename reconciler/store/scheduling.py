@@ -12,6 +12,7 @@ from typing import Any
 
 from ..api.node import heartbeat_fresh
 from ..api.quantity import format_cpu, format_size, parse_cpu, parse_size
+from ..jsontext import parse
 from . import queuing
 from .dbapi import Connection, Result, Statement
 from .transactions import COUNT_UP, META, Tx
@@ -117,7 +118,7 @@ def queued_with_pools(
 
 def _pool_facts(name: str, result: Result) -> PoolFacts:
     spec_text, used = result.one()
-    spec = json.loads(spec_text) if spec_text else {}
+    spec = parse(spec_text) if spec_text else {}
     slots = spec.get("slots", "unlimited")
     return PoolFacts(name, None if slots == "unlimited" else int(slots), int(spec.get("maxBypass", 3)), int(used))
 
@@ -126,7 +127,7 @@ def node_facts(session: Connection, now: float | None = None) -> list[NodeFacts]
     now = time.time() if now is None else now
     facts = []
     for row in _NODES.execute(session).all():
-        spec, status = json.loads(row.spec), json.loads(row.status or "{}")
+        spec, status = parse(row.spec), parse(row.status or "{}")
         declared = spec.get("capacity", {})
         capacity = declared.get("slots")
         if capacity is None:
@@ -136,7 +137,7 @@ def node_facts(session: Connection, now: float | None = None) -> list[NodeFacts]
         facts.append(
             NodeFacts(
                 row.name,
-                json.loads(row.labels),
+                parse(row.labels),
                 bool(spec.get("unschedulable")),
                 int(capacity),
                 int(row.allocated),

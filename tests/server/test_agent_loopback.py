@@ -168,6 +168,19 @@ def test_a_report_for_an_admission_that_is_not_current_is_refused_with_409(agent
     assert answer.json()["kind"] == "Status" and answer.json()["reason"] == "Conflict"
 
 
+def test_a_report_whose_integer_does_not_fit_64_bits_is_refused_naming_the_field(agent):
+    """A status is read back as a document of 64-bit integers (jsontext.parse): an agent's
+    report with a larger one is refused (422), not stored to read back as a float."""
+    server, _ = agent
+    report = {"uid": "u", "run": 1, "epoch": 3, "exitCode": 2**64}
+    answer = server.http().post(f"{PREFIX}/nodes/far/runs/ghost/report", json=report)
+    assert answer.status_code == 422, answer.text
+    assert "exitCode" in answer.text and "64 bits" in answer.text
+    batch = {"items": [{"job": "ghost", "uid": "u", "run": 2**63, "epoch": 3}]}
+    answer = server.http().post(f"{PREFIX}/nodes/far/runs/reports", json=batch)
+    assert answer.status_code == 422 and "64 bits" in answer.text, answer.text
+
+
 def test_reports_sent_together_are_kept_together_and_a_stale_one_is_refused_alone(agent_on_either_store):
     """POST nodes/NODE/runs/reports: several runs' reports in one request, kept in one
     transaction (on PostgreSQL pipelined); each is judged against its own admission, so a
