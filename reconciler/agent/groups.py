@@ -97,7 +97,7 @@ def _group_is_ours(identity: ProcessIdentity) -> bool:
         psutil.Process(identity.pid)
     except psutil.NoSuchProcess:
         return True
-    return same_process(identity) is not None
+    return same_process(identity)
 
 
 def _members(identity: ProcessIdentity) -> list[psutil.Process]:

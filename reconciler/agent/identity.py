@@ -98,15 +98,11 @@ def start_time_of(pid: int) -> float | None:
     return None if found is None else found[1]
 
 
-def same_process(identity: ProcessIdentity) -> psutil.Process | None:
-    """The psutil handle when `identity` still names a process (zombies included)."""
-    try:
-        proc = psutil.Process(identity.pid)
-        if abs(proc.create_time() - identity.start_time) <= START_TIME_TOLERANCE:
-            return proc
-    except (psutil.NoSuchProcess, psutil.AccessDenied):
-        pass
-    return None
+def same_process(identity: ProcessIdentity) -> bool:
+    """Whether `identity` still names a process (zombies included): one read of its stat
+    file, as psutil's create_time would tell (the exit watcher asks it of every run it reaps)."""
+    start = start_time_of(identity.pid)
+    return start is not None and abs(start - identity.start_time) <= START_TIME_TOLERANCE
 
 
 def is_alive(identity: ProcessIdentity) -> bool:

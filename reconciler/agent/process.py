@@ -256,8 +256,7 @@ def reap(identity: ProcessIdentity) -> int | None:
             wait_armed(identity.pid, timeout=0)  # closes the arming pipe if nobody waited on it
         return code
     wait_armed(identity.pid, timeout=0)  # a fork server's wrapper: forgets its setsid wait
-    proc = same_process(identity)  # never waitpid a pid that was reused
-    if proc is None:
+    if not same_process(identity):  # never waitpid a pid that was reused
         return None
     try:
         pid, status = os.waitpid(identity.pid, os.WNOHANG)
