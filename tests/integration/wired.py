@@ -40,6 +40,9 @@ def wired_controller(url: str, folder: Path, manifests: str) -> Iterator[Control
     try:
         yield wired
     finally:
+        # as Controller.stop: the spawns first, so that no run asked for in a step starts a
+        # fork server after the agent has closed its own
+        wired.jobs.runs.spawns.close()
         wired.agent.close()
         store.dispose()
 
