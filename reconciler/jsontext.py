@@ -47,9 +47,10 @@ def parse(text: str | bytes) -> Any:
     Job's status of ~1.3 kB: 8 us against 22; a step reads several). What orjson refuses,
     json takes (NaN, a number beyond a double, a lone surrogate), so nothing reads otherwise,
     but for one difference: orjson reads an integer beyond 64 bits as a float. The documents
-    read here hold none: their integers are the system's own or were bounded to 64 bits on
-    their way in (wire.Int64: an agent's report). A spec, whose integers a user chose, is read
-    with json (and once per text)."""
+    read here hold none: a status's integers are the system's own, bounded where they are
+    read (an exit record: 0-255) or received (an agent's report: wire.Int64); a Pool's or a
+    Node's spec holds slot counts bounded by its model, and labels hold text. A Job's spec,
+    whose integers a user chose, is read with json (and once per text)."""
     try:
         return orjson.loads(text)
     except orjson.JSONDecodeError:

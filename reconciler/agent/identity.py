@@ -99,8 +99,9 @@ def start_time_of(pid: int) -> float | None:
 
 
 def same_process(identity: ProcessIdentity) -> bool:
-    """Whether `identity` still names a process (zombies included): one read of its stat
-    file, as psutil's create_time would tell (the exit watcher asks it of every run it reaps)."""
+    """Whether `identity` still names a process (zombies included): its start time read
+    from /proc as psutil's create_time computes it, without building a psutil object (the
+    exit watcher asks it of every run it reaps)."""
     start = start_time_of(identity.pid)
     return start is not None and abs(start - identity.start_time) <= START_TIME_TOLERANCE
 

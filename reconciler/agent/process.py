@@ -220,6 +220,9 @@ def _start_by_server(
     return identity
 
 
+MAX_EXIT_CODE = 255  # what a wrapper writes: the command's status, or 128 + the signal that ended it
+
+
 def read_exit(run_dir: pathlib.Path) -> ExitRecord | None:
     """The exit record the wrapper left, or None while there is none (yet)."""
     text = read_small(os.path.join(run_dir, "exit"))
@@ -230,6 +233,10 @@ def read_exit(run_dir: pathlib.Path) -> ExitRecord | None:
     try:
         code = int(text)
     except ValueError:
+        return None
+    if not 0 <= code <= MAX_EXIT_CODE:
+        # not the wrapper's (the run can write its folder): no record, as for any other
+        # text, rather than a number a status or an agent's report cannot hold
         return None
     try:  # the end's time, also of a run that ended while no controller was there to see it
         at: float | None = os.stat(os.path.join(run_dir, "exit")).st_mtime

@@ -122,7 +122,8 @@ def draft(body: bytes, template: dict[str, Any], *, base_dir: Path | None = None
 def _data(text: str) -> tuple[Any, str | None]:
     """JSON first (what producers mostly send, and fastest: orjson reads a request in a
     fifth of json's time), else one YAML document (also what orjson refuses and json would
-    read: NaN, an integer past 64 bits)."""
+    read, such as NaN). An integer past 64 bits orjson reads as a float, which a Job's
+    integer fields refuse, so such a message is rejected naming the field."""
     if not text.strip():
         return None, "body: empty"
     try:

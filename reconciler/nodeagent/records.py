@@ -112,9 +112,14 @@ def load(folder: Path) -> Record | None:
     known = {f.name for f in fields(Record)}
     try:
         document = json.loads((folder / RECORD).read_text())
-        return Record(**{k: v for k, v in document.items() if k in known})
+        record = Record(**{k: v for k, v in document.items() if k in known})
     except (OSError, ValueError, TypeError):
         return None  # none, or one written by hand or by another version: not ours to act on
+    # the run can write its folder: an integer no report may carry (wire.Int64) would have
+    # the server refuse, and the agent resend, every batch of reports it is in
+    if any(isinstance(v, int) and not -(2**63) <= v < 2**63 for v in vars(record).values()):
+        return None
+    return record
 
 
 def load_all(runs: Path) -> list[Record]:

@@ -1,6 +1,8 @@
 """Reports to the server: a thread sending each run's start and end (a start held back a
 moment, so a short run's start and end go together; ends first), several in one request,
-with backoff while the server does not answer. A report refused as stale stops its run."""
+with backoff while the server does not answer. A report refused as stale, or as invalid (by
+itself: a batch the server refuses so is sent again a report at a time), stops its run and is
+not sent again."""
 
 from __future__ import annotations
 
@@ -63,15 +65,18 @@ class Reports(Shared):
 
     def _send(self, batch: list[Record]) -> list[str | None]:
         """The reports of `batch` in one request (the server keeps them in one transaction),
-        or one request each to a server without the batch route; per record, None when it
-        was kept, else why it was refused as stale."""
+        or one request each to a server without the batch route, or when the server refused
+        the batch as invalid (422: one report it can never take, such as a record written by
+        hand, must not hold back the others for good); per record, None when it was kept,
+        else why it was refused, as stale or as invalid."""
         if self._batches:
             try:
                 return self.api.reports([{"job": r.job, **r.report()} for r in batch])
             except Unreachable as exc:
-                if exc.status not in (404, 405):
+                if exc.status not in (404, 405, 422):
                     raise
-                self._batches = False  # an older server: a report per request from now on
+                if exc.status != 422:
+                    self._batches = False  # an older server: a report per request from now on
         kept: list[str | None] = []
         for record in batch:
             try:
@@ -79,4 +84,8 @@ class Reports(Shared):
                 kept.append(None)
             except Stale as exc:
                 kept.append(str(exc))
+            except Unreachable as exc:
+                if exc.status != 422:
+                    raise
+                kept.append(f"its report was refused as invalid ({exc})")  # as often as it is sent
         return kept

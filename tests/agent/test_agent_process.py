@@ -11,7 +11,7 @@ import time
 import psutil
 import pytest
 
-from reconciler.agent.identity import start_time_of, wall_clock_start
+from reconciler.agent.identity import same_process, start_time_of, wall_clock_start
 from reconciler.agent.process import (
     ExitRecord,
     ProcessIdentity,
@@ -229,6 +229,33 @@ def test_exit_record_decodes_signals(tmp_path):
     (tmp_path / "exit").write_text("128\n")
     assert read_exit(tmp_path) == ExitRecord(exit_code=128, signal=None)
     assert read_exit(tmp_path / "absent") is None
+
+
+def test_an_exit_record_no_wrapper_writes_is_no_record(tmp_path):
+    """A wrapper writes 0-255 (the status, or 128 + a signal); the run can write its folder,
+    and a number past that is not an exit a status or an agent's report can hold."""
+    (tmp_path / "exit").write_text("255\n")
+    assert read_exit(tmp_path) == ExitRecord(exit_code=255, signal=127)
+    for text in ("256\n", "-1\n", "100000000000000000001\n"):
+        (tmp_path / "exit").write_text(text)
+        assert read_exit(tmp_path) is None, text
+
+
+def test_same_process_tells_a_zombie_from_a_reaped_or_reused_pid():
+    """What the exit watcher asks before it collects a run's wrapper: a zombie is still the
+    process, a wrong start time or a reaped pid is not."""
+    proc = subprocess.Popen(["sleep", "5"])
+    try:
+        identity = ProcessIdentity(proc.pid, psutil.Process(proc.pid).create_time())
+        assert same_process(identity)
+        assert not same_process(ProcessIdentity(proc.pid, identity.start_time - 5))
+        proc.kill()
+        wait_until(lambda: psutil.Process(proc.pid).status() == psutil.STATUS_ZOMBIE)
+        assert same_process(identity)  # not yet collected: still this process
+    finally:
+        proc.kill()
+        proc.wait()
+    assert not same_process(identity)  # reaped (unless the pid was reused at once, by another start)
 
 
 def test_a_run_does_not_inherit_reconcilers_own_variables(spawn, monkeypatch):

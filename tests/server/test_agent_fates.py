@@ -642,6 +642,37 @@ def test_a_run_that_ended_while_its_agent_was_down_is_reported_with_its_exit_not
     assert not _held(server, "ended")
 
 
+def test_a_report_the_server_refuses_as_invalid_does_not_hold_back_the_others(serve, sqlite_url, agents, tmp_path):
+    """A run's record changed by hand (here a field of the wrong type) while its agent was
+    down: the server refuses the batch of reports that holds it (422). The agent back sends
+    them one at a time, so the other run's end is kept, and gives up the refused one, saying
+    so, instead of sending the same batch for good."""
+    server = serve(sqlite_url, "--no-local-node")
+    agent = agents(server, "agent", env={"RECONCILER_START_REPORT_DELAY": "120"})
+    _node_up(server)
+    go = tmp_path / "go"
+    for name in ("good", "bad"):
+        script = f"while [ ! -e {go} ]; do sleep 0.1; done"
+        _apply(server, {**job_manifest(name), "spec": {"shell": script, "stopGracePeriod": "1s"}})
+    runs = tmp_path / "agent" / "runs"
+    records = {
+        name: wait_until(lambda n=name: next(runs.glob(f"{n}.*/agent.json"), None), timeout=30, message=name)
+        for name in ("good", "bad")
+    }
+    os.killpg(agent.pid, signal.SIGKILL)
+    agent.wait()
+    bad = json.loads(records["bad"].read_text())
+    records["bad"].write_text(json.dumps({**bad, "ready_message": 5}))  # a text field holding a number
+    go.touch()
+    wait_until(lambda: all((r.parent / "exit").exists() for r in records.values()), timeout=30, message="ended")
+    agents(server, "agent")
+    done = settled(server, "good")["good"]["status"]
+    assert done["outcome"] == "Succeeded", done
+    log = (tmp_path / "agent.log").read_text()
+    wait_until(lambda: "its report was refused as invalid" in (tmp_path / "agent.log").read_text(), timeout=30)
+    assert "job bad" in (tmp_path / "agent.log").read_text(), log
+
+
 def test_a_takeover_right_after_a_server_restart_waits_for_the_window(serve, sqlite_url, tmp_path):
     """The node's last heartbeat is stale only because the server was down: another host's
     agent is answered 503 (retried) until the server has been up for the Ready window, so the
