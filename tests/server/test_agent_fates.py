@@ -668,9 +668,9 @@ def test_a_report_the_server_refuses_as_invalid_does_not_hold_back_the_others(se
     agents(server, "agent")
     done = settled(server, "good")["good"]["status"]
     assert done["outcome"] == "Succeeded", done
-    log = (tmp_path / "agent.log").read_text()
     wait_until(lambda: "its report was refused as invalid" in (tmp_path / "agent.log").read_text(), timeout=30)
-    assert "job bad" in (tmp_path / "agent.log").read_text(), log
+    log = (tmp_path / "agent.log").read_text()
+    assert "job bad" in log, log
 
 
 def test_a_takeover_right_after_a_server_restart_waits_for_the_window(serve, sqlite_url, tmp_path):
