@@ -9,11 +9,11 @@ from typing import Any
 
 from pydantic import Field
 
-from .wire import Body, Int64
+from .wire import Body, Int64, NonNegativeInt64
 
 
 class Capacity(Body):
-    slots: Int64 | None = Field(default=None, ge=0, description="Default: the node's CPU count.")
+    slots: NonNegativeInt64 | None = Field(default=None, description="Default: the node's CPU count.")
     cpu: str | None = None
     memory: str | None = None
 

@@ -8,8 +8,9 @@ import dataclasses
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Literal, NamedTuple
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetJsonSchemaHandler
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
 
 from .api.kinds import KINDS
 from .api.meta import API_VERSION, from_epoch, to_epoch
@@ -295,7 +296,22 @@ def _within_64_bits(value: int) -> int:
     return value
 
 
-Int64 = Annotated[int, AfterValidator(_within_64_bits)]
+class _Int64Schema:
+    """The bound in the OpenAPI document too, since a validator shows nothing there: OpenAPI's
+    `format: int64` is a signed 64-bit integer. (Not as `maximum`: FastAPI's document holds
+    bounds as floats, and 2^63 - 1 as a float is 2^63.)"""
+
+    def __get_pydantic_json_schema__(self, core_schema: Any, handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        schema["format"] = "int64"
+        return schema
+
+
+Int64 = Annotated[int, AfterValidator(_within_64_bits), _Int64Schema()]
+# an optional one with a bound of its own has it in its type, before the validator: given on
+# the field (`Int64 | None = Field(ge=0)`), pydantic's schema would show it as `ge`, a name
+# JSON Schema does not know
+NonNegativeInt64 = Annotated[int, Field(ge=0), AfterValidator(_within_64_bits), _Int64Schema()]
 
 
 class Body(BaseModel):

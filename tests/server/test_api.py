@@ -257,6 +257,29 @@ def test_openapi_document_and_health(server):
     assert {r["name"] for r in discovery["resources"]} == {"jobs", "pools", "nodes", "notifiers", "sources"}
 
 
+def _keys(node: object) -> set[str]:
+    """Every key of every object in a JSON document."""
+    if isinstance(node, dict):
+        return set(node).union(*(_keys(v) for v in node.values()))
+    if isinstance(node, list):
+        return set().union(*(_keys(v) for v in node))
+    return set()
+
+
+def test_the_openapi_document_shows_the_64_bit_bound_of_an_agents_integers(server):
+    # a report's integers are refused past 64 bits (422): the document says so (OpenAPI's
+    # int64 is a signed 64-bit integer), and a field's own bound (ge=1, ge=0) is shown as JSON
+    # Schema's minimum, not under pydantic's name for it
+    schemas = server.http().get("/openapi.json").json()["components"]["schemas"]
+    report = schemas["RunReport"]["properties"]
+    run, exit_code = report["run"], report["exitCode"]["anyOf"][0]
+    assert (run["type"], run["format"], run["minimum"]) == ("integer", "int64", 1)
+    assert (exit_code["type"], exit_code["format"]) == ("integer", "int64") and "minimum" not in exit_code
+    slots = schemas["Capacity"]["properties"]["slots"]["anyOf"][0]
+    assert (slots["type"], slots["format"], slots["minimum"]) == ("integer", "int64", 0)
+    assert not {"ge", "le", "gt", "lt"} & _keys(schemas)
+
+
 def test_the_seeds_post_jobs_and_get_jobs_with_filters(server):
     http = server.http()
     first = http.post("/jobs", json={"command": "echo $GREETING", "env_vars": {"GREETING": "seeded"}})
