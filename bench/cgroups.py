@@ -175,10 +175,10 @@ def measure(runs: int, rounds: int) -> dict[str, dict[str, float]]:
         for r in range(rounds):
             for mode in ("plain", "cgroup") if r % 2 == 0 else ("cgroup", "plain"):
                 samples[mode] += [_one(work, i, take if mode == "cgroup" else None, limits) for i in range(runs)]
-        made = []  # the spares thread's work per run: a cgroup made (and, at the end, removed)
+        made = []  # the spares thread's work per run: a cgroup made with the runs' limits (and removed)
         for _ in range(runs):
             t0 = time.perf_counter()
-            hierarchy.create(f"bench.{uuid.uuid4()}.1", Limits(None, None)).remove()
+            hierarchy.create(f"bench.{uuid.uuid4()}.1", limits).remove()
             made.append(time.perf_counter() - t0)
         join = _join_cost(hierarchy, limits, runs, rounds)
         idle = _join_after_idle(hierarchy, limits, min(runs, 40))
@@ -218,7 +218,8 @@ def row(runs: int, rounds: int) -> Row:
         f"whole run (start to the wrapper reaped and its cgroup removed) {c['whole'] * 1000:.2f} ms against "
         f"{p['whole'] * 1000:.2f} ms; "
         + ("beside the loop, the spares thread spends" if version == "v1" else "no spares on v2 (no rename): the take")
-        + f" {c['ahead'] * 1000:.2f} ms a run making a cgroup (timed as make + remove of a bare one); "
+        + f" {c['ahead'] * 1000:.2f} ms a run making a cgroup (timed as make with the limits + remove; a v1 spare"
+        " is made with the last run's limits, so that a run with the same writes none at its take); "
         f"a join as the wrapper makes it (the process writing {'0 to each tasks' if version == 'v1' else 'its pid'}) "
         f"takes {c['join self back to back'] * 1000:.2f} ms right after another and "
         f"{c['join self after idle'] * 1000:.2f} ms after {IDLE * 1000:.0f} ms without one; a pid written to each "

@@ -18,6 +18,7 @@ Nothing here blocks: each call is a few reads or writes of cgroupfs files.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import signal
@@ -52,6 +53,9 @@ class Limits:
     memory: int | None  # bytes; None or 0: no limit
 
 
+NO_LIMITS = Limits(None, None)  # what a new cgroup holds
+
+
 @dataclass(frozen=True)
 class Usage:
     peak_memory: int | None  # bytes, the most the cgroup was charged at once (None: not kept here)
@@ -66,6 +70,13 @@ def _write(path: Path, value: str) -> None:
         os.write(fd, value.encode())
     finally:
         os.close(fd)
+
+
+def _write_if_there(path: Path, value: str) -> None:
+    """A write to a file the kernel offers only in some setups (swap accounting)."""
+    if path.exists():
+        with contextlib.suppress(OSError):
+            _write(path, value)
 
 
 def _int(text: str | None) -> int | None:
@@ -93,6 +104,7 @@ class RunCgroup(ABC):
     def __init__(self, name: str, dirs: tuple[Path, ...]):
         self.name = name
         self.dirs = dirs
+        self.limits = NO_LIMITS  # what this process wrote to it (`create`, `rename`)
 
     @property
     def join_files(self) -> list[Path]:
@@ -223,17 +235,19 @@ class Hierarchy(ABC):
         try:
             for d in group.dirs:
                 _made(d)
-            self._limit(group, limits)
+            self._limit(group, limits, NO_LIMITS)
         except OSError as exc:
             for d in reversed(new):
                 with contextlib.suppress(OSError):
                     d.rmdir()
             raise CgroupUnavailable(f"cannot create cgroup {group.dirs[0]}: {exc.strerror or exc}") from exc
+        group.limits = limits
         return group
 
     def rename(self, spare: RunCgroup, name: str, limits: Limits) -> RunCgroup:
         """A cgroup made ahead (`Spares`) becomes run `name`'s, with its limits: a rename in
-        each hierarchy (kernfs renames in place), undone if one fails."""
+        each hierarchy (kernfs renames in place), undone if one fails. Only the limits the
+        spare was not made with are written (a spare is made with the last run's)."""
         _check_name(name)
         group = self.open(name)
         done: list[tuple[Path, Path]] = []
@@ -241,7 +255,7 @@ class Hierarchy(ABC):
             for old, new in zip(spare.dirs, group.dirs, strict=True):
                 os.rename(old, new)  # never over the run's own: the kernel answers EEXIST
                 done.append((old, new))
-            self._limit(group, limits)
+            self._limit(group, limits, spare.limits)
         except OSError as exc:
             for old, new in reversed(done):
                 with contextlib.suppress(OSError):
@@ -249,6 +263,7 @@ class Hierarchy(ABC):
             if isinstance(exc, FileExistsError):
                 raise CgroupExists(f"cgroup {name} exists") from exc
             raise CgroupUnavailable(f"cannot take cgroup {spare.dirs[0]} for {name}: {exc.strerror or exc}") from exc
+        group.limits = limits
         return group
 
     def prepare(self) -> None:
@@ -266,7 +281,8 @@ class Hierarchy(ABC):
     def open(self, name: str) -> RunCgroup: ...
 
     @abstractmethod
-    def _limit(self, group: RunCgroup, limits: Limits) -> None: ...
+    def _limit(self, group: RunCgroup, limits: Limits, had: Limits) -> None:
+        """Write `limits` to a cgroup that holds `had` (NO_LIMITS when new): what differs."""
 
 
 class V1Hierarchy(Hierarchy):
@@ -279,17 +295,26 @@ class V1Hierarchy(Hierarchy):
     def open(self, name: str) -> V1Cgroup:
         return V1Cgroup(name, self.memory / PARENT / name, self.cpu / PARENT / name, self.cpuacct / PARENT / name)
 
-    def _limit(self, group: RunCgroup, limits: Limits) -> None:
+    def _limit(self, group: RunCgroup, limits: Limits, had: Limits) -> None:
         assert isinstance(group, V1Cgroup)
-        if limits.memory:
-            _write(group.memory / "memory.limit_in_bytes", str(limits.memory))
-            memsw = group.memory / "memory.memsw.limit_in_bytes"
-            if memsw.exists():  # swap accounting on: the limit holds for swap too, not just RAM
-                with contextlib.suppress(OSError):
-                    _write(memsw, str(limits.memory))
-        if limits.cpu:
-            _write(group.cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
-            _write(group.cpu / "cpu.cfs_quota_us", str(max(MIN_QUOTA_US, round(limits.cpu * CFS_PERIOD_US))))
+        memory, before = limits.memory or None, had.memory or None
+        if memory != before:
+            value = "-1" if memory is None else str(memory)  # -1: no limit
+            ram = group.memory / "memory.limit_in_bytes"
+            # with swap accounting on, the limit holds for swap too, not just RAM; the kernel
+            # keeps the RAM limit at or below that one, so a raise writes that one first
+            swap = functools.partial(_write_if_there, group.memory / "memory.memsw.limit_in_bytes", value)
+            if memory is not None and (before is None or memory < before):
+                _write(ram, value)
+                swap()
+            else:
+                swap()
+                _write(ram, value)
+        quota, before_quota = _quota(limits.cpu), _quota(had.cpu)
+        if quota != before_quota:
+            if quota is not None and before_quota is None:
+                _write(group.cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
+            _write(group.cpu / "cpu.cfs_quota_us", "-1" if quota is None else str(quota))  # -1: no quota
 
 
 class V2Hierarchy(Hierarchy):
@@ -309,17 +334,22 @@ class V2Hierarchy(Hierarchy):
         except OSError as exc:
             raise CgroupUnavailable(f"cannot enable cpu and memory under {self.root}: {exc.strerror or exc}") from exc
 
-    def _limit(self, group: RunCgroup, limits: Limits) -> None:
+    def _limit(self, group: RunCgroup, limits: Limits, had: Limits) -> None:
         assert isinstance(group, V2Cgroup)
+        assert had == NO_LIMITS, "a v2 cgroup is always new here: cgroup2 renames none, so it has no spares"
         if limits.memory:
             _write(group.path / "memory.max", str(limits.memory))
             swap = group.path / "memory.swap.max"
             if swap.exists():
                 with contextlib.suppress(OSError):
                     _write(swap, "0")
-        if limits.cpu:
-            quota = max(MIN_QUOTA_US, round(limits.cpu * CFS_PERIOD_US))
+        if (quota := _quota(limits.cpu)) is not None:
             _write(group.path / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+
+
+def _quota(cpu: float | None) -> int | None:
+    """The CFS quota (us a period) for `cpu` cores; None: no quota."""
+    return max(MIN_QUOTA_US, round(cpu * CFS_PERIOD_US)) if cpu else None
 
 
 def _enable(subtree_control: Path, controllers: tuple[str, ...]) -> None:
@@ -363,6 +393,7 @@ def detect(root: Path = DEFAULT_ROOT) -> Hierarchy:
 
 
 __all__ = [
+    "NO_LIMITS",
     "CgroupExists",
     "CgroupUnavailable",
     "Hierarchy",

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from reconciler.agent import cgroups
 from reconciler.agent.cgroups import (
+    NO_LIMITS,
     CgroupUnavailable,
     Limits,
     V1Hierarchy,
@@ -160,6 +162,63 @@ def test_a_run_takes_a_spare_by_renaming_it_and_the_thread_makes_another():
         for group in taken:
             group.remove()
     assert not set(_spares_in(parent)) & set(before), "closing removes the spares left"
+
+
+def _held(hier: V1Hierarchy, name: str) -> tuple[int | None, int | None, int | None]:
+    """What a v1 cgroup holds: its memory limit, its memory+swap limit (None without swap
+    accounting) and its CPU quota; None for no limit."""
+    memory, cpu = hier.memory / "reconciler" / name, hier.cpu / "reconciler" / name
+
+    def limit(path: Path) -> int | None:
+        value = int(path.read_text())
+        return None if value < 0 or value >= 2**62 else value  # -1 reads back as the largest page count
+
+    memsw = memory / "memory.memsw.limit_in_bytes"
+    quota = limit(cpu / "cpu.cfs_quota_us")
+    assert quota is None or (cpu / "cpu.cfs_period_us").read_text().strip() == "100000"
+    return limit(memory / "memory.limit_in_bytes"), limit(memsw) if memsw.exists() else None, quota
+
+
+@real_v1
+def test_a_spare_is_made_with_the_last_runs_limits_and_a_run_writes_only_those_that_differ(monkeypatch):
+    hier = _real_v1()
+    assert hier is not None
+    swap = (hier.memory / "memory.memsw.limit_in_bytes").exists()
+    writes: list[str] = []
+    write = cgroups._write
+    monkeypatch.setattr(cgroups, "_write", lambda path, value: (writes.append(path.name), write(path, value))[1])
+    spares = Spares(hier, keep=1)
+    parent = hier.memory / "reconciler"
+    taken = []
+
+    def take(limits: Limits) -> tuple[int | None, int | None, int | None]:
+        wait_until(lambda: spares.ready() == 1, timeout=10)
+        [spare] = _spares_in(parent)
+        writes.clear()
+        group = spares.take(_unique("job"), limits)
+        taken.append(group)
+        assert spare not in _spares_in(parent), "the run's cgroup is the spare renamed"
+        return _held(hier, group.name)
+
+    try:
+        first = Limits(cpu=1, memory=2 * MiB)
+        taken.append(spares.take(_unique("first"), first))  # none ready yet: made at once
+        wait_until(lambda: spares.ready() == 1, timeout=10)
+        assert _held(hier, _spares_in(parent)[0]) == (2 * MiB, 2 * MiB if swap else None, 100_000)
+        assert take(first) == (2 * MiB, 2 * MiB if swap else None, 100_000)
+        assert writes == [], "a spare made with the run's limits needs none written"
+        # more memory (the memory+swap limit first, which the RAM limit may not exceed), less CPU
+        assert take(Limits(cpu=0.5, memory=8 * MiB)) == (8 * MiB, 8 * MiB if swap else None, 50_000)
+        assert writes == ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes", "cpu.cfs_quota_us"][1 - swap :]
+        # less memory (the RAM limit first), no CPU quota
+        assert take(Limits(cpu=None, memory=MiB)) == (MiB, MiB if swap else None, None)
+        # no limits at all: a spare made with some gives them up
+        assert take(NO_LIMITS) == (None, None, None)
+        assert take(Limits(cpu=2, memory=None)) == (None, None, 200_000)
+    finally:
+        spares.close()
+        for group in taken:
+            group.remove()
 
 
 @real_v1

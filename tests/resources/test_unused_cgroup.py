@@ -69,7 +69,11 @@ def test_the_cgroup_kept_for_an_unanswered_start_is_removed_when_the_job_stops_u
     env.apply(job("unsure", "echo started; exit 0"))
     uid = env.obj("unsure").uid
     # made in LocalAgent.start after the step found no reason to stop: the request follows
-    made = wait_until(lambda: run_cgroup_dirs(hier, uid), message="the run's cgroup, made for its start")
+    # in every hierarchy: a spare becomes the run's by one rename in each, one after another
+    made = wait_until(
+        lambda: len(dirs := run_cgroup_dirs(hier, uid)) == len(hier.parents()) and dirs,
+        message="the run's cgroup, made for its start",
+    )
     assert all(d.name == f"unsure.{uid}.1" for d in made), made
     if stop == "cancel":
         env.cli("cancel", "unsure")
