@@ -54,6 +54,7 @@ class Limits:
 
 
 NO_LIMITS = Limits(None, None)  # what a new cgroup holds
+NO_MEMORY_LIMIT = 2**62  # a v1 memory limit read back at least this large is none (-1 reads as the largest page count)
 
 
 @dataclass(frozen=True)
@@ -104,7 +105,9 @@ class RunCgroup(ABC):
     def __init__(self, name: str, dirs: tuple[Path, ...]):
         self.name = name
         self.dirs = dirs
-        self.limits = NO_LIMITS  # what this process wrote to it (`create`, `rename`)
+        # the limits it holds, as this process made it (`create`, `rename`); None for one
+        # opened as found (a crash may have left it with another run's: `read_limits`)
+        self.limits: Limits | None = None
 
     @property
     def join_files(self) -> list[Path]:
@@ -141,6 +144,10 @@ class RunCgroup(ABC):
 
     @abstractmethod
     def usage(self) -> Usage: ...
+
+    @abstractmethod
+    def read_limits(self) -> Limits:
+        """The limits it holds, read from its files (a CPU quota over the period it has)."""
 
     def remove(self) -> bool:
         """rmdir in each hierarchy; True once none is left. The kernel refuses while a
@@ -184,6 +191,15 @@ class V1Cgroup(RunCgroup):
             oom_kills=kills,
         )
 
+    def read_limits(self) -> Limits:
+        memory = _int(read_small(self.memory / "memory.limit_in_bytes"))
+        quota = _int(read_small(self.cpu / "cpu.cfs_quota_us"))
+        period = _int(read_small(self.cpu / "cpu.cfs_period_us")) or CFS_PERIOD_US
+        return Limits(
+            None if quota is None or quota < 0 else quota / period,
+            None if memory is None or memory >= NO_MEMORY_LIMIT else memory,  # none: the largest page count
+        )
+
 
 class V2Cgroup(RunCgroup):
     version = "v2"
@@ -198,6 +214,14 @@ class V2Cgroup(RunCgroup):
             peak_memory=_int(read_small(self.path / "memory.peak")),  # Linux 5.19 and later
             cpu_seconds=None if usage_us is None else usage_us / 1e6,
             oom_kills=_keyed(read_small(self.path / "memory.events"), "oom_kill") or 0,
+        )
+
+    def read_limits(self) -> Limits:
+        memory = (read_small(self.path / "memory.max") or "max").strip()
+        quota, _, period = (read_small(self.path / "cpu.max") or "max").strip().partition(" ")
+        return Limits(
+            None if quota == "max" else int(quota) / (int(period) if period else CFS_PERIOD_US),
+            None if memory == "max" else int(memory),
         )
 
     def kill_all(self) -> None:
@@ -228,6 +252,9 @@ class Hierarchy(ABC):
     renames = False
 
     def create(self, name: str, limits: Limits) -> RunCgroup:
+        """Run `name`'s cgroup with `limits`. One found made (before a crash: perhaps a spare
+        renamed whose limits, another run's, were not rewritten yet) is given them too, over
+        what it holds."""
         _check_name(name)
         self.prepare()
         group = self.open(name)
@@ -235,7 +262,7 @@ class Hierarchy(ABC):
         try:
             for d in group.dirs:
                 _made(d)
-            self._limit(group, limits, NO_LIMITS)
+            self._limit(group, limits, NO_LIMITS if len(new) == len(group.dirs) else group.read_limits())
         except OSError as exc:
             for d in reversed(new):
                 with contextlib.suppress(OSError):
@@ -255,7 +282,7 @@ class Hierarchy(ABC):
             for old, new in zip(spare.dirs, group.dirs, strict=True):
                 os.rename(old, new)  # never over the run's own: the kernel answers EEXIST
                 done.append((old, new))
-            self._limit(group, limits, spare.limits)
+            self._limit(group, limits, spare.limits if spare.limits is not None else group.read_limits())
         except OSError as exc:
             for old, new in reversed(done):
                 with contextlib.suppress(OSError):
@@ -282,7 +309,8 @@ class Hierarchy(ABC):
 
     @abstractmethod
     def _limit(self, group: RunCgroup, limits: Limits, had: Limits) -> None:
-        """Write `limits` to a cgroup that holds `had` (NO_LIMITS when new): what differs."""
+        """Write `limits` to a cgroup that holds `had` (NO_LIMITS when new): what differs, a
+        limit it holds and `limits` does not as none."""
 
 
 class V1Hierarchy(Hierarchy):
@@ -310,9 +338,9 @@ class V1Hierarchy(Hierarchy):
             else:
                 swap()
                 _write(ram, value)
-        quota, before_quota = _quota(limits.cpu), _quota(had.cpu)
-        if quota != before_quota:
-            if quota is not None and before_quota is None:
+        quota = _quota(limits.cpu)
+        if quota != _quota(had.cpu):
+            if quota is not None:
                 _write(group.cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
             _write(group.cpu / "cpu.cfs_quota_us", "-1" if quota is None else str(quota))  # -1: no quota
 
@@ -336,15 +364,16 @@ class V2Hierarchy(Hierarchy):
 
     def _limit(self, group: RunCgroup, limits: Limits, had: Limits) -> None:
         assert isinstance(group, V2Cgroup)
-        assert had == NO_LIMITS, "a v2 cgroup is always new here: cgroup2 renames none, so it has no spares"
-        if limits.memory:
-            _write(group.path / "memory.max", str(limits.memory))
-            swap = group.path / "memory.swap.max"
-            if swap.exists():
-                with contextlib.suppress(OSError):
-                    _write(swap, "0")
-        if (quota := _quota(limits.cpu)) is not None:
-            _write(group.path / "cpu.max", f"{quota} {CFS_PERIOD_US}")
+        memory = limits.memory or None
+        if memory != (had.memory or None):
+            _write(group.path / "memory.max", "max" if memory is None else str(memory))
+            if memory is None:
+                _write_if_there(group.path / "memory.swap.max", "max")
+        if memory is not None:  # a limit holds for swap too (what `read_limits` does not read: written each time)
+            _write_if_there(group.path / "memory.swap.max", "0")
+        quota = _quota(limits.cpu)
+        if quota != _quota(had.cpu):
+            _write(group.path / "cpu.max", f"{'max' if quota is None else quota} {CFS_PERIOD_US}")
 
 
 def _quota(cpu: float | None) -> int | None:

@@ -64,23 +64,30 @@ class Spares:
         """Run `name`'s cgroup with `limits` (CgroupUnavailable when none can be made)."""
         with self._lock:
             spare = self._ready.pop() if self._ready else None
-            self._limits = limits
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._fill, name="cgroup-spares", daemon=True)
-                self._thread.start()
         try:
+            group = None
             if spare is not None:
                 try:
-                    return self.hierarchy.rename(spare, name, limits)
-                except CgroupExists:  # made before a crash: create() takes it as it is
+                    group = self.hierarchy.rename(spare, name, limits)
+                except CgroupExists:  # made before a crash: create() gives it the run's limits
                     pass
                 except CgroupUnavailable as exc:
                     log.warning("%s; making the cgroup instead", exc)
-                spare.remove()
-            return self.hierarchy.create(name, limits)
+                if group is None:
+                    spare.remove()
+            if group is None:
+                group = self.hierarchy.create(name, limits)
+            with self._lock:
+                self._limits = limits  # written: the next spares are made with them
+            return group
         finally:
             # the next spare is made after this one was taken: made at once, the two would
-            # queue on the kernel's cgroup lock and the take would wait for the mkdir
+            # queue on the kernel's cgroup lock and the take would wait for the mkdir; and the
+            # thread starts after the first take, so that its first spares have its limits
+            with self._lock:
+                if self._thread is None and not self._closed:
+                    self._thread = threading.Thread(target=self._fill, name="cgroup-spares", daemon=True)
+                    self._thread.start()
             self._wake.set()
 
     def ready(self) -> int:
@@ -92,9 +99,7 @@ class Spares:
             self.sweep()
             while not self._closed:
                 while not self._closed and self.ready() < self.keep:
-                    with self._lock:
-                        limits = self._limits
-                    spare = self.hierarchy.create(f"{self._prefix}{uuid.uuid4().hex[:12]}", limits)
+                    spare = self._make()
                     with self._lock:
                         self._ready.append(spare)
                 self._wake.wait()
@@ -106,6 +111,24 @@ class Spares:
             log.info("no spare cgroups are made ahead: %s", exc)
         except Exception:  # a spare is a saving, not a need: take makes cgroups itself from now on
             log.warning("no more spare cgroups are made ahead", exc_info=True)
+
+    def _make(self) -> RunCgroup:
+        """A spare with the last run's limits; without limits if those cannot be written (a
+        parent's quota changed since): only a spare that cannot be made at all stops the
+        thread."""
+        with self._lock:
+            limits = self._limits
+        name = f"{self._prefix}{uuid.uuid4().hex[:12]}"
+        try:
+            return self.hierarchy.create(name, limits)
+        except CgroupUnavailable as exc:
+            if limits == NO_LIMITS:
+                raise
+            log.info("a spare cgroup is made without limits: %s", exc)
+            with self._lock:
+                if self._limits == limits:
+                    self._limits = NO_LIMITS
+            return self.hierarchy.create(name, NO_LIMITS)
 
     def sweep(self) -> None:
         """Remove the spares of processes that are gone (a controller killed)."""

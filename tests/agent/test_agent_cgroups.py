@@ -5,6 +5,7 @@ processes joined by the run wrapper."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import os
 import signal
@@ -179,25 +180,36 @@ def _held(hier: V1Hierarchy, name: str) -> tuple[int | None, int | None, int | N
     return limit(memory / "memory.limit_in_bytes"), limit(memsw) if memsw.exists() else None, quota
 
 
+MEMSW, RAM, PERIOD, QUOTA = (
+    "memory.memsw.limit_in_bytes",
+    "memory.limit_in_bytes",
+    "cpu.cfs_period_us",
+    "cpu.cfs_quota_us",
+)
+
+
 @real_v1
-def test_a_spare_is_made_with_the_last_runs_limits_and_a_run_writes_only_those_that_differ(monkeypatch):
+def test_a_spare_is_made_with_the_last_runs_limits_and_a_run_writes_only_those_that_differ(monkeypatch, caplog):
     hier = _real_v1()
     assert hier is not None
-    swap = (hier.memory / "memory.memsw.limit_in_bytes").exists()
-    writes: list[str] = []
+    swap = (hier.memory / MEMSW).exists()
+    written: list[Path] = []
     write = cgroups._write
-    monkeypatch.setattr(cgroups, "_write", lambda path, value: (writes.append(path.name), write(path, value))[1])
+    monkeypatch.setattr(cgroups, "_write", lambda path, value: (written.append(path), write(path, value))[1])
     spares = Spares(hier, keep=1)
     parent = hier.memory / "reconciler"
     taken = []
 
-    def take(limits: Limits) -> tuple[int | None, int | None, int | None]:
+    def take(limits: Limits, writes: list[str]) -> tuple[int | None, int | None, int | None]:
         wait_until(lambda: spares.ready() == 1, timeout=10)
         [spare] = _spares_in(parent)
-        writes.clear()
-        group = spares.take(_unique("job"), limits)
+        written.clear()
+        with caplog.at_level(logging.WARNING, logger="reconciler.agent.cgroupspares"):
+            group = spares.take(_unique("job"), limits)
         taken.append(group)
-        assert spare not in _spares_in(parent), "the run's cgroup is the spare renamed"
+        assert caplog.records == [] and spare not in _spares_in(parent), "the run's cgroup is the spare renamed"
+        # its own writes, in order (not the next spare's, which the thread may be making)
+        assert [p.name for p in written if group.name in p.parts] == [w for w in writes if swap or w != MEMSW]
         return _held(hier, group.name)
 
     try:
@@ -205,16 +217,89 @@ def test_a_spare_is_made_with_the_last_runs_limits_and_a_run_writes_only_those_t
         taken.append(spares.take(_unique("first"), first))  # none ready yet: made at once
         wait_until(lambda: spares.ready() == 1, timeout=10)
         assert _held(hier, _spares_in(parent)[0]) == (2 * MiB, 2 * MiB if swap else None, 100_000)
-        assert take(first) == (2 * MiB, 2 * MiB if swap else None, 100_000)
-        assert writes == [], "a spare made with the run's limits needs none written"
+        assert take(first, []) == (2 * MiB, 2 * MiB if swap else None, 100_000)
         # more memory (the memory+swap limit first, which the RAM limit may not exceed), less CPU
-        assert take(Limits(cpu=0.5, memory=8 * MiB)) == (8 * MiB, 8 * MiB if swap else None, 50_000)
-        assert writes == ["memory.memsw.limit_in_bytes", "memory.limit_in_bytes", "cpu.cfs_quota_us"][1 - swap :]
+        more = take(Limits(cpu=0.5, memory=8 * MiB), [MEMSW, RAM, PERIOD, QUOTA])
+        assert more == (8 * MiB, 8 * MiB if swap else None, 50_000)
         # less memory (the RAM limit first), no CPU quota
-        assert take(Limits(cpu=None, memory=MiB)) == (MiB, MiB if swap else None, None)
+        assert take(Limits(cpu=None, memory=MiB), [RAM, MEMSW, QUOTA]) == (MiB, MiB if swap else None, None)
         # no limits at all: a spare made with some gives them up
-        assert take(NO_LIMITS) == (None, None, None)
-        assert take(Limits(cpu=2, memory=None)) == (None, None, 200_000)
+        assert take(NO_LIMITS, [MEMSW, RAM]) == (None, None, None)
+        assert take(Limits(cpu=2, memory=None), [PERIOD, QUOTA]) == (None, None, 200_000)
+    finally:
+        spares.close()
+        for group in taken:
+            group.remove()
+
+
+@real_v1
+def test_a_runs_cgroup_found_holding_another_runs_limits_is_given_its_own():
+    # a crash between a spare's rename and the writes of the run's limits leaves the run's
+    # cgroup with the limits the spare was made with: the next start finds it and creates it
+    hier = _real_v1()
+    assert hier is not None
+    swap = (hier.memory / MEMSW).exists()
+    name = _unique("job")
+    hier.create(_unique("parent-made"), NO_LIMITS).remove()  # the parent folders are there
+    try:
+        hier.create(name, Limits(cpu=1, memory=8 * MiB))
+        assert _held(hier, hier.create(name, NO_LIMITS).name) == (None, None, None)
+        hier.create(name, Limits(cpu=1, memory=8 * MiB))
+        raised = hier.create(name, Limits(cpu=0.5, memory=16 * MiB))  # past the memory+swap limit it held
+        assert _held(hier, raised.name) == (16 * MiB, 16 * MiB if swap else None, 50_000)
+        assert _held(hier, hier.create(name, Limits(cpu=None, memory=4 * MiB)).name) == (
+            4 * MiB,
+            4 * MiB if swap else None,
+            None,
+        )
+        # through a take: the spare cannot become it, and the one found is given the run's limits
+        hier.create(name, Limits(cpu=1, memory=8 * MiB))
+        spares = Spares(hier, keep=1)
+        warm = spares.take(_unique("warm"), Limits(cpu=1, memory=8 * MiB))
+        try:
+            wait_until(lambda: spares.ready() == 1, timeout=10)
+            assert _held(hier, spares.take(name, NO_LIMITS).name) == (None, None, None)
+        finally:
+            spares.close()
+            warm.remove()
+    finally:
+        hier.open(name).remove()
+
+
+@real_v1
+def test_limits_the_kernel_refuses_do_not_stop_the_spares(monkeypatch):
+    hier = _real_v1()
+    assert hier is not None
+    parent = hier.memory / "reconciler"
+    refused: set[tuple[str, str]] = set()  # (value, whose): v1 answers EINVAL to a quota over its parent's
+    write = cgroups._write
+
+    def refusing(path: Path, value: str) -> None:
+        whose = "spare" if path.parent.name.startswith("spare-") else "run"
+        if path.name == QUOTA and (value, whose) in refused:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        write(path, value)
+
+    monkeypatch.setattr(cgroups, "_write", refusing)
+    spares = Spares(hier, keep=1)
+    taken = []
+    try:
+        taken.append(spares.take(_unique("first"), Limits(cpu=1, memory=None)))
+        wait_until(lambda: spares.ready() == 1, timeout=10)
+        refused.update({("200000", "run"), ("200000", "spare")})
+        with pytest.raises(CgroupUnavailable):
+            spares.take(_unique("refused"), Limits(cpu=2, memory=None))
+        # the next spare is made with the limits last written, not those refused
+        wait_until(lambda: spares.ready() == 1, timeout=10)
+        assert _held(hier, _spares_in(parent)[0])[2] == 100_000
+        # limits a run was given and a spare then is refused (the parent's quota lowered since):
+        # the spare is made without them, and the thread goes on
+        refused.add(("50000", "spare"))
+        taken.append(spares.take(_unique("job"), Limits(cpu=0.5, memory=None)))
+        wait_until(lambda: spares.ready() == 1, timeout=10)
+        assert _held(hier, _spares_in(parent)[0]) == (None, None, None)
+        taken.append(spares.take(_unique("job"), Limits(cpu=0.5, memory=None)))
+        wait_until(lambda: spares.ready() == 1, timeout=10)
     finally:
         spares.close()
         for group in taken:
