@@ -54,7 +54,6 @@ class Limits:
 
 
 NO_LIMITS = Limits(None, None)  # what a new cgroup holds
-NO_MEMORY_LIMIT = 2**62  # a v1 memory limit read back at least this large is none (-1 reads as the largest page count)
 
 
 @dataclass(frozen=True)
@@ -106,7 +105,7 @@ class RunCgroup(ABC):
         self.name = name
         self.dirs = dirs
         # the limits it holds, as this process made it (`create`, `rename`); None for one
-        # opened as found (a crash may have left it with another run's: `read_limits`)
+        # opened as found (a crash may have left it with another run's, or half written)
         self.limits: Limits | None = None
 
     @property
@@ -144,10 +143,6 @@ class RunCgroup(ABC):
 
     @abstractmethod
     def usage(self) -> Usage: ...
-
-    @abstractmethod
-    def read_limits(self) -> Limits:
-        """The limits it holds, read from its files (a CPU quota over the period it has)."""
 
     def remove(self) -> bool:
         """rmdir in each hierarchy; True once none is left. The kernel refuses while a
@@ -191,15 +186,6 @@ class V1Cgroup(RunCgroup):
             oom_kills=kills,
         )
 
-    def read_limits(self) -> Limits:
-        memory = _int(read_small(self.memory / "memory.limit_in_bytes"))
-        quota = _int(read_small(self.cpu / "cpu.cfs_quota_us"))
-        period = _int(read_small(self.cpu / "cpu.cfs_period_us")) or CFS_PERIOD_US
-        return Limits(
-            None if quota is None or quota < 0 else quota / period,
-            None if memory is None or memory >= NO_MEMORY_LIMIT else memory,  # none: the largest page count
-        )
-
 
 class V2Cgroup(RunCgroup):
     version = "v2"
@@ -214,14 +200,6 @@ class V2Cgroup(RunCgroup):
             peak_memory=_int(read_small(self.path / "memory.peak")),  # Linux 5.19 and later
             cpu_seconds=None if usage_us is None else usage_us / 1e6,
             oom_kills=_keyed(read_small(self.path / "memory.events"), "oom_kill") or 0,
-        )
-
-    def read_limits(self) -> Limits:
-        memory = (read_small(self.path / "memory.max") or "max").strip()
-        quota, _, period = (read_small(self.path / "cpu.max") or "max").strip().partition(" ")
-        return Limits(
-            None if quota == "max" else int(quota) / (int(period) if period else CFS_PERIOD_US),
-            None if memory == "max" else int(memory),
         )
 
     def kill_all(self) -> None:
@@ -253,8 +231,8 @@ class Hierarchy(ABC):
 
     def create(self, name: str, limits: Limits) -> RunCgroup:
         """Run `name`'s cgroup with `limits`. One found made (before a crash: perhaps a spare
-        renamed whose limits, another run's, were not rewritten yet) is given them too, over
-        what it holds."""
+        renamed whose limits, another run's, were not rewritten yet, or limits half written)
+        is given every one of them, over whatever it holds."""
         _check_name(name)
         self.prepare()
         group = self.open(name)
@@ -262,7 +240,7 @@ class Hierarchy(ABC):
         try:
             for d in group.dirs:
                 _made(d)
-            self._limit(group, limits, NO_LIMITS if len(new) == len(group.dirs) else group.read_limits())
+            self._limit(group, limits, NO_LIMITS if len(new) == len(group.dirs) else None)
         except OSError as exc:
             for d in reversed(new):
                 with contextlib.suppress(OSError):
@@ -282,7 +260,7 @@ class Hierarchy(ABC):
             for old, new in zip(spare.dirs, group.dirs, strict=True):
                 os.rename(old, new)  # never over the run's own: the kernel answers EEXIST
                 done.append((old, new))
-            self._limit(group, limits, spare.limits if spare.limits is not None else group.read_limits())
+            self._limit(group, limits, spare.limits)
         except OSError as exc:
             for old, new in reversed(done):
                 with contextlib.suppress(OSError):
@@ -308,9 +286,10 @@ class Hierarchy(ABC):
     def open(self, name: str) -> RunCgroup: ...
 
     @abstractmethod
-    def _limit(self, group: RunCgroup, limits: Limits, had: Limits) -> None:
+    def _limit(self, group: RunCgroup, limits: Limits, had: Limits | None) -> None:
         """Write `limits` to a cgroup that holds `had` (NO_LIMITS when new): what differs, a
-        limit it holds and `limits` does not as none."""
+        limit it holds and `limits` does not as none. `had` None: not known (found made),
+        every limit is written."""
 
 
 class V1Hierarchy(Hierarchy):
@@ -323,15 +302,19 @@ class V1Hierarchy(Hierarchy):
     def open(self, name: str) -> V1Cgroup:
         return V1Cgroup(name, self.memory / PARENT / name, self.cpu / PARENT / name, self.cpuacct / PARENT / name)
 
-    def _limit(self, group: RunCgroup, limits: Limits, had: Limits) -> None:
+    def _limit(self, group: RunCgroup, limits: Limits, had: Limits | None) -> None:
         assert isinstance(group, V1Cgroup)
-        memory, before = limits.memory or None, had.memory or None
-        if memory != before:
-            value = "-1" if memory is None else str(memory)  # -1: no limit
-            ram = group.memory / "memory.limit_in_bytes"
-            # with swap accounting on, the limit holds for swap too, not just RAM; the kernel
-            # keeps the RAM limit at or below that one, so a raise writes that one first
-            swap = functools.partial(_write_if_there, group.memory / "memory.memsw.limit_in_bytes", value)
+        memory = limits.memory or None
+        value = "-1" if memory is None else str(memory)  # -1: no limit
+        ram = group.memory / "memory.limit_in_bytes"
+        # with swap accounting on, the limit holds for swap too, not just RAM; the kernel keeps
+        # the RAM limit at or below that one, so a raise writes that one first
+        swap = functools.partial(_write_if_there, group.memory / "memory.memsw.limit_in_bytes", value)
+        if had is None:  # what it holds is not known: lifted first, an order always allowed
+            _write_if_there(group.memory / "memory.memsw.limit_in_bytes", "-1")
+            _write(ram, value)
+            swap()
+        elif memory != (before := had.memory or None):
             if memory is not None and (before is None or memory < before):
                 _write(ram, value)
                 swap()
@@ -339,8 +322,9 @@ class V1Hierarchy(Hierarchy):
                 swap()
                 _write(ram, value)
         quota = _quota(limits.cpu)
-        if quota != _quota(had.cpu):
-            if quota is not None:
+        held = None if had is None else _quota(had.cpu)
+        if had is None or quota != held:
+            if quota is not None and held is None:  # a quota new, or over a period not known
                 _write(group.cpu / "cpu.cfs_period_us", str(CFS_PERIOD_US))
             _write(group.cpu / "cpu.cfs_quota_us", "-1" if quota is None else str(quota))  # -1: no quota
 
@@ -362,17 +346,15 @@ class V2Hierarchy(Hierarchy):
         except OSError as exc:
             raise CgroupUnavailable(f"cannot enable cpu and memory under {self.root}: {exc.strerror or exc}") from exc
 
-    def _limit(self, group: RunCgroup, limits: Limits, had: Limits) -> None:
+    def _limit(self, group: RunCgroup, limits: Limits, had: Limits | None) -> None:
         assert isinstance(group, V2Cgroup)
         memory = limits.memory or None
-        if memory != (had.memory or None):
+        if had is None or memory != (had.memory or None):
             _write(group.path / "memory.max", "max" if memory is None else str(memory))
-            if memory is None:
-                _write_if_there(group.path / "memory.swap.max", "max")
-        if memory is not None:  # a limit holds for swap too (what `read_limits` does not read: written each time)
-            _write_if_there(group.path / "memory.swap.max", "0")
+            # a limit holds for swap too
+            _write_if_there(group.path / "memory.swap.max", "max" if memory is None else "0")
         quota = _quota(limits.cpu)
-        if quota != _quota(had.cpu):
+        if had is None or quota != _quota(had.cpu):
             _write(group.path / "cpu.max", f"{'max' if quota is None else quota} {CFS_PERIOD_US}")
 
 

@@ -53,6 +53,7 @@ class Spares:
         self.keep = keep
         self._ready: list[RunCgroup] = []
         self._limits = NO_LIMITS  # the last run's: the next spares are made with them
+        self._refused: Limits | None = None  # limits a spare could not be made with: not tried again
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()  # ends the refill's pause: close() waits for no fixed sleep
@@ -117,17 +118,16 @@ class Spares:
         parent's quota changed since): only a spare that cannot be made at all stops the
         thread."""
         with self._lock:
-            limits = self._limits
+            limits = self._limits if self._limits != self._refused else NO_LIMITS
         name = f"{self._prefix}{uuid.uuid4().hex[:12]}"
         try:
             return self.hierarchy.create(name, limits)
         except CgroupUnavailable as exc:
             if limits == NO_LIMITS:
                 raise
-            log.info("a spare cgroup is made without limits: %s", exc)
+            log.info("spare cgroups with %s are made without them: %s", limits, exc)
             with self._lock:
-                if self._limits == limits:
-                    self._limits = NO_LIMITS
+                self._refused = limits
             return self.hierarchy.create(name, NO_LIMITS)
 
     def sweep(self) -> None:

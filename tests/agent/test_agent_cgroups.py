@@ -63,6 +63,18 @@ def test_v2_create_enables_the_controllers_on_the_way_and_writes_the_limits(fake
     assert group.join_files == [parent / "job.uid.1" / "cgroup.procs"]
 
 
+def test_v2_gives_a_cgroup_found_made_every_limit_over_what_it_holds(fake_v2):
+    hier = detect(fake_v2)
+    group = hier.create("a.b.1", Limits(cpu=0.5, memory=64 * MiB))
+    (group.dirs[0] / "memory.swap.max").write_text("0")
+    hier.create("a.b.1", NO_LIMITS)  # found made (a crash): what it holds is not known
+    files = {f: (group.dirs[0] / f).read_text() for f in ("memory.max", "memory.swap.max", "cpu.max")}
+    assert files == {"memory.max": "max", "memory.swap.max": "max", "cpu.max": "max 100000"}
+    hier.create("a.b.1", Limits(cpu=2, memory=MiB))
+    files = {f: (group.dirs[0] / f).read_text() for f in ("memory.max", "memory.swap.max", "cpu.max")}
+    assert files == {"memory.max": str(MiB), "memory.swap.max": "0", "cpu.max": "200000 100000"}
+
+
 def test_v2_leaves_controllers_already_enabled_alone(fake_v2):
     (fake_v2 / "cgroup.subtree_control").write_text("cpu memory pids\n")
     detect(fake_v2).create("a.b.1", Limits(cpu=1, memory=MiB))
@@ -219,7 +231,7 @@ def test_a_spare_is_made_with_the_last_runs_limits_and_a_run_writes_only_those_t
         assert _held(hier, _spares_in(parent)[0]) == (2 * MiB, 2 * MiB if swap else None, 100_000)
         assert take(first, []) == (2 * MiB, 2 * MiB if swap else None, 100_000)
         # more memory (the memory+swap limit first, which the RAM limit may not exceed), less CPU
-        more = take(Limits(cpu=0.5, memory=8 * MiB), [MEMSW, RAM, PERIOD, QUOTA])
+        more = take(Limits(cpu=0.5, memory=8 * MiB), [MEMSW, RAM, QUOTA])
         assert more == (8 * MiB, 8 * MiB if swap else None, 50_000)
         # less memory (the RAM limit first), no CPU quota
         assert take(Limits(cpu=None, memory=MiB), [RAM, MEMSW, QUOTA]) == (MiB, MiB if swap else None, None)
@@ -252,6 +264,18 @@ def test_a_runs_cgroup_found_holding_another_runs_limits_is_given_its_own():
             4 * MiB if swap else None,
             None,
         )
+        # limits half written: the RAM limit the run's, the memory+swap one another's or none
+        if swap:
+            for other in (Limits(cpu=None, memory=8 * MiB), NO_LIMITS):
+                hier.create(name, other)
+                (hier.memory / "reconciler" / name / RAM).write_text(str(4 * MiB))
+                assert _held(hier, name)[:2] == (4 * MiB, 8 * MiB if other.memory else None)
+                found = hier.create(name, Limits(cpu=None, memory=4 * MiB))
+                assert _held(hier, found.name) == (4 * MiB, 4 * MiB, None)
+        # found in some hierarchies only (a crash between the mkdirs or the renames)
+        for d in hier.create(name, Limits(cpu=1, memory=8 * MiB)).dirs[1:]:
+            d.rmdir()
+        assert _held(hier, hier.create(name, NO_LIMITS).name) == (None, None, None)
         # through a take: the spare cannot become it, and the one found is given the run's limits
         hier.create(name, Limits(cpu=1, memory=8 * MiB))
         spares = Spares(hier, keep=1)
