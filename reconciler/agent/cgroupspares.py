@@ -53,7 +53,7 @@ class Spares:
         self.keep = keep
         self._ready: list[RunCgroup] = []
         self._limits = NO_LIMITS  # the last run's: the next spares are made with them
-        self._refused: Limits | None = None  # limits a spare could not be made with: not tried again
+        self._refused: Limits | None = None  # limits a spare could not be made with: not tried again until others come
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._closing = threading.Event()  # ends the refill's pause: close() waits for no fixed sleep
@@ -79,6 +79,8 @@ class Spares:
             if group is None:
                 group = self.hierarchy.create(name, limits)
             with self._lock:
+                if limits != self._limits:
+                    self._refused = None  # others now: those refused may be tried again when they come back
                 self._limits = limits  # written: the next spares are made with them
             return group
         finally:
