@@ -7,12 +7,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from reconciler.agent.cgroups import CgroupUnavailable, detect
 from reconciler.apply import apply_manifests
 from reconciler.controller.manager import Controller
 from reconciler.controller.nodes import heartbeat
 from reconciler.manifests import parse_text
 from reconciler.reads import job_statuses
 from reconciler.store import Store
+from reconciler.store import repository as repo
+from tests.helpers import wait_until
 
 
 def pool_of_one(*jobs: str) -> str:
@@ -44,7 +47,24 @@ def wired_controller(url: str, folder: Path, manifests: str) -> Iterator[Control
         # fork server after the agent has closed its own
         wired.jobs.runs.spawns.close()
         wired.agent.close()
+        _remove_run_cgroups(store)
         store.dispose()
+
+
+def _remove_run_cgroups(store: Store) -> None:
+    """The cgroups of the runs a test started and no step of it ended: they are the
+    machine's, not in the test's folder, and nothing else would remove them."""
+    try:
+        hierarchy = detect()
+    except CgroupUnavailable:
+        return
+    with store.read() as session:
+        uids = [job.uid for job in repo.list_objects(session, kind="Job")]
+    for uid in uids:
+        for name in {d.name for parent in hierarchy.parents() for d in parent.glob(f"*.{uid}.*")}:
+            group = hierarchy.open(name)
+            group.kill_all()  # the test is over: what it started goes
+            wait_until(group.remove, timeout=10, message=f"the run cgroup {name} emptied and removed")
 
 
 def drive(wired: Controller, name: str, phase: str) -> None:
