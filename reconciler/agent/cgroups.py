@@ -306,12 +306,12 @@ class V1Hierarchy(Hierarchy):
         assert isinstance(group, V1Cgroup)
         memory = limits.memory or None
         value = "-1" if memory is None else str(memory)  # -1: no limit
-        ram = group.memory / "memory.limit_in_bytes"
+        ram, memsw = group.memory / "memory.limit_in_bytes", group.memory / "memory.memsw.limit_in_bytes"
         # with swap accounting on, the limit holds for swap too, not just RAM; the kernel keeps
         # the RAM limit at or below that one, so a raise writes that one first
-        swap = functools.partial(_write_if_there, group.memory / "memory.memsw.limit_in_bytes", value)
+        swap = functools.partial(_write_if_there, memsw, value)
         if had is None:  # what it holds is not known: lifted first, an order always allowed
-            _write_if_there(group.memory / "memory.memsw.limit_in_bytes", "-1")
+            _write_if_there(memsw, "-1")
             _write(ram, value)
             swap()
         elif memory != (before := had.memory or None):

@@ -16,6 +16,7 @@ from reconciler.reads import job_statuses
 from reconciler.store import Store
 from reconciler.store import repository as repo
 from tests.helpers import wait_until
+from tests.resources.conftest import run_cgroup_dirs
 
 
 def pool_of_one(*jobs: str) -> str:
@@ -61,7 +62,7 @@ def _remove_run_cgroups(store: Store) -> None:
     with store.read() as session:
         uids = [job.uid for job in repo.list_objects(session, kind="Job")]
     for uid in uids:
-        for name in {d.name for parent in hierarchy.parents() for d in parent.glob(f"*.{uid}.*")}:
+        for name in {d.name for d in run_cgroup_dirs(hierarchy, uid)}:
             group = hierarchy.open(name)
             group.kill_all()  # the test is over: what it started goes
             wait_until(group.remove, timeout=10, message=f"the run cgroup {name} emptied and removed")
