@@ -21,6 +21,10 @@ class Capacity(Body):
 # which agent process (host:pid:start, as its heartbeat names it) asks for a node's runs or
 # reports on them: the server refuses (409) one that does not serve the node
 AGENT_HEADER = "X-Reconciler-Agent"
+# sent by an agent that needs no answer of its long poll when a run whose end it reported
+# leaves its node (it acts again on an answer it holds only for the runs it skipped then, so
+# a run it ended is never started again from an answer the server no longer gives)
+QUIET_ENDS_HEADER = "X-Reconciler-Quiet-Ends"
 
 
 class HeartbeatRequest(Body):

@@ -12,7 +12,7 @@ import threading
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from ..agentwire import AGENT_HEADER
+from ..agentwire import AGENT_HEADER, QUIET_ENDS_HEADER
 
 CONNECT_TIMEOUT = 10.0
 
@@ -42,7 +42,7 @@ class Api:
         self.host = url.hostname
         self.port = url.port or (443 if self.https else 80)
         self.base = url.path.rstrip("/") + f"/apis/reconciler.dev/v1alpha1/nodes/{quote(node)}"
-        self.headers = {"Content-Type": "application/json", "Accept": "application/json"}
+        self.headers = {"Content-Type": "application/json", "Accept": "application/json", QUIET_ENDS_HEADER: "1"}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         if agent:  # the server refuses runs and reports from an agent that does not serve the node

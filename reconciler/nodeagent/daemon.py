@@ -1,9 +1,10 @@
-"""`reconciler agent`: a node on another machine. It dials out to the server: posts its
-Node's heartbeat, follows the runs placed on its node (a long poll answered as soon as they
-change), starts each under the crash-safe wrapper the controller's own agent uses, and
-reports start and end; it stops what the server asks to stop, and what the server no longer
-counts (a report refused with 409). It keeps no store: what it must remember across a
-restart is in each run's folder (records.py).
+"""`reconciler agent`: a node on another machine. It dials out to the server: posts its Node's
+heartbeat, follows the runs placed on its node (a long poll answered as soon as they
+change, but for a run leaving whose end it reported), starts each under the crash-safe
+wrapper the controller's own agent uses, and reports start and end; it stops what the
+server asks to stop, and what the server no longer counts (a report refused with 409). It
+keeps no store: what it must remember across a restart is in each run's folder
+(records.py).
 
 The agent is `NodeAgent`: the state its threads share (shared.py) with one part mixed in
 per thread or purpose: heartbeat.py (heartbeat and lease), follow.py (the long poll and

@@ -1,8 +1,8 @@
 """Following the runs placed on this node: a thread holding the server's long poll, and the
 look at each answer that decides, run by run, what to do (start, withdraw, stop, adopt,
 report again), then leaves the doing to starts.py and stops.py. A look is taken again
-without waiting for the next answer when a record settles or a start went unanswered;
-an answer from before the lease ran out is asked anew first."""
+without waiting for the next answer when a record settles or a start went unanswered, at
+the runs it skipped; an answer from before the lease ran out is asked anew first."""
 
 from __future__ import annotations
 
@@ -46,22 +46,29 @@ class Follow(Shared):
 
     def _look_again(self) -> None:
         """A record settled, or a start went unanswered: an admission skipped meanwhile is looked at
-        now, not at the long poll's next answer (which may be 30 s away)."""
+        now, not at the long poll's next answer (which may be 30 s away). Only the skipped ones:
+        the answer held may still list a run this agent ended, whose leaving the server does
+        not answer (`QUIET_ENDS_HEADER`), and whose record the sweep may have removed since."""
         with self._reconciling:
             if self._skipped and self._last_items is not None:
+                only: set[str] | None = set(self._skipped)
                 if self._received < self._fresh_after:  # from before the lease ran out: asked anew
                     try:
                         answer = self.api.runs("", 0)
                     except (Unreachable, Stale):
                         return  # the long poll brings it
-                    self._last_items, self._received = answer.get("items", []), time.monotonic()
-                self._reconcile(self._last_items)
+                    self._last_items, self._received, only = answer.get("items", []), time.monotonic(), None
+                self._reconcile(self._last_items, only)
 
-    def _reconcile(self, items: list[dict[str, Any]]) -> None:
+    def _reconcile(self, items: list[dict[str, Any]], only: set[str] | None = None) -> None:
+        """Act on an answer, run by run; with `only`, on those jobs' runs alone (the answer
+        still tells which runs are placed)."""
         placed: set[tuple[str, int, int]] = set()
         self._skipped = set()
         for item in items:
             placed.add((item["uid"], item["run"], item["epoch"]))
+            if only is not None and item["job"] not in only:
+                continue
             with self._lock:
                 record = self._records.get(item["job"])
             if record is not None and (record.uid, record.run, record.epoch) == (

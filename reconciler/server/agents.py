@@ -1,6 +1,7 @@
 """The routes node agents use (`reconciler agent`): heartbeat, the runs placed on a node (a
-long poll answered as soon as they differ from what the agent has), and reports of a run's
-start and end; and the log of a remote run, fetched from its node's agent."""
+long poll answered as soon as they differ from what the agent has, save for runs leaving
+whose end it reported), and reports of a run's start and end; and the log of a remote run,
+fetched from its node's agent."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import httpx
 from fastapi import FastAPI, Header, Query
 
 from .. import noderuns, reads, runlogs
-from ..agentwire import AGENT_HEADER, HeartbeatRequest, HeldRuns, RunReport, RunReports
+from ..agentwire import AGENT_HEADER, QUIET_ENDS_HEADER, HeartbeatRequest, HeldRuns, RunReport, RunReports
 from ..api import node as node_api
 from ..errors import NotFound, ReconcilerError
 from ..store import Store
@@ -32,7 +33,13 @@ LOG_CONNECT = 5.0  # seconds to reach a node's log port
 Wake = Callable[[str], None]
 # the agent process asking (runs, reports): one that does not serve the node is refused (409)
 AGENT = Header(None, alias=AGENT_HEADER, description="The agent process (host:pid:start) its heartbeat names.")
+QUIET_ENDS = Header(
+    False,
+    alias=QUIET_ENDS_HEADER,
+    description="The agent needs no answer when a run whose end it reported leaves the node (1: not answered).",
+)
 Keys = dict[str, list[tuple[Any, ...]]]
+RunId = tuple[str, int, int]  # (job uid, run number, epoch): one admission's run
 
 
 class Placements:
@@ -42,7 +49,15 @@ class Placements:
     (`noderuns.placement_keys`: every node's admissions, epochs and stops, one query) is
     shared by every waiting agent: taken once per wake-up (at most every 5 ms), not once per
     agent, and a node's runs with their specs are read only when its key moved (an agent
-    asking again with the digest it was just answered waits without reading them)."""
+    asking again with the digest it was just answered waits without reading them).
+
+    For an agent that asks for it (`QUIET_ENDS_HEADER`), a run gone from the node whose end
+    that agent process itself reported to this server process is not answered, and when the
+    node's key shows no more than that, its runs are not read: the agent holds the run ended
+    and needs no word (over busy agents, these were two answers in five: `bench/burndown.py`).
+    Every other change is answered, such as a run gone that the agent holds alive: it must
+    hear of it, to report it and be told to stop it. The next answer shows the run gone, and
+    the poll's timeout answers with the runs as they are."""
 
     def __init__(self, store: Store):
         self.store = store
@@ -57,6 +72,12 @@ class Placements:
         self._last: dict[str, tuple[list[tuple[Any, ...]], str]] = {}
         self._stopping = False  # the server stops: every waiting poll is answered now
         self._serving: dict[str, str] = {}  # node -> the agent last found serving it
+        self._ended_lock = threading.Lock()
+        # node -> the agent process last answered, that answer's digest, each run's text and the
+        # node's key it was read at; and the runs that agent reported ended which are still in an
+        # answer it holds (one agent a node)
+        self._answered: dict[str, tuple[str, str, dict[RunId, str], list[tuple[Any, ...]]]] = {}
+        self._ended: dict[str, tuple[str, set[RunId]]] = {}
         store.committed.append(self._committed)
         if not store.is_sqlite:  # another server's writes (the leader's admissions), announced by NOTIFY
             threading.Thread(target=self._announced, name="placements-listen", daemon=True).start()
@@ -99,20 +120,89 @@ class Placements:
             self._looked_generation, self._looked_at = taken, time.monotonic()
             return self._keys
 
-    def _fetch(self, node: str, key: list[tuple[Any, ...]], agent: str | None) -> dict[str, Any]:
-        """The node's runs with their specs, read now (Conflict when `agent` does not serve
-        the node, judged in the same read); remembered as what `key` answers."""
-        items = noderuns.placed(self.store, node, agent)
-        digest = _digest(items)
-        self._last[node] = (key, digest)
-        return {"digest": digest, "items": items}
+    def ended(self, node: str, agent: str | None, runs: list[RunId]) -> None:
+        """The agent process `agent` reports these runs of the node ended: noted before the
+        report is written (the polls wake after its commit), since whatever the report's
+        fate, that agent holds them ended. Only runs in the answer this process last gave
+        that agent are noted: no other can leave it unanswered."""
+        if runs and agent:
+            with self._ended_lock:
+                answered, _, texts, _ = self._answered.get(node, ("", "", {}, []))
+                if answered != agent:
+                    return
+                holder, reported = self._ended.get(node, (agent, set()))
+                self._ended[node] = (agent, (reported if holder == agent else set()) | (set(runs) & texts.keys()))
 
-    def wait(self, node: str, known: str, timeout: float, agent: str | None = None) -> dict[str, Any]:
-        """The node's runs once they differ from `known`, or after `timeout`. Every answer is
-        read with the check that `agent` serves the node (`noderuns.serving`); an agent
-        other than the one last found serving it is checked before it waits too, so that a
-        duplicate is refused at once, while the serving agent's polls cost no read of
-        their own."""
+    def _fetch(
+        self, node: str, key: list[tuple[Any, ...]], agent: str | None
+    ) -> tuple[dict[str, Any], dict[RunId, str]]:
+        """The node's runs with their specs, read now (Conflict when `agent` does not serve
+        the node, judged in the same read), and each run's text; remembered as what `key`
+        answers."""
+        items = noderuns.placed(self.store, node, agent)
+        texts = [_text(item) for item in items]
+        digest = hashlib.sha256(("[" + ",".join(texts) + "]").encode()).hexdigest()[:32]  # the items' JSON array
+        self._last[node] = (key, digest)
+        return {"digest": digest, "items": items}, {_run_id(i): t for i, t in zip(items, texts, strict=True)}
+
+    def _news(self, node: str, agent: str | None, known: str, answer: dict[str, Any], texts: dict[RunId, str]) -> bool:
+        """Whether `answer` tells `agent`, which holds `known`, anything: it differs from it
+        other than by runs gone whose end that agent reported."""
+        if answer["digest"] == known:
+            return False
+        with self._ended_lock:
+            if (held := self._held(node, agent, known)) is None:
+                return True  # not the answer this process gave that agent last: said as it is
+            before, _, reported = held
+            gone = before.keys() - texts.keys()
+            return not gone <= reported or any(before.get(run) != text for run, text in texts.items())
+
+    def _ended_only(self, node: str, agent: str | None, known: str, key: list[tuple[Any, ...]]) -> bool:
+        """Whether the node's key moved, since the answer `agent` holds (`known`), only by runs
+        gone whose end that agent reported: then its runs need not be read (`_news` would
+        find nothing to tell). A key's entries name each run (uid, number, epoch, stop)."""
+        with self._ended_lock:
+            if (held := self._held(node, agent, known)) is None:
+                return False
+            _, before, reported = held
+            gone = set(before) - set(key)
+            return set(key) <= set(before) and {entry[:3] for entry in gone} <= reported
+
+    def _held(
+        self, node: str, agent: str | None, known: str
+    ) -> tuple[dict[RunId, str], list[tuple[Any, ...]], set[RunId]] | None:
+        """When `known` is the answer this process last gave `agent` and that agent reported
+        ends: that answer's texts and key, and the runs reported ended (under `_ended_lock`)."""
+        answered, digest, texts, key = self._answered.get(node, ("", "", {}, []))
+        holder, reported = self._ended.get(node, ("", set()))
+        if not agent or (answered, digest, holder) != (agent, known, agent):
+            return None
+        return texts, key, reported
+
+    def _answer(
+        self,
+        node: str,
+        agent: str | None,
+        key: list[tuple[Any, ...]],
+        answer: dict[str, Any],
+        texts: dict[RunId, str],
+    ) -> dict[str, Any]:
+        if agent:
+            with self._ended_lock:
+                self._answered[node] = (agent, answer["digest"], texts, key)
+                if (reported := self._ended.get(node)) and reported[0] == agent:
+                    reported[1].intersection_update(texts)  # the others are gone from what the agent holds now
+        return answer
+
+    def wait(
+        self, node: str, known: str, timeout: float, agent: str | None = None, quiet_ends: bool = False
+    ) -> dict[str, Any]:
+        """The node's runs once they differ from `known` (with `quiet_ends`, other than by runs
+        gone whose end `agent` reported), or after `timeout`. Every answer is read with the
+        check that `agent` serves the node (`noderuns.serving`); an agent other than the one
+        last found serving it is checked before it waits too, so that a duplicate is refused
+        at once, while the serving agent's polls cost no read of their own."""
+        quiet = agent if quiet_ends else None  # whose reported ends go unanswered
         if not agent or self._serving.get(node) != agent:  # one naming none is checked each time
             noderuns.serving(self.store, node, agent)
             if agent:
@@ -121,14 +211,15 @@ class Placements:
         with self._cond:
             generation = self._generation
         seen = self._look(generation).get(node, [])
-        if self._last.get(node) != (seen, known):  # else nothing moved since the answer the agent holds
-            answer = self._fetch(node, seen, agent)
-            if answer["digest"] != known:
-                return answer
+        # else nothing moved since the answer the agent holds, or only runs it reported ended left
+        if self._last.get(node) != (seen, known) and not self._ended_only(node, quiet, known, seen):
+            answer, texts = self._fetch(node, seen, agent)
+            if self._news(node, quiet, known, answer, texts):
+                return self._answer(node, quiet, seen, answer, texts)
         while True:
             left = deadline - time.monotonic()
             if left <= 0 or self._stopping:
-                return self._fetch(node, seen, agent)  # what is reported may have moved: said as it is now
+                return self._answer(node, quiet, seen, *self._fetch(node, seen, agent))  # reports may have moved
             with self._cond:
                 if self._generation == generation and not self._stopping:
                     self._cond.wait(min(left, OTHER_WRITERS_POLL))
@@ -136,19 +227,24 @@ class Placements:
             key = self._look(generation).get(node, [])
             if key != seen:
                 seen = key
-                answer = self._fetch(node, key, agent)  # the specs only when the key moved
-                if answer["digest"] != known:
-                    return answer
+                if self._ended_only(node, quiet, known, key):
+                    continue
+                answer, texts = self._fetch(node, key, agent)  # the specs only when the key moved
+                if self._news(node, quiet, known, answer, texts):
+                    return self._answer(node, quiet, key, answer, texts)
 
 
-def _digest(items: list[dict[str, Any]]) -> str:
-    """What the agent holds of its node's runs. Whether the server holds a run's start or
-    end is left out: the agent reported it itself (it needs those only on its first look
-    after a start, to tell a run it lost from one to start), so a report does not send
-    every agent of the node a new answer."""
-    kept = [{k: v for k, v in item.items() if k not in ("started", "finished")} for item in items]
-    text = json.dumps(kept, sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+def _text(item: dict[str, Any]) -> str:
+    """What the agent holds of one of its node's runs (the answer's digest is of these).
+    Whether the server holds the run's start or end is left out: the agent reported it
+    itself (it needs those only on its first look after a start, to tell a run it lost from
+    one to start), so a report does not send every agent of the node a new answer."""
+    kept = {k: v for k, v in item.items() if k not in ("started", "finished")}
+    return json.dumps(kept, sort_keys=True, separators=(",", ":"))
+
+
+def _run_id(item: dict[str, Any]) -> RunId:
+    return (item["uid"], item["run"], item["epoch"])
 
 
 def routes(app: FastAPI, store: Store, wake: Wake | None, hand: noderuns.Hand | None = None) -> None:
@@ -183,10 +279,15 @@ def routes(app: FastAPI, store: Store, wake: Wake | None, hand: noderuns.Hand | 
         known: str = Query("", description="The digest of the last answer: wait until the runs differ from it."),
         timeout_seconds: float = Query(LONG_POLL, alias="timeoutSeconds", ge=0, le=300),
         agent: str | None = AGENT,
+        quiet_ends: bool = QUIET_ENDS,
     ) -> dict[str, Any]:
         """The runs placed on the node (each with its epoch, job spec, and a stop when the job
-        is stopping it), answered when they differ from `known` or after timeoutSeconds."""
-        return await anyio.to_thread.run_sync(placements.wait, name, known, timeout_seconds, agent, limiter=POLLS)
+        is stopping it), answered when they differ from `known` (for an agent sending
+        X-Reconciler-Quiet-Ends, other than by runs gone whose end it reported) or after
+        timeoutSeconds."""
+        return await anyio.to_thread.run_sync(
+            placements.wait, name, known, timeout_seconds, agent, quiet_ends, limiter=POLLS
+        )
 
     @app.post(PREFIX + "/nodes/{name}/runs/reports", tags=["agents"])
     def reports(name: str, request: RunReports, agent: str | None = AGENT) -> dict[str, Any]:
@@ -194,6 +295,7 @@ def routes(app: FastAPI, store: Store, wake: Wake | None, hand: noderuns.Hand | 
         runs in this process); each is judged alone: `items` says, in order, 200 (kept) or
         409 (its admission is no longer current: stop the process)."""
         reports = [noderuns.Report(r.uid, r.run, r.epoch, r.facts(), r.job) for r in request.items]
+        placements.ended(name, agent, [(r.uid, r.run, r.epoch) for r in request.items if r.finished_at is not None])
         kept, handed = noderuns.report_many(store, name, reports, agent, hand=hand)
         items = []
         for r, ok in zip(request.items, kept, strict=True):
@@ -217,6 +319,8 @@ def routes(app: FastAPI, store: Store, wake: Wake | None, hand: noderuns.Hand | 
         """A run's start (pid, process start time) or end (exit code, times; or gone without
         a record). 409 when the admission it names is no longer current: stop the process."""
         facts = request.facts()
+        if request.finished_at is not None:
+            placements.ended(name, agent, [(request.uid, request.run, request.epoch)])
         noderuns.report(
             store, name, job, uid=request.uid, run=request.run, epoch=request.epoch, facts=facts, agent=agent
         )

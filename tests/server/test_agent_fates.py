@@ -26,6 +26,7 @@ import psutil
 import pytest
 
 from reconciler.api.meta import to_epoch
+from reconciler.nodeagent.daemon import NodeAgent, Options
 from tests.helpers import wait_until
 from tests.server.conftest import PREFIX, Server, job_manifest, settled
 
@@ -211,6 +212,84 @@ def test_an_agent_the_server_found_serving_is_refused_on_a_waiting_poll_once_rep
     reports = http.post(f"{PREFIX}/nodes/far/runs/reports", json={"items": [item]}, headers=old)
     assert reports.status_code == 409 and "is served by the agent" in reports.json()["message"], reports.text
     assert http.get(f"{PREFIX}/nodes/far/runs", params={"timeoutSeconds": 0}, headers=new).status_code == 200
+
+
+@pytest.mark.parametrize(("quiet", "route"), [(True, "reports"), (True, "report"), (False, "reports")])
+def test_a_run_whose_end_the_polling_agent_reported_leaves_without_an_answer(serve, sqlite_url, quiet, route):
+    """Each run's end used to answer its agent's long poll twice: once as the run left the
+    node (which the agent knew: it had reported the end) and again for the next run. For an
+    agent that asks so (X-Reconciler-Quiet-Ends), a run gone whose end that agent reported,
+    by either report route, no longer answers its poll; the next change does, and the poll's
+    timeout answers with the runs as they are. An agent that does not ask (an older one,
+    which acts again on any answer it holds) is answered as before."""
+    server = serve(sqlite_url, "--no-local-node")
+    http = server.http()
+    agent = {"X-Reconciler-Agent": "hosty:1:1.0", **({"X-Reconciler-Quiet-Ends": "1"} if quiet else {})}
+    body = {"agent": agent["X-Reconciler-Agent"], "address": "127.0.0.1", "capacity": {"slots": 2}}
+    assert http.post(f"{PREFIX}/nodes/far/heartbeat", json=body, headers=agent).status_code == 200
+
+    def poll(known: str, timeout: float) -> dict:
+        answer = http.get(
+            f"{PREFIX}/nodes/far/runs", params={"timeoutSeconds": timeout, "known": known}, headers=agent, timeout=60
+        )
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    def jobs(answer: dict) -> list[str]:
+        return sorted(item["job"] for item in answer["items"])
+
+    def end(item: dict) -> None:
+        report = {"uid": item["uid"], "run": item["run"], "epoch": item["epoch"]}
+        report.update(startedAt="2026-12-07T00:00:00Z", finishedAt="2026-12-07T00:00:01Z")
+        if route == "reports":
+            items = [{"job": item["job"], **report}]
+            answer = http.post(f"{PREFIX}/nodes/far/runs/reports", json={"items": items}, headers=agent)
+            assert [i["code"] for i in answer.json()["items"]] == [200], answer.text
+        else:
+            answer = http.post(f"{PREFIX}/nodes/far/runs/{item['job']}/report", json=report, headers=agent)
+            assert answer.status_code == 200, answer.text
+
+    _apply(server, job_manifest("one"))
+    held = poll("", 0)
+    while jobs(held) != ["one"]:
+        held = poll(held["digest"], 10)
+    waiting: dict = {}
+    poller = threading.Thread(target=lambda: waiting.update(poll(held["digest"], 30)))
+    poller.start()
+    end(held["items"][0])
+    settled(server, "one")  # its run has left the node
+    if not quiet:
+        poller.join(timeout=30)
+        assert not poller.is_alive() and jobs(waiting) == [], waiting  # answered for the run gone
+        return
+    _apply(server, job_manifest("two"))
+    poller.join(timeout=60)
+    assert jobs(waiting) == ["two"], waiting  # answered for the next run, which also says "one" is gone
+
+    end(waiting["items"][0])
+    settled(server, "two")
+    timed_out = poll(waiting["digest"], 0.5)
+    assert jobs(timed_out) == [] and timed_out["digest"] != waiting["digest"], timed_out
+
+
+def test_a_look_again_at_a_held_answer_acts_only_on_the_runs_it_skipped(tmp_path):
+    """The server no longer answers a run leaving whose end the agent reported, so the answer
+    the agent holds may still list it, as not started (a short run's start and end are
+    reported together), after the sweep removed its folder and record (its job deleted). A
+    look taken again at that answer, for a run it skipped (a service's next run waiting for
+    the last to settle), acts on the skipped run alone: the ended one is not started again."""
+    agent = NodeAgent(Options(server="http://127.0.0.1:9", node="far", state_dir=tmp_path / "state"))
+    try:
+        spec = {"command": ["true"]}
+        ended = {"job": "ended", "uid": "u-1", "run": 1, "epoch": 3, "spec": spec, "started": False}
+        waiting = {"job": "next", "uid": "u-2", "run": 2, "epoch": 4, "spec": spec, "started": False}
+        agent._last_items, agent._received, agent._skipped = [ended, waiting], time.monotonic(), {"next"}
+        agent._look_again()
+        # no lease (no heartbeat accepted): a run the look starts waits for one, skipped again
+        assert agent._skipped == {"next"}, agent._skipped
+        assert not agent.local.run_dir("ended", "u-1", 1).exists()
+    finally:
+        agent.stop()
 
 
 def _other_host(name: str) -> list[str]:
