@@ -63,8 +63,9 @@ class Shared(ABC):
         self._says_withdraws = True  # off for a server of the version before (it refuses the field)
         self._reconciling = threading.Lock()  # one look at the placed runs at a time
         self._last_items: list[dict[str, Any]] | None = None  # the long poll's last answer
-        self._skipped: set[str] = set()  # jobs whose admission waits for an older run's record to settle
-        self._relook = threading.Event()  # a record settled: look at the last answer again
+        # jobs whose admission waits (an older run's record to settle, a lease, a start not known)
+        self._skipped: set[str] = set()
+        self._relook = threading.Event()  # a record settled: look at the skipped runs of the last answer again
         self._threads: list[threading.Thread] = []
         self.logs: LogServer | None = None
         self.failed: str | None = None  # why the agent gave up (its node is another agent's, a bad token)

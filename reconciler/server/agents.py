@@ -54,7 +54,7 @@ class Placements:
     For an agent that asks for it (`QUIET_ENDS_HEADER`), a run gone from the node whose end
     that agent process itself reported to this server process is not answered, and when the
     node's key shows no more than that, its runs are not read: the agent holds the run ended
-    and needs no word (over busy agents, these were two answers in five: `bench/burndown.py`).
+    and needs no word (over busy agents, two answers in five: counted over `bench/burndown.py`).
     Every other change is answered, such as a run gone that the agent holds alive: it must
     hear of it, to report it and be told to stop it. The next answer shows the run gone, and
     the poll's timeout answers with the runs as they are."""
@@ -158,15 +158,16 @@ class Placements:
             return not gone <= reported or any(before.get(run) != text for run, text in texts.items())
 
     def _ended_only(self, node: str, agent: str | None, known: str, key: list[tuple[Any, ...]]) -> bool:
-        """Whether the node's key moved, since the answer `agent` holds (`known`), only by runs
-        gone whose end that agent reported: then its runs need not be read (`_news` would
-        find nothing to tell). A key's entries name each run (uid, number, epoch, stop)."""
+        """Whether the node's key holds, since the answer `agent` holds (`known`), nothing new
+        and lacks only runs of that answer whose end that agent reported: then its runs need
+        not be read (`_news` would find nothing to tell). A key's entries name each run (uid,
+        number, epoch, stop). The runs are the answer's own, not its key's: that key was
+        looked at before they were read, and a run placed in between is in the answer only."""
         with self._ended_lock:
             if (held := self._held(node, agent, known)) is None:
                 return False
-            _, before, reported = held
-            gone = set(before) - set(key)
-            return set(key) <= set(before) and {entry[:3] for entry in gone} <= reported
+            texts, before, reported = held
+            return set(key) <= set(before) and texts.keys() - {entry[:3] for entry in key} <= reported
 
     def _held(
         self, node: str, agent: str | None, known: str

