@@ -42,6 +42,18 @@ Keys = dict[str, list[tuple[Any, ...]]]
 RunId = tuple[str, int, int]  # (job uid, run number, epoch): one admission's run
 
 
+class _Answered:
+    """The answer this process last gave a node's agent (one agent a node): its digest, each
+    run's text and the node's key it was read at; and the runs of it that agent reported
+    ended since."""
+
+    __slots__ = ("agent", "digest", "ended", "key", "texts")
+
+    def __init__(self, agent: str, digest: str, texts: dict[RunId, str], key: list[tuple[Any, ...]]):
+        self.agent, self.digest, self.texts, self.key = agent, digest, texts, key
+        self.ended: set[RunId] = set()
+
+
 class Placements:
     """Answers each agent's long poll as soon as its node's admissions differ from the digest
     it holds: woken at once by this process's writes (`Store.committed`), on PostgreSQL by
@@ -73,11 +85,7 @@ class Placements:
         self._stopping = False  # the server stops: every waiting poll is answered now
         self._serving: dict[str, str] = {}  # node -> the agent last found serving it
         self._ended_lock = threading.Lock()
-        # node -> the agent process last answered, that answer's digest, each run's text and the
-        # node's key it was read at; and the runs that agent reported ended which are still in an
-        # answer it holds (one agent a node)
-        self._answered: dict[str, tuple[str, str, dict[RunId, str], list[tuple[Any, ...]]]] = {}
-        self._ended: dict[str, tuple[str, set[RunId]]] = {}
+        self._answered: dict[str, _Answered] = {}  # node -> its quiet agent's last answer here
         store.committed.append(self._committed)
         if not store.is_sqlite:  # another server's writes (the leader's admissions), announced by NOTIFY
             threading.Thread(target=self._announced, name="placements-listen", daemon=True).start()
@@ -125,13 +133,11 @@ class Placements:
         report is written (the polls wake after its commit), since whatever the report's
         fate, that agent holds them ended. Only runs in the answer this process last gave
         that agent are noted: no other can leave it unanswered."""
-        if runs and agent:
-            with self._ended_lock:
-                answered, _, texts, _ = self._answered.get(node, ("", "", {}, []))
-                if answered != agent:
-                    return
-                holder, reported = self._ended.get(node, (agent, set()))
-                self._ended[node] = (agent, (reported if holder == agent else set()) | (set(runs) & texts.keys()))
+        if not runs or not agent:
+            return
+        with self._ended_lock:
+            if (last := self._answered.get(node)) is not None and last.agent == agent:
+                last.ended.update(run for run in runs if run in last.texts)
 
     def _fetch(
         self, node: str, key: list[tuple[Any, ...]], agent: str | None
@@ -151,11 +157,10 @@ class Placements:
         if answer["digest"] == known:
             return False
         with self._ended_lock:
-            if (held := self._held(node, agent, known)) is None:
+            if (last := self._held(node, agent, known)) is None:
                 return True  # not the answer this process gave that agent last: said as it is
-            before, _, reported = held
-            gone = before.keys() - texts.keys()
-            return not gone <= reported or any(before.get(run) != text for run, text in texts.items())
+            gone = last.texts.keys() - texts.keys()
+            return not gone <= last.ended or any(last.texts.get(run) != text for run, text in texts.items())
 
     def _ended_only(self, node: str, agent: str | None, known: str, key: list[tuple[Any, ...]]) -> bool:
         """Whether the node's key holds, since the answer `agent` holds (`known`), nothing new
@@ -164,21 +169,14 @@ class Placements:
         number, epoch, stop). The runs are the answer's own, not its key's: that key was
         looked at before they were read, and a run placed in between is in the answer only."""
         with self._ended_lock:
-            if (held := self._held(node, agent, known)) is None:
+            if (last := self._held(node, agent, known)) is None:
                 return False
-            texts, before, reported = held
-            return set(key) <= set(before) and texts.keys() - {entry[:3] for entry in key} <= reported
+            return set(key) <= set(last.key) and last.texts.keys() - {entry[:3] for entry in key} <= last.ended
 
-    def _held(
-        self, node: str, agent: str | None, known: str
-    ) -> tuple[dict[RunId, str], list[tuple[Any, ...]], set[RunId]] | None:
-        """When `known` is the answer this process last gave `agent` and that agent reported
-        ends: that answer's texts and key, and the runs reported ended (under `_ended_lock`)."""
-        answered, digest, texts, key = self._answered.get(node, ("", "", {}, []))
-        holder, reported = self._ended.get(node, ("", set()))
-        if not agent or (answered, digest, holder) != (agent, known, agent):
-            return None
-        return texts, key, reported
+    def _held(self, node: str, agent: str | None, known: str) -> _Answered | None:
+        """The answer this process last gave `agent`, when it is `known` (under `_ended_lock`)."""
+        last = self._answered.get(node)
+        return last if last is not None and agent and (last.agent, last.digest) == (agent, known) else None
 
     def _answer(
         self,
@@ -190,9 +188,10 @@ class Placements:
     ) -> dict[str, Any]:
         if agent:
             with self._ended_lock:
-                self._answered[node] = (agent, answer["digest"], texts, key)
-                if (reported := self._ended.get(node)) and reported[0] == agent:
-                    reported[1].intersection_update(texts)  # the others are gone from what the agent holds now
+                last = self._answered.get(node)
+                self._answered[node] = now = _Answered(agent, answer["digest"], texts, key)
+                if last is not None and last.agent == agent:
+                    now.ended = last.ended & texts.keys()  # the others are gone from what the agent holds now
         return answer
 
     def wait(

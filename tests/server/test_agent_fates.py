@@ -214,6 +214,23 @@ def test_an_agent_the_server_found_serving_is_refused_on_a_waiting_poll_once_rep
     assert http.get(f"{PREFIX}/nodes/far/runs", params={"timeoutSeconds": 0}, headers=new).status_code == 200
 
 
+def _hand_agent(server: Server, agent: str, *, quiet: bool) -> tuple[httpx.Client, dict[str, str], Callable]:
+    """The test as node far's agent process `agent` (quiet: asking for quiet ends), its
+    heartbeat accepted: a client, the agent's headers, and its long poll (known, timeout)."""
+    http = server.http()
+    headers = {"X-Reconciler-Agent": agent, **({"X-Reconciler-Quiet-Ends": "1"} if quiet else {})}
+    body = {"agent": agent, "address": "127.0.0.1", "capacity": {"slots": 2}}
+    assert http.post(f"{PREFIX}/nodes/far/heartbeat", json=body, headers=headers).status_code == 200
+
+    def poll(known: str, timeout: float) -> dict:
+        params = {"timeoutSeconds": timeout, "known": known}
+        answer = http.get(f"{PREFIX}/nodes/far/runs", params=params, headers=headers, timeout=60)
+        assert answer.status_code == 200, answer.text
+        return answer.json()
+
+    return http, headers, poll
+
+
 @pytest.mark.parametrize(("quiet", "route"), [(True, "reports"), (True, "report"), (False, "reports")])
 def test_a_run_whose_end_the_polling_agent_reported_leaves_without_an_answer(serve, sqlite_url, quiet, route):
     """Each run's end used to answer its agent's long poll twice: once as the run left the
@@ -223,17 +240,7 @@ def test_a_run_whose_end_the_polling_agent_reported_leaves_without_an_answer(ser
     timeout answers with the runs as they are. An agent that does not ask (an older one,
     which acts again on any answer it holds) is answered as before."""
     server = serve(sqlite_url, "--no-local-node")
-    http = server.http()
-    agent = {"X-Reconciler-Agent": "hosty:1:1.0", **({"X-Reconciler-Quiet-Ends": "1"} if quiet else {})}
-    body = {"agent": agent["X-Reconciler-Agent"], "address": "127.0.0.1", "capacity": {"slots": 2}}
-    assert http.post(f"{PREFIX}/nodes/far/heartbeat", json=body, headers=agent).status_code == 200
-
-    def poll(known: str, timeout: float) -> dict:
-        answer = http.get(
-            f"{PREFIX}/nodes/far/runs", params={"timeoutSeconds": timeout, "known": known}, headers=agent, timeout=60
-        )
-        assert answer.status_code == 200, answer.text
-        return answer.json()
+    http, agent, poll = _hand_agent(server, "hosty:1:1.0", quiet=quiet)
 
     def jobs(answer: dict) -> list[str]:
         return sorted(item["job"] for item in answer["items"])
@@ -278,16 +285,7 @@ def test_a_run_leaving_that_the_quiet_agent_did_not_report_ended_is_answered(ser
     silent (the test is its agent, and stops beating) and the run it reported started is
     declared lost (`retry.lostAfter`). The poll answers well before its 30 s timeout."""
     server = serve(sqlite_url, "--no-local-node", env={"RECONCILER_NODE_LOST_AFTER": "1s"})
-    http = server.http()
-    agent = {"X-Reconciler-Agent": "hostz:1:1.0", "X-Reconciler-Quiet-Ends": "1"}
-    body = {"agent": agent["X-Reconciler-Agent"], "address": "127.0.0.1", "capacity": {"slots": 2}}
-    assert http.post(f"{PREFIX}/nodes/far/heartbeat", json=body, headers=agent).status_code == 200
-
-    def poll(known: str, timeout: float) -> dict:
-        params = {"timeoutSeconds": timeout, "known": known}
-        answer = http.get(f"{PREFIX}/nodes/far/runs", params=params, headers=agent, timeout=60)
-        assert answer.status_code == 200, answer.text
-        return answer.json()
+    http, agent, poll = _hand_agent(server, "hostz:1:1.0", quiet=True)
 
     def report(item: dict, **facts: object) -> None:
         items = [{"job": item["job"], "uid": item["uid"], "run": item["run"], "epoch": item["epoch"], **facts}]
