@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.data.inprocess import cli
-from tests.helpers import wait_until
+from tests.helpers import remove_run_cgroups, wait_until
 
 DURATIONS = st.sampled_from(
     ["0s", "1ms", "99ms", "100ms", "1s", "3650d", "3650d1ms", "110000d", "99999999999999999999d", "1.5h", "-1s", "1"]
@@ -137,3 +137,4 @@ def test_apply_refuses_or_the_controller_keeps_reconciling(tmp_path_factory, hos
         except subprocess.TimeoutExpired:
             controller.kill()
     subprocess.run(["pkill", "-KILL", "-f", str(root)], check=False)  # runs of the hostile jobs that are still up
+    remove_run_cgroups(root)  # theirs too: no controller recorded those runs' ends

@@ -64,7 +64,9 @@ class Follow(Shared):
         """Act on an answer, run by run; with `only`, on those jobs' runs alone (the answer
         still tells which runs are placed)."""
         placed: set[tuple[str, int, int]] = set()
-        self._skipped = set()
+        # the skips looked at now are decided anew; with `only`, the others stay, among them one an
+        # artifact-ready start (`_exited`, outside this lock) added after `only` was taken
+        self._skipped = set() if only is None else self._skipped - only
         for item in items:
             placed.add((item["uid"], item["run"], item["epoch"]))
             if only is not None and item["job"] not in only:

@@ -328,6 +328,24 @@ def test_a_look_again_at_a_held_answer_acts_only_on_the_runs_it_skipped(tmp_path
         agent.stop()
 
 
+def test_a_look_again_keeps_the_skips_it_was_not_asked_to_look_at(tmp_path):
+    """An artifact-ready start runs on the exit watcher's thread, outside the look's lock, and
+    may skip its run (no lease) after a look again took the skipped jobs it acts on. That skip
+    is kept for the next look again (at the next accepted heartbeat): the long poll's next
+    answer may be 30 s away, since a run's end the agent reported is no news to it."""
+    agent = NodeAgent(Options(server="http://127.0.0.1:9", node="far", state_dir=tmp_path / "state"))
+    try:
+        spec = {"command": ["true"]}
+        waiting = {"job": "next", "uid": "u-2", "run": 2, "epoch": 4, "spec": spec, "started": False}
+        fetched = {"job": "fetched", "uid": "u-3", "run": 1, "epoch": 5, "spec": spec, "started": False}
+        agent._last_items, agent._received = [waiting, fetched], time.monotonic()
+        agent._skipped = {"next", "fetched"}  # "fetched" skipped after the look took {"next"}
+        agent._reconcile(agent._last_items, only={"next"})
+        assert agent._skipped == {"next", "fetched"}, agent._skipped
+    finally:
+        agent.stop()
+
+
 def _other_host(name: str) -> list[str]:
     """Run under another host name (a UTS namespace): another machine, as the server tells them."""
     return ["unshare", "--uts", "sh", "-c", f'hostname {name} && exec "$@"', "sh"]
