@@ -660,6 +660,30 @@ def test_events_are_written_in_the_same_transaction(store):
     assert store.change_seq() == seq
 
 
+def test_the_events_of_a_batch_are_written_with_its_commit_in_order(store):
+    """Events are appended with the commit, all of a transaction's in one statement on
+    PostgreSQL: a batch of two writes keeps each event's order, type, object and the
+    resourceVersion of the write that appended it; a batch rolled back writes none."""
+    first, second = _create(store, "first"), _create(store, "second")
+    with store.batch():
+        with store.write(known=True) as tx:
+            a = repo.update_object(tx, first, spec={**SPEC, "priority": 1})
+            eventlog.record(tx, eventlog.ObjectEvent(a, "One", "a 1"), eventlog.ObjectEvent(a, "Two", "a 2", True))
+            eventlog.record(tx, eventlog.ObjectEvent(second, "Three", "b 3"))
+        rv = a.resource_version
+    with store.read() as conn:
+        got = [(e.name, e.reason, e.message, e.type, e.resource_version) for e in eventlog.newest(conn)]
+    assert got[-3:] == [
+        ("first", "One", "a 1", "Normal", rv),
+        ("first", "Two", "a 2", "Warning", rv),
+        ("second", "Three", "b 3", "Normal", rv),
+    ]
+    with pytest.raises(BoomError), store.batch(), store.write(known=True) as tx:
+        eventlog.record(tx, eventlog.ObjectEvent(repo.update_object(tx, a, spec=SPEC), "Lost", "rolled back"))
+        raise BoomError
+    assert _events(store, "first")[-1] == ("Two", "a 2")
+
+
 def test_a_read_is_one_snapshot_for_all_its_statements(store):
     """What a reconcile step reads together (a job and its dependencies) is from one moment,
     on PostgreSQL too (REPEATABLE READ reads; its default would give each statement its own)."""
@@ -748,6 +772,7 @@ PG_ONLY = {
     "_HAS_META[postgresql]",
     "_NOW[postgresql]",
     "_update_certain(every column)",  # sent only on a pipelined connection
+    "_INSERT_EVENTS",  # a transaction's events as arrays (unnest)
 }
 SQLITE_ONLY = {"_HAS_META[sqlite]", "_NOW[sqlite]"}
 

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
+from . import eventlog
 from .batches import EPOCH_GAP, Batches
 from .connect import (
     default_store_url,
@@ -252,11 +253,19 @@ class Store(Batches):
         return seq
 
     def _commit(self, conn: Connection, tx: Tx, *, known: bool) -> None:
-        """Commit; on PostgreSQL a change is announced (NOTIFY, which listen.py hears) in the
+        """Commit, the events the transaction appended written first (`eventlog.record`: one
+        statement on PostgreSQL); on PostgreSQL a change is announced (NOTIFY, which listen.py hears) in the
         same round trip, with the pipelined statements not answered yet (a failure of any one
         is raised and nothing is committed). The payload is the resourceVersion and, for the
         controller's own writes, this store's origin: digits and hex, safe in the statement's
         text."""
+        if tx.events:
+            try:
+                eventlog.write_pending(tx)
+            except BaseException:
+                with suppress(StoreError):
+                    conn.end(commit=False)
+                raise
         if self.is_sqlite or not tx.changed:
             conn.end(commit=True)
             return

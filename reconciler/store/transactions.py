@@ -71,6 +71,7 @@ class Tx:
         self._rv: int | None = None
         self._seq = seq  # the change sequence as the lock read it (PostgreSQL), else None
         self.discarded = False
+        self.events: list[tuple[Any, ...]] = []  # rows of the events to append with the commit (eventlog)
         self.epoch = epoch if epoch is not None else Epoch(seq)
         # what is read once per epoch (`Store.epoch`): what only other writers change (the
         # notifiers) stays as read while it lasts
