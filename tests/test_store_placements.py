@@ -140,3 +140,42 @@ def test_an_agent_is_told_which_ended_runs_the_store_still_keeps(store_url):
         assert all(elsewhere)
     finally:
         store.dispose()
+
+
+def test_a_report_kept_in_a_batch_is_its_admission_as_read_until_anything_else_is_committed(store_url):
+    """A step acting on a report handed to its batch takes the admission the report left
+    (`Store.reported`) instead of reading it: the same as a read finds, in that transaction
+    and in the thread's next one when nothing at all was committed between; not once another
+    write came between, nor once its own transaction wrote the admission again."""
+    store = Store(store_url)
+    try:
+        with store.write() as tx:
+            job, other = _jobs(tx, 2)
+            epoch = _admit(tx, job.uid, job.name, "n1")
+            _admit(tx, other.uid, other.name, "n1")
+        facts = {"startedAt": "2026-12-07T00:00:00Z", "finishedAt": "2026-12-07T00:00:01Z", "exitCode": 0}
+        report = placements.Report(job.uid, 1, epoch, facts, job.name)
+        with store.batch():
+            with store.write(known=True) as tx:
+                assert placements.record_reports(tx, "n1", [report]) == [True]
+                read = sched.admission(tx.session, job.uid)
+            assert read is not None and read.report == facts
+            assert store.reported(job.uid) == read
+            assert store.reported(other.uid) is None  # no report kept on it
+            store.flush()
+            with store.read():  # the next transaction: nothing was committed since
+                assert store.reported(job.uid) == read
+        with store.batch():
+            with store.write(known=True) as tx:
+                assert placements.record_reports(tx, "n1", [report]) == [True]
+            store.flush()
+            with store.write() as tx:  # another write (an agent's heartbeat, say) commits between
+                repo.update_object(tx, other, status={"phase": "Running"})
+            with store.read():
+                assert store.reported(job.uid) is None
+            with store.write(known=True) as tx:
+                assert placements.record_reports(tx, "n1", [report]) == [True]
+                sched.release(tx, job.uid)  # its own transaction writes the admission again
+                assert store.reported(job.uid) is None
+    finally:
+        store.dispose()

@@ -140,6 +140,8 @@ class RunSteps:
         held = self.endings.admitted.pop(ctx.uid, None)
         if held is not None and held.node != self.agent.node and not self.store.uncommitted(ctx.uid):
             held = None  # committed: another node's agent may have reported on it since, read below
+        if held is None and (reported := self.store.reported(ctx.uid)) is not None and reported.node != self.agent.node:
+            held = reported  # a report handed to this batch: its admission as the report left it
         if held is None:
             with self.store.read() as session:
                 held = sched.admission(session, ctx.uid)

@@ -19,6 +19,7 @@ from .transactions import Batch, Epoch, Fence, Tx, seq_in
 
 if TYPE_CHECKING:
     from .engine import Store
+    from .scheduling import Admission
 
 EPOCH_GAP = 64  # epoch-safe commits an epoch outlives between two of its transactions, at most
 
@@ -130,6 +131,15 @@ class Batches(ABC):
         batch: Batch | None = getattr(self._local, "batch", None)
         return batch is not None and batch.conn is not None and name in batch.pending
 
+    def reported(self, uid: str) -> Admission | None:
+        """The admission of job `uid` with the agent's report that this thread's open batch
+        transaction kept on it, or its last one when nothing was committed since, as a read
+        would find it; None when none kept one (`Tx.reported`). A step acting on a handed
+        report then reads nothing (on PostgreSQL a round trip)."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        tx = batch.tx if batch is not None else None
+        return tx.reported.get(uid) if tx is not None else None
+
     def flush(self) -> None:
         """Commit this thread's batch transaction, if one is open, and run what waited for it.
         A failure marks the batch `lost` and raises."""
@@ -145,7 +155,9 @@ class Batches(ABC):
             committed = True
             tx.epoch.seq = tx.rv() if tx.changed else tx.epoch.seq  # where this commit left the sequence
             self._local.epoch = tx.epoch
+            self._local.reported = (tx.epoch.seq, tx.reported) if tx.reported else None
         except BaseException:
+            self._local.reported = None
             batch.lost = True
             with suppress(StoreError):
                 conn.end(commit=False)
@@ -208,6 +220,12 @@ class Batches(ABC):
         epoch.seq = found
         self._local.epoch = None  # until this transaction commits
         batch.conn, batch.tx, batch.opened = conn, Tx(conn, cast("Store", self), seq, epoch), time.monotonic()
+        # the reports the last one kept, when nothing at all was committed since (an epoch-safe
+        # commit may be another report on the same admission): their admissions are as it left them
+        carried: tuple[int, dict[str, Admission]] | None = getattr(self._local, "reported", None)
+        self._local.reported = None
+        if carried is not None and carried[0] == found:
+            batch.tx.reported = carried[1]
         batch.wrote = False
 
     def _continues(self, seq: int | None, found: int) -> bool:
@@ -227,6 +245,7 @@ class Batches(ABC):
         if conn is None:
             return
         batch.conn = batch.tx = None
+        self._local.reported = None
         batch.pending.clear()
         batch.committed.clear()  # rolled back: what waited for its commit never happens
         undone, batch.undone = batch.undone, []

@@ -13,6 +13,7 @@ from typing import Any
 
 from .dbapi import Connection, Statement
 from .repository import in_chunks, in_marks
+from .scheduling import Admission
 from .transactions import Tx
 
 _PLACED_ON = Statement(
@@ -146,6 +147,9 @@ def record_reports(tx: Tx, node: str, reports: list[Report]) -> list[bool]:
         if rows:
             for i, count in zip(which, statement.execute_each(tx.session, rows), strict=True):
                 kept[i] = count == 1
+    for report, ok in zip(reports, kept, strict=True):
+        if ok:  # the admission is the one the report named, now with this report; no controller owns a remote run
+            tx.reported[report.uid] = Admission(node, report.run, None, report.epoch, dict(report.facts))
     return kept
 
 

@@ -170,6 +170,7 @@ def admit(
     one port on one node is refused by the store); `cpu` and `memory` are the job's
     resources, held on the node."""
     now = time.time()
+    tx.reported.pop(uid, None)
     _ADMIT.execute(
         tx.session,
         {
@@ -221,6 +222,7 @@ def admission(session: Connection, uid: str) -> Admission | None:
 
 def claim_spawn(tx: Tx, uid: str, owner: str, *, take_over_from: str | None = None) -> bool:
     """Compare-and-swap the right to start this admission's run: no run starts twice."""
+    tx.reported.pop(uid, None)
     if take_over_from is None:
         return _CLAIM.execute(tx.session, {"uid": uid, "owner": owner}).rowcount == 1
     return _TAKE_OVER.execute(tx.session, {"uid": uid, "owner": owner, "previous": take_over_from}).rowcount == 1
@@ -229,11 +231,13 @@ def claim_spawn(tx: Tx, uid: str, owner: str, *, take_over_from: str | None = No
 def restart_run(tx: Tx, uid: str, run_number: int, owner: str | None) -> None:
     """A service's next run under the admission it holds, claimed by the agent that
     restarts it (the one on its node; None: a remote agent, which the new epoch tells)."""
+    tx.reported.pop(uid, None)
     _RESTART_RUN.execute(tx.session, {"uid": uid, "run_number": run_number, "owner": owner, "epoch": tx.rv()})
 
 
 def release(tx: Tx, uid: str) -> tuple[str | None, int] | None:
     """Free the slots; returns (pool, slots) held, so the caller can wake who waits for them."""
+    tx.reported.pop(uid, None)
     row = _RELEASE.execute(tx.session, {"uid": uid}).first()
     return None if row is None else (row.pool, row.slots)
 
@@ -241,6 +245,7 @@ def release(tx: Tx, uid: str) -> tuple[str | None, int] | None:
 def free(tx: Tx, uid: str) -> None:
     """`release` for a caller that knows what the job held: nothing waits for the answer
     (on a pipelined connection the delete travels with the next statement read)."""
+    tx.reported.pop(uid, None)
     _FREE.execute(tx.session, {"uid": uid})
 
 

@@ -16,6 +16,7 @@ from .dbapi import Connection, Statement, StoreError
 
 if TYPE_CHECKING:
     from .engine import Store
+    from .scheduling import Admission
 
 META = Statement("SELECT value FROM meta WHERE key = :key")
 
@@ -72,6 +73,9 @@ class Tx:
         self._seq = seq  # the change sequence as the lock read it (PostgreSQL), else None
         self.discarded = False
         self.events: list[tuple[Any, ...]] = []  # rows of the events to append with the commit (eventlog)
+        # job uid -> its admission as this transaction left it with an agent's report kept on it
+        # (placements.record_reports), until another write to that admission (scheduling)
+        self.reported: dict[str, Admission] = {}
         self.epoch = epoch if epoch is not None else Epoch(seq)
         # what is read once per epoch (`Store.epoch`): what only other writers change (the
         # notifiers) stays as read while it lasts
