@@ -660,6 +660,52 @@ def test_events_are_written_in_the_same_transaction(store):
     assert store.change_seq() == seq
 
 
+@pytest.mark.parametrize("kept", [4, queuing.HEADS])
+def test_the_heads_of_line_a_batch_epoch_keeps_are_the_lines_as_a_read_finds_them(store, kept, monkeypatch):
+    """`first_in_line` with the batch's epoch keeps each scope's first entries and follows its
+    own enqueues and dequeues (a row already there, a pool changed, ties on rank and time,
+    commits within the epoch): whatever the sequence, it names who a read of the line names,
+    and it reads the line only when too few entries are kept."""
+    import random
+
+    monkeypatch.setattr(queuing, "HEADS", kept)  # few: the edges of the kept heads are met often
+    rng = random.Random(20261207)
+    uids = [f"0000-{i:04d}" for i in range(80)]
+    queued: set[str] = set()
+    cached_reads = 0
+    with store.batch():
+        for step in range(400):
+            with store.write(known=True) as tx:
+                uid = rng.choice(uids)
+                if uid in queued and rng.random() < 0.5 - 0.3 * (len(queued) < 50):
+                    queuing.dequeue(tx, uid)
+                    queued.discard(uid)
+                else:
+                    queuing.enqueue(
+                        tx,
+                        uid=uid,
+                        name=f"job-{uid}",
+                        pool=rng.choice([None, "p"]),
+                        slots=1,
+                        priority=rng.choice([0, 0, 1]),
+                        eligible_at=float(rng.randint(0, 40)),
+                        bypass_count=0,
+                        node_name=None,
+                        node_selector={},
+                        fresh=rng.random() < 0.7,
+                    )()
+                    queued.add(uid)
+                epoch = store.epoch(open=False)
+                for scope in (None, "p"):
+                    limit = rng.choice([1, 2, kept - 1, kept, kept + 1])
+                    cached_reads += scope in epoch.memo.get("queue-heads", {})
+                    got = queuing.first_in_line(tx.session, scope, limit, epoch)
+                    assert got == queuing.first_in_line(tx.session, scope, limit), (step, scope, limit)
+            if step % 60 == 59:
+                store.flush()  # the epoch goes on: nothing else committed
+    assert cached_reads > 200  # most looks were answered from the kept heads
+
+
 def test_the_events_of_a_batch_are_written_with_its_commit_in_order(store):
     """Events are appended with the commit, all of a transaction's in one statement on
     PostgreSQL: a batch of two writes keeps each event's order, type, object and the

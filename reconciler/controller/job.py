@@ -224,8 +224,9 @@ class JobReconciler:
             self.wake(name)
         if ctx.wake_pools:
             with self.store.read() as session:
+                epoch = self.store.epoch(open=False)  # the batch's: its heads of line are kept in it
                 for pool, slots in ctx.wake_pools.items():
-                    for name in queuing.first_in_line(session, pool, slots + 1):
+                    for name in queuing.first_in_line(session, pool, slots + 1, epoch):
                         self.wake(name, urgent=True)  # a free slot must not wait behind a backlog
 
     # -- revisions -----------------------------------------------------------------------

@@ -5,15 +5,17 @@ pipelined connection they travel with whatever is read before."""
 
 from __future__ import annotations
 
+import bisect
 import functools
 import itertools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from ..jsontext import parse
 from .dbapi import Connection, Result, Row, Statement
-from .transactions import Tx
+from .transactions import Epoch, Tx
 
 # Statements built once: on the reconcile loop's path, building a statement per call costs
 # more than SQLite's work.
@@ -79,12 +81,14 @@ def enqueue(
     the insert is tried first, its answer read only when the row is asked for (on a
     pipelined connection it travels with whatever is read before), and the row read only if
     one was there; otherwise it is read first."""
+    tx.writes(QUEUE)
     known = None if fresh else queued(tx.session, uid)
     if known is not None:
         return lambda: known
     entry = QueueEntry(
         uid, name, pool, slots, -priority, eligible_at, bypass_count, node_name, dict(node_selector), cpu, memory
     )
+    _heads_enqueued(tx.memo, pool, (-priority, eligible_at, uid, name))
     inserted = _ENQUEUE.execute(
         tx.session,
         {
@@ -113,6 +117,9 @@ def enqueue(
 
 
 def dequeue(tx: Tx, uid: str) -> None:
+    tx.writes(QUEUE)
+    for heads in _heads(tx.memo).values():
+        heads.keys = [key for key in heads.keys if key[2] != uid]
     _DEQUEUE.execute(tx.session, {"uid": uid})
 
 
@@ -166,15 +173,65 @@ def _pages(
         result = _line(scope_is_pool, True, batch).execute(session, params)
 
 
-def first_in_line(session: Connection, pool: str | None, limit: int) -> list[str]:
-    """Names of the first `limit` queued jobs of a scope: who to wake when slots free up."""
-    return [
-        entry.name
-        for entry in itertools.islice(
-            in_line(session, pool, scope_is_pool=pool is not None, batch=min(max(limit, 1), 64)), limit
-        )
-    ]
+def first_in_line(session: Connection, pool: str | None, limit: int, epoch: object | None = None) -> list[str]:
+    """Names of the first `limit` queued jobs of a scope: who to wake when slots free up.
+    With the reader's batch `epoch` (`Store.epoch`), the scope's first HEADS entries are kept
+    in it as read and as its own writes then change them, and read again only once too few
+    are left: a release of slots (one a job on the burn-down over agents) asks no round trip."""
+    kept = _heads(epoch.memo) if isinstance(epoch, Epoch) and limit <= HEADS else None
+    heads = kept.get(pool) if kept is not None else None
+    if heads is not None and (len(heads.keys) >= limit or heads.whole):
+        return [key[3] for key in heads.keys[:limit]]
+    batch = HEADS if kept is not None else min(max(limit, 1), 64)
+    entries = list(itertools.islice(in_line(session, pool, scope_is_pool=pool is not None, batch=batch), batch))
+    if kept is not None:
+        keys = [(e.rank, e.eligible_at, e.uid, e.name) for e in entries]
+        kept[pool] = _Heads(keys, whole=len(entries) < batch)
+    return [entry.name for entry in entries[:limit]]
 
 
 def count_bypass(tx: Tx, uid: str) -> None:
+    tx.writes(QUEUE)
     _COUNT_BYPASS.execute(tx.session, {"uid": uid})
+
+
+# The queue's heads kept per batch epoch (first_in_line): an epoch-safe transaction may not
+# write the queue (transactions.KEPT_KINDS), so only this thread's writes change it meanwhile.
+QUEUE = "Queue"
+HEADS = 64  # entries of a scope's line kept
+
+
+@dataclass(slots=True)
+class _Heads:
+    """The first entries of one scope's line, as (rank, eligible_at, uid, name) in line order;
+    `whole`: the line has no more."""
+
+    keys: list[tuple[int, float, str, str]]
+    whole: bool
+
+
+def _heads(memo: dict[str, Any]) -> dict[str | None, _Heads]:
+    """Each scope's kept heads (None: the global line), in an epoch's memo."""
+    found: dict[str | None, _Heads] = memo.setdefault("queue-heads", {})
+    return found
+
+
+def _heads_enqueued(memo: dict[str, Any], pool: str | None, key: tuple[int, float, str, str]) -> None:
+    """An insert into the lines of the global scope and the job's pool (it does nothing where
+    the job has a row already): placed among the kept heads where that is certain, the heads
+    dropped where it is not. A row of the job's is certainly absent when the global line is
+    kept whole without it; and a tie with a kept entry on rank and time is left to the
+    database, whose collation orders the uids."""
+    kept = _heads(memo)
+    if any(k[2] == key[2] for heads in kept.values() for k in heads.keys):
+        return  # queued already: that row stays where it is
+    whole = kept.get(None)
+    absent = whole is not None and whole.whole
+    for scope in {None, pool}:
+        heads = kept.get(scope)
+        if heads is None or (not heads.whole and heads.keys and key[:2] > heads.keys[-1][:2]):
+            continue  # not kept, or its place is past the kept ones
+        if heads.whole and absent and all(k[:2] != key[:2] for k in heads.keys):
+            bisect.insort(heads.keys, key)
+        else:
+            del kept[scope]

@@ -107,10 +107,10 @@ class Tx:
         return self._rv is not None
 
 
-# What a batch epoch keeps as last seen (controller/known.py; `Tx.memo`: the notifiers), so
-# what an epoch-safe transaction may not write: whatever a new memo entry or kept object
-# stands for must be named here.
-KEPT_KINDS = frozenset({"Job", "Notifier"})
+# What a batch epoch keeps as last seen (controller/known.py; `Tx.memo`: the notifiers, the
+# queue's heads of line), so what an epoch-safe transaction may not write: whatever a new
+# memo entry or kept object stands for must be named here (the queue as queuing.QUEUE).
+KEPT_KINDS = frozenset({"Job", "Notifier", "Queue"})
 
 
 class Epoch:
