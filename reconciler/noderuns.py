@@ -123,12 +123,18 @@ def serving(store: Store, node: str, agent: str | None) -> None:
         serving_in(session, node, agent)
 
 
-def serving_in(session: Connection, node: str, agent: str | None) -> None:
+def serving_in(session: Connection, node: str, agent: str | None, read: dict[str, Any] | None = None) -> None:
     """`serving`, judged in the caller's transaction (the one that reads or writes for the
     agent: no transaction of its own). A node a controller serves itself (a server's own
     node) is no agent's, whether or not the request names one: its runs are that
-    controller's to start, and a report on them would be kept and never read."""
-    obj = repo.get(session, kind="Node", name=node)
+    controller's to start, and a report on them would be kept and never read. `read`: the
+    Nodes the transaction read, as they stand in it (`Tx.nodes`), used and added to."""
+    if read is not None and node in read:
+        obj = read[node]
+    else:
+        obj = repo.get(session, kind="Node", name=node)
+        if read is not None:
+            read[node] = obj
     status = (obj.status or {}) if obj is not None else {}
     current = status.get("agent")
     if current is not None and not status.get("remote"):
@@ -190,7 +196,7 @@ def report_many(
     the write is a transaction of its own, and the caller wakes the jobs."""
 
     def write(tx: Tx) -> list[bool]:
-        serving_in(tx.session, node, agent)
+        serving_in(tx.session, node, agent, tx.nodes)
         return placements.record_reports(tx, node, reports)
 
     if not reports:

@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+
 from reconciler.store import Store, placements
 from reconciler.store import repository as repo
 from reconciler.store import scheduling as sched
@@ -177,5 +179,39 @@ def test_a_report_kept_in_a_batch_is_its_admission_as_read_until_anything_else_i
                 assert placements.record_reports(tx, "n1", [report]) == [True]
                 sched.release(tx, job.uid)  # its own transaction writes the admission again
                 assert store.reported(job.uid) is None
+    finally:
+        store.dispose()
+
+
+def test_a_node_read_for_the_serving_check_is_read_again_once_anything_is_committed(store_url):
+    """The check that an agent serves its node, made in the batch transaction that writes its
+    reports, notes the Node as read (`Tx.nodes`): the worker's next transaction uses it when
+    nothing at all was committed between, and reads it again after any commit (a heartbeat
+    may be another agent's takeover) or once the transaction writes a Node."""
+    import time
+
+    from reconciler import noderuns
+    from reconciler.errors import Conflict
+
+    store = Store(store_url)
+    try:
+        beat = noderuns.Beat(agent="farhost:1:1.0", address="10.0.0.2", capacity={"slots": 1})
+        noderuns.heartbeat(store, "far", beat, time.time())
+        with store.batch():
+            with store.write(known=True) as tx:
+                noderuns.serving_in(tx.session, "far", "farhost:1:1.0", tx.nodes)
+                node = tx.nodes["far"]
+            store.flush()
+            with store.write(known=True) as tx:  # nothing committed since: as read
+                assert tx.nodes == {"far": node}
+                with pytest.raises(Conflict):
+                    noderuns.serving_in(tx.session, "far", "otherhost:2:2.0", tx.nodes)
+            noderuns.heartbeat(store, "far", beat, time.time())  # a commit between
+            with store.write(known=True) as tx:
+                assert tx.nodes == {}
+                noderuns.serving_in(tx.session, "far", "farhost:1:1.0", tx.nodes)
+                assert tx.nodes["far"].resource_version > node.resource_version
+                repo.update_object(tx, tx.nodes["far"], labels={"x": "y"})  # a Node written in it
+                assert tx.nodes == {}
     finally:
         store.dispose()

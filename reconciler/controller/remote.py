@@ -75,6 +75,9 @@ class RemoteSteps:
         kept = self._nodes.get(name)
         if kept is not None and time.monotonic() - kept[0] < NODE_FRESH:
             obj = kept[1]
+        elif (noted := self.store.noted_node(name)) is not None:  # read in this batch (an agent's reports)
+            obj = noted
+            self._nodes[name] = (time.monotonic(), obj)
         else:
             with self.store.read() as session:
                 obj = repo.get(session, kind="Node", name=name)

@@ -11,7 +11,7 @@ from abc import ABC, abstractmethod
 from collections import deque
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from ..errors import Conflict
 from .dbapi import Connection, StoreError
@@ -140,6 +140,14 @@ class Batches(ABC):
         tx = batch.tx if batch is not None else None
         return tx.reported.get(uid) if tx is not None else None
 
+    def noted_node(self, name: str) -> Any:
+        """The Node `name` (a StoredObject) as this thread's open batch transaction read it, or
+        its last one when nothing was committed since (`Tx.nodes`: the serving checks of the
+        agents' reports it wrote); None when neither did, or the node is not stored."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        tx = batch.tx if batch is not None else None
+        return tx.nodes.get(name) if tx is not None else None
+
     def flush(self) -> None:
         """Commit this thread's batch transaction, if one is open, and run what waited for it.
         A failure marks the batch `lost` and raises."""
@@ -155,9 +163,9 @@ class Batches(ABC):
             committed = True
             tx.epoch.seq = tx.rv() if tx.changed else tx.epoch.seq  # where this commit left the sequence
             self._local.epoch = tx.epoch
-            self._local.reported = (tx.epoch.seq, tx.reported) if tx.reported else None
+            self._local.carried = (tx.epoch.seq, tx.reported, tx.nodes)
         except BaseException:
-            self._local.reported = None
+            self._local.carried = None
             batch.lost = True
             with suppress(StoreError):
                 conn.end(commit=False)
@@ -220,12 +228,12 @@ class Batches(ABC):
         epoch.seq = found
         self._local.epoch = None  # until this transaction commits
         batch.conn, batch.tx, batch.opened = conn, Tx(conn, cast("Store", self), seq, epoch), time.monotonic()
-        # the reports the last one kept, when nothing at all was committed since (an epoch-safe
-        # commit may be another report on the same admission): their admissions are as it left them
-        carried: tuple[int, dict[str, Admission]] | None = getattr(self._local, "reported", None)
-        self._local.reported = None
+        # what the last one noted, when nothing at all was committed since (an epoch-safe commit
+        # may be another report on the same admission, a heartbeat): as that one left it
+        carried: tuple[int, dict[str, Admission], dict[str, Any]] | None = getattr(self._local, "carried", None)
+        self._local.carried = None
         if carried is not None and carried[0] == found:
-            batch.tx.reported = carried[1]
+            batch.tx.reported, batch.tx.nodes = carried[1], carried[2]
         batch.wrote = False
 
     def _continues(self, seq: int | None, found: int) -> bool:
@@ -245,7 +253,7 @@ class Batches(ABC):
         if conn is None:
             return
         batch.conn = batch.tx = None
-        self._local.reported = None
+        self._local.carried = None
         batch.pending.clear()
         batch.committed.clear()  # rolled back: what waited for its commit never happens
         undone, batch.undone = batch.undone, []

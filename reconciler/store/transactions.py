@@ -76,6 +76,8 @@ class Tx:
         # job uid -> its admission as this transaction left it with an agent's report kept on it
         # (placements.record_reports), until another write to that admission (scheduling)
         self.reported: dict[str, Admission] = {}
+        # node name -> its Node as read in this transaction (noderuns.serving_in), until it writes a Node
+        self.nodes: dict[str, Any] = {}
         self.epoch = epoch if epoch is not None else Epoch(seq)
         # what is read once per epoch (`Store.epoch`): what only other writers change (the
         # notifiers) stays as read while it lasts
@@ -87,7 +89,10 @@ class Tx:
 
     def writes(self, kind: str) -> None:
         """Called by every write of an object: an epoch-safe transaction refuses a Job or a
-        Notifier, which the threads whose epochs outlive it keep as they last saw them."""
+        Notifier, which the threads whose epochs outlive it keep as they last saw them; a
+        Node written drops the Nodes this transaction noted as read (`nodes`)."""
+        if kind == "Node":
+            self.nodes.clear()
         if self.epoch_safe and kind in KEPT_KINDS:
             raise StoreError(f"a {kind} written by an epoch-safe transaction (a bug): nothing is committed")
 
