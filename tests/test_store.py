@@ -706,23 +706,54 @@ def test_the_heads_of_line_a_batch_epoch_keeps_are_the_lines_as_a_read_finds_the
     assert cached_reads > 200  # most looks were answered from the kept heads
 
 
-def test_the_events_of_a_batch_are_written_with_its_commit_in_order(store):
-    """Events are appended with the commit, all of a transaction's in one statement on
-    PostgreSQL: a batch of two writes keeps each event's order, type, object and the
-    resourceVersion of the write that appended it; a batch rolled back writes none."""
+def test_a_queue_write_alone_moves_the_change_sequence(store):
+    """Another worker's batch epoch, and the heads of line kept in it, go on only while the
+    change sequence stays where that worker's commit left it: a transaction that writes the
+    queue and no object must move it too."""
+    args = dict(pool=None, slots=1, priority=0, node_name=None, node_selector={}, bypass_count=0)
+    for write in (
+        lambda tx: queuing.enqueue(tx, uid="0000-1", name="a", eligible_at=1.0, fresh=True, **args)(),
+        lambda tx: queuing.count_bypass(tx, "0000-1"),
+        lambda tx: queuing.dequeue(tx, "0000-1"),
+    ):
+        before = store.change_seq()
+        with store.write(known=True) as tx:
+            write(tx)
+        assert store.change_seq() == before + 1
+
+
+def test_first_in_line_names_as_many_as_asked_past_the_kept_heads(store):
+    """A release of more slots than the heads kept (64) wakes as many jobs as it freed: the
+    line is read on for them, with or without a batch epoch."""
+    with store.batch(), store.write(known=True) as tx:
+        for n in range(100):
+            args = dict(pool=None, slots=1, priority=0, node_name=None, node_selector={}, bypass_count=0)
+            queuing.enqueue(tx, uid=f"0000-{n:04d}", name=f"j{n:03d}", eligible_at=float(n), fresh=True, **args)
+        epoch = store.epoch(open=False)
+        expected = [f"j{n:03d}" for n in range(80)]
+        assert queuing.first_in_line(tx.session, None, 80, epoch) == expected
+        assert queuing.first_in_line(tx.session, None, 80) == expected
+        assert queuing.first_in_line(tx.session, None, 3, epoch) == expected[:3]
+
+
+def test_the_events_of_a_batch_keep_their_order_and_write_and_a_rolled_back_batch_has_none(store):
+    """Events are appended with the commit (all of a transaction's in one statement on
+    PostgreSQL): a batch of two writes keeps each event's order, type, object and the
+    resourceVersion of the write that appended it, a NUL in a message (an agent's words)
+    spelled out, which PostgreSQL's text cannot hold; a batch rolled back writes none."""
     first, second = _create(store, "first"), _create(store, "second")
     with store.batch():
         with store.write(known=True) as tx:
             a = repo.update_object(tx, first, spec={**SPEC, "priority": 1})
             eventlog.record(tx, eventlog.ObjectEvent(a, "One", "a 1"), eventlog.ObjectEvent(a, "Two", "a 2", True))
-            eventlog.record(tx, eventlog.ObjectEvent(second, "Three", "b 3"))
+            eventlog.record(tx, eventlog.ObjectEvent(second, "Three", "b\x003"))
         rv = a.resource_version
     with store.read() as conn:
         got = [(e.name, e.reason, e.message, e.type, e.resource_version) for e in eventlog.newest(conn)]
     assert got[-3:] == [
         ("first", "One", "a 1", "Normal", rv),
         ("first", "Two", "a 2", "Warning", rv),
-        ("second", "Three", "b 3", "Normal", rv),
+        ("second", "Three", "b\\03", "Normal", rv),
     ]
     with pytest.raises(BoomError), store.batch(), store.write(known=True) as tx:
         eventlog.record(tx, eventlog.ObjectEvent(repo.update_object(tx, a, spec=SPEC), "Lost", "rolled back"))

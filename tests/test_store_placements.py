@@ -179,6 +179,10 @@ def test_a_report_kept_in_a_batch_is_its_admission_as_read_until_anything_else_i
                 assert placements.record_reports(tx, "n1", [report]) == [True]
                 sched.release(tx, job.uid)  # its own transaction writes the admission again
                 assert store.reported(job.uid) is None
+                elsewhere = placements.Report(other.uid, 1, epoch, facts, other.name)
+                assert placements.record_reports(tx, "n1", [elsewhere]) == [True]
+                sched.free(tx, other.uid)  # a release whose caller knows what was held
+                assert store.reported(other.uid) is None
     finally:
         store.dispose()
 

@@ -65,8 +65,12 @@ class Follow(Shared):
         still tells which runs are placed)."""
         placed: set[tuple[str, int, int]] = set()
         # the skips looked at now are decided anew; with `only`, the others stay, among them one an
-        # artifact-ready start (`_exited`, outside this lock) added after `only` was taken
-        self._skipped = set() if only is None else self._skipped - only
+        # artifact-ready start (`_exited`, outside `_reconciling`) added after `only` was taken
+        with self._lock:  # in place, under the lock that start adds under
+            if only is None:
+                self._skipped.clear()
+            else:
+                self._skipped -= only
         for item in items:
             placed.add((item["uid"], item["run"], item["epoch"]))
             if only is not None and item["job"] not in only:

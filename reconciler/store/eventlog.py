@@ -35,7 +35,7 @@ def record(tx: Tx, *events: ObjectEvent) -> None:
             e.obj.uid,
             "Warning" if e.warning else "Normal",
             e.reason,
-            e.message,
+            e.message.replace("\0", "\\0"),  # PostgreSQL's text holds no NUL (an agent's words may)
         )
         for e in events
     )

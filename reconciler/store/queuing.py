@@ -85,6 +85,7 @@ def enqueue(
     known = None if fresh else queued(tx.session, uid)
     if known is not None:
         return lambda: known
+    tx.rv()  # a queue write moves the change sequence (QUEUE)
     entry = QueueEntry(
         uid, name, pool, slots, -priority, eligible_at, bypass_count, node_name, dict(node_selector), cpu, memory
     )
@@ -118,6 +119,7 @@ def enqueue(
 
 def dequeue(tx: Tx, uid: str) -> None:
     tx.writes(QUEUE)
+    tx.rv()
     for heads in _heads(tx.memo).values():
         heads.keys = [key for key in heads.keys if key[2] != uid]
     _DEQUEUE.execute(tx.session, {"uid": uid})
@@ -178,25 +180,28 @@ def first_in_line(session: Connection, pool: str | None, limit: int, epoch: obje
     With the reader's batch `epoch` (`Store.epoch`), the scope's first HEADS entries are kept
     in it as read and as its own writes then change them, and read again only once too few
     are left: a release of slots (one a job on the burn-down over agents) asks no round trip."""
-    kept = _heads(epoch.memo) if isinstance(epoch, Epoch) and limit <= HEADS else None
-    heads = kept.get(pool) if kept is not None else None
-    if heads is not None and (len(heads.keys) >= limit or heads.whole):
-        return [key[3] for key in heads.keys[:limit]]
-    batch = HEADS if kept is not None else min(max(limit, 1), 64)
-    entries = list(itertools.islice(in_line(session, pool, scope_is_pool=pool is not None, batch=batch), batch))
-    if kept is not None:
+    scope_is_pool = pool is not None
+    if not isinstance(epoch, Epoch) or limit > HEADS:
+        line = in_line(session, pool, scope_is_pool=scope_is_pool, batch=min(max(limit, 1), 64))
+        return [entry.name for entry in itertools.islice(line, limit)]
+    kept = _heads(epoch.memo)
+    heads = kept.get(pool)
+    if heads is None or (len(heads.keys) < limit and not heads.whole):
+        entries = list(itertools.islice(in_line(session, pool, scope_is_pool=scope_is_pool, batch=HEADS), HEADS))
         keys = [(e.rank, e.eligible_at, e.uid, e.name) for e in entries]
-        kept[pool] = _Heads(keys, whole=len(entries) < batch)
-    return [entry.name for entry in entries[:limit]]
+        heads = kept[pool] = _Heads(keys, whole=len(entries) < HEADS)
+    return [key[3] for key in heads.keys[:limit]]
 
 
 def count_bypass(tx: Tx, uid: str) -> None:
     tx.writes(QUEUE)
+    tx.rv()
     _COUNT_BYPASS.execute(tx.session, {"uid": uid})
 
 
 # The queue's heads kept per batch epoch (first_in_line): an epoch-safe transaction may not
-# write the queue (transactions.KEPT_KINDS), so only this thread's writes change it meanwhile.
+# write the queue (transactions.KEPT_KINDS), and every queue write moves the change sequence
+# (even one that commits no object), so only this thread's writes change it meanwhile.
 QUEUE = "Queue"
 HEADS = 64  # entries of a scope's line kept
 

@@ -74,7 +74,8 @@ class Tx:
         self.discarded = False
         self.events: list[tuple[Any, ...]] = []  # rows of the events to append with the commit (eventlog)
         # job uid -> its admission as this transaction left it with an agent's report kept on it
-        # (placements.record_reports), until another write to that admission (scheduling)
+        # (placements.record_reports), until another write to that admission (scheduling); its
+        # owner is left None, which nothing on a remote run's path reads
         self.reported: dict[str, Admission] = {}
         # node name -> its Node as read in this transaction (noderuns.serving_in), until it writes a Node
         self.nodes: dict[str, Any] = {}
