@@ -19,6 +19,7 @@ from .transactions import Batch, Epoch, Fence, Tx, seq_in
 
 if TYPE_CHECKING:
     from .engine import Store
+    from .repository import StoredObject
     from .scheduling import Admission
 
 EPOCH_GAP = 64  # epoch-safe commits an epoch outlives between two of its transactions, at most
@@ -134,14 +135,14 @@ class Batches(ABC):
     def reported(self, uid: str) -> Admission | None:
         """The admission of job `uid` with the agent's report that this thread's open batch
         transaction kept on it, or its last one when nothing was committed since, as a read
-        would find it; None when none kept one (`Tx.reported`). A step acting on a handed
-        report then reads nothing (on PostgreSQL a round trip)."""
+        would find it but for its owner (left None); None when none kept one (`Tx.reported`).
+        A step acting on a handed report then reads nothing (on PostgreSQL a round trip)."""
         batch: Batch | None = getattr(self._local, "batch", None)
         tx = batch.tx if batch is not None else None
         return tx.reported.get(uid) if tx is not None else None
 
-    def noted_node(self, name: str) -> Any:
-        """The Node `name` (a StoredObject) as this thread's open batch transaction read it, or
+    def noted_node(self, name: str) -> StoredObject | None:
+        """The Node `name` as this thread's open batch transaction read it, or
         its last one when nothing was committed since (`Tx.nodes`: the serving checks of the
         agents' reports it wrote); None when neither did, or the node is not stored."""
         batch: Batch | None = getattr(self._local, "batch", None)

@@ -254,11 +254,11 @@ class Store(Batches):
 
     def _commit(self, conn: Connection, tx: Tx, *, known: bool) -> None:
         """Commit, the events the transaction appended written first (`eventlog.record`: one
-        statement on PostgreSQL); on PostgreSQL a change is announced (NOTIFY, which listen.py hears) in the
-        same round trip, with the pipelined statements not answered yet (a failure of any one
-        is raised and nothing is committed). The payload is the resourceVersion and, for the
-        controller's own writes, this store's origin: digits and hex, safe in the statement's
-        text."""
+        statement on PostgreSQL); on PostgreSQL a change is announced (NOTIFY, which listen.py
+        hears) in the same round trip, with the pipelined statements not answered yet (a
+        failure of any one is raised and nothing is committed). The payload is the
+        resourceVersion and, for the controller's own writes, this store's origin: digits and
+        hex, safe in the statement's text."""
         if tx.events:
             try:
                 eventlog.write_pending(tx)

@@ -89,9 +89,10 @@ class Tx:
         self.discarded = True
 
     def writes(self, kind: str) -> None:
-        """Called by every write of an object: an epoch-safe transaction refuses a Job or a
-        Notifier, which the threads whose epochs outlive it keep as they last saw them; a
-        Node written drops the Nodes this transaction noted as read (`nodes`)."""
+        """Called by every write of an object (and of the queue, as `queuing.QUEUE`): an
+        epoch-safe transaction refuses a Job, a Notifier or the queue, which the threads whose
+        epochs outlive it keep as they last saw them; a Node written drops the Nodes this
+        transaction noted as read (`nodes`)."""
         if kind == "Node":
             self.nodes.clear()
         if self.epoch_safe and kind in KEPT_KINDS:
