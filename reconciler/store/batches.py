@@ -137,17 +137,20 @@ class Batches(ABC):
         transaction kept on it, or its last one when nothing was committed since, as a read
         would find it but for its owner (left None); None when none kept one (`Tx.reported`).
         A step acting on a handed report then reads nothing (on PostgreSQL a round trip)."""
-        batch: Batch | None = getattr(self._local, "batch", None)
-        tx = batch.tx if batch is not None else None
+        tx = self._open_tx()
         return tx.reported.get(uid) if tx is not None else None
 
     def noted_node(self, name: str) -> StoredObject | None:
         """The Node `name` as this thread's open batch transaction read it, or
         its last one when nothing was committed since (`Tx.nodes`: the serving checks of the
         agents' reports it wrote); None when neither did, or the node is not stored."""
-        batch: Batch | None = getattr(self._local, "batch", None)
-        tx = batch.tx if batch is not None else None
+        tx = self._open_tx()
         return tx.nodes.get(name) if tx is not None else None
+
+    def _open_tx(self) -> Tx | None:
+        """This thread's open batch transaction, if any."""
+        batch: Batch | None = getattr(self._local, "batch", None)
+        return batch.tx if batch is not None else None
 
     def flush(self) -> None:
         """Commit this thread's batch transaction, if one is open, and run what waited for it.
@@ -166,7 +169,6 @@ class Batches(ABC):
             self._local.epoch = tx.epoch
             self._local.carried = (tx.epoch.seq, tx.reported, tx.nodes)
         except BaseException:
-            self._local.carried = None
             batch.lost = True
             with suppress(StoreError):
                 conn.end(commit=False)
@@ -254,7 +256,6 @@ class Batches(ABC):
         if conn is None:
             return
         batch.conn = batch.tx = None
-        self._local.carried = None
         batch.pending.clear()
         batch.committed.clear()  # rolled back: what waited for its commit never happens
         undone, batch.undone = batch.undone, []
